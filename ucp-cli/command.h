@@ -1,0 +1,44 @@
+// The shape of one `ucp` subcommand. Each file in commands/ defines one and registers it with
+// UCP_REGISTER_COMMAND, so adding a subcommand touches no shared file.
+#pragma once
+
+#include <boost/program_options.hpp>
+
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "ucp/base/status.h"
+
+namespace ucp::cli {
+
+namespace po = boost::program_options;
+
+struct CommandIo {
+  std::ostream& out;  // results (what --json prints, tables)
+  std::ostream& err;  // progress and warnings; the final error line is main's job
+  bool is_terminal;   // stderr is a terminal: progress bars allowed
+};
+
+struct Command {
+  std::string name;
+  std::string summary;  // one line for `ucp --help`
+  std::string usage;    // "SRC DST --layout L"
+  /// Declares the options and positional arguments.
+  std::function<void(po::options_description&, po::positional_options_description&)> add_options;
+  /// Runs with the parsed options. A non-ok Status becomes one line on stderr and its exit code.
+  std::function<Status(const po::variables_map&, CommandIo&)> run;
+};
+
+/// All registered commands, sorted by name.
+std::vector<const Command*> AllCommands();
+
+namespace internal {
+bool RegisterCommand(Command (*factory)());
+}  // namespace internal
+
+}  // namespace ucp::cli
+
+#define UCP_REGISTER_COMMAND(factory) \
+  [[maybe_unused]] static const bool ucp_registered_##factory = ::ucp::cli::internal::RegisterCommand(&factory)
