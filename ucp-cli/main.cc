@@ -1,4 +1,4 @@
-// ucp: the command-line tool. Picks the subcommand, parses its options, runs it, and maps its
+// ucp and ucp-bench: the command-line tools (one main, two command sets). Picks the subcommand, parses its options, runs it, and maps its
 // Status to an exit code (docs/errors.md). Usage errors exit 2; `--help` exits 0.
 #include <unistd.h>
 
@@ -18,8 +18,8 @@ std::vector<Command>& Registry() {
 }
 
 void PrintTopHelp(std::ostream& os) {
-  os << "ucp: universal checkpoints for distributed LLM training\n\n"
-        "usage: ucp COMMAND [options]   (ucp COMMAND --help for its options)\n\ncommands:\n";
+  os << UCP_PROGRAM ": " UCP_PROGRAM_SUMMARY "\n\n"
+        "usage: " UCP_PROGRAM " COMMAND [options]   (" UCP_PROGRAM " COMMAND --help for its options)\n\ncommands:\n";
   for (const Command* c : AllCommands()) {
     os << "  " << c->name << std::string(12 - std::min<size_t>(11, c->name.size()), ' ')
        << c->summary << "\n";
@@ -36,7 +36,7 @@ int Run(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (std::string(argv[1]) == "--version") {
-    std::cout << "ucp " << UCP_VERSION << "\n";
+    std::cout << UCP_PROGRAM " " << UCP_VERSION << "\n";
     return 0;
   }
   std::string name = argv[1];
@@ -45,10 +45,10 @@ int Run(int argc, char** argv) {
     if (c->name == name) cmd = c;
   }
   if (cmd == nullptr) {
-    std::cerr << "ucp: error: unknown command \"" << name << "\" (see ucp --help)\n";
+    std::cerr << UCP_PROGRAM ": error: unknown command \"" << name << "\" (see " UCP_PROGRAM " --help)\n";
     return 2;
   }
-  po::options_description opts("ucp " + cmd->name + " " + cmd->usage + "\n\n" + cmd->summary +
+  po::options_description opts(std::string(UCP_PROGRAM " ") + cmd->name + " " + cmd->usage + "\n\n" + cmd->summary +
                                "\n\noptions");
   opts.add_options()("help,h", "print this help");
   po::positional_options_description pos;
@@ -62,7 +62,7 @@ int Run(int argc, char** argv) {
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    std::cerr << "ucp " << cmd->name << ": usage error: " << e.what() << " (see ucp " << cmd->name
+    std::cerr << UCP_PROGRAM " " << cmd->name << ": usage error: " << e.what() << " (see " UCP_PROGRAM " " << cmd->name
               << " --help)\n";
     return 2;
   }
@@ -70,7 +70,7 @@ int Run(int argc, char** argv) {
   Status s = cmd->run(vm, io);
   std::cout.flush();
   if (!s.ok()) {
-    std::cerr << "ucp " << cmd->name << ": error: " << s.message() << " ["
+    std::cerr << UCP_PROGRAM " " << cmd->name << ": error: " << s.message() << " ["
               << StatusCodeName(s.code()) << "]\n";
     return ExitCodeFor(s.code());
   }
