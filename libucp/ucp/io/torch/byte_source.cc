@@ -1,0 +1,113 @@
+// ByteSource over pread or a buffer, and a table-driven CRC-32.
+#include "ucp/io/torch/byte_source.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+namespace ucp::torch {
+
+Result<std::shared_ptr<const ByteSource>> ByteSource::OpenFile(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT) return NotFoundError("torch file " + path.string() + " does not exist");
+    return ErrnoError("cannot open torch file " + path.string(), e);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return ErrnoError("cannot stat torch file " + path.string(), e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return IoError("torch file " + path.string() + " is not a regular file");
+  }
+  std::shared_ptr<ByteSource> src(new ByteSource());
+  src->fd_ = fd;
+  src->size_ = st.st_size;
+  src->name_ = path.string();
+  return std::shared_ptr<const ByteSource>(std::move(src));
+}
+
+std::shared_ptr<const ByteSource> ByteSource::FromBuffer(std::span<const std::byte> bytes,
+                                                         std::string name) {
+  std::shared_ptr<ByteSource> src(new ByteSource());
+  src->buffer_.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  src->size_ = static_cast<int64_t>(bytes.size());
+  src->name_ = std::move(name);
+  return src;
+}
+
+ByteSource::~ByteSource() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status ByteSource::ReadAt(int64_t offset, std::span<std::byte> out) const {
+  const int64_t n = static_cast<int64_t>(out.size());
+  if (offset < 0 || offset > size_ || n > size_ - offset) {
+    return DataLossError("read of " + std::to_string(n) + " bytes at offset " +
+                         std::to_string(offset) + " is past the end of " + name_ + " (" +
+                         std::to_string(size_) + " bytes)");
+  }
+  if (fd_ < 0) {
+    if (n > 0) std::memcpy(out.data(), buffer_.data() + offset, out.size());
+    return Status::Ok();
+  }
+  int64_t done = 0;
+  while (done < n) {
+    ssize_t got = ::pread(fd_, out.data() + done, static_cast<size_t>(n - done), offset + done);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("pread of " + std::to_string(n - done) + " bytes at offset " +
+                            std::to_string(offset + done) + " of " + name_ + " failed",
+                        errno);
+    }
+    if (got == 0) {
+      return DataLossError(name_ + " shrank while reading: end of file at offset " +
+                           std::to_string(offset + done));
+    }
+    done += got;
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ByteSource::ReadString(int64_t offset, int64_t n) const {
+  if (n < 0 || offset < 0 || offset > size_ || n > size_ - offset) {
+    return DataLossError("read of " + std::to_string(n) + " bytes at offset " +
+                         std::to_string(offset) + " is past the end of " + name_ + " (" +
+                         std::to_string(size_) + " bytes)");
+  }
+  std::string s(static_cast<size_t>(n), '\0');
+  UCP_RETURN_IF_ERROR(ReadAt(offset, std::as_writable_bytes(std::span<char>(s.data(), s.size()))));
+  return s;
+}
+
+namespace {
+
+// The reflected polynomial 0xEDB88320, one table entry per byte value.
+constexpr std::array<uint32_t, 256> MakeCrcTable() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+constexpr std::array<uint32_t, 256> kCrcTable = MakeCrcTable();
+
+}  // namespace
+
+uint32_t Crc32(std::span<const std::byte> bytes, uint32_t crc) {
+  uint32_t c = ~crc;
+  for (std::byte b : bytes) c = kCrcTable[(c ^ static_cast<uint8_t>(b)) & 0xFF] ^ (c >> 8);
+  return ~c;
+}
+
+}  // namespace ucp::torch
