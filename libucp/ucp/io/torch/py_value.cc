@@ -202,10 +202,17 @@ PyValue* PyArena::TorchSize(std::span<const int64_t> dims) {
   for (int64_t d : dims) v->items_.push_back(Int(d));
   return v;
 }
-PyValue* PyArena::Global(std::string module_dot_name) {
+PyValue* PyArena::Global(std::string module, std::string name) {
   PyValue* v = New(PyKind::kGlobal);
-  v->str_ = std::move(module_dot_name);
+  v->module_len_ = module.size();
+  v->str_ = std::move(module) + "." + name;
   return v;
+}
+PyValue* PyArena::Global(std::string_view module_dot_name) {
+  size_t dot = module_dot_name.rfind('.');
+  if (dot == std::string_view::npos) return Global(std::string(), std::string(module_dot_name));
+  return Global(std::string(module_dot_name.substr(0, dot)),
+                std::string(module_dot_name.substr(dot + 1)));
 }
 PyValue* PyArena::DTypeGlobal(DType dtype) {
   return Global("torch." + std::string(DTypeTorchName(dtype)));

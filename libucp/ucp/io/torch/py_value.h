@@ -5,6 +5,7 @@
 // no reference counting and cannot leak.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -106,6 +107,11 @@ class PyValue {
 
   /// Dict lookup by str key; nullptr when absent or not a dict.
   const PyValue* Get(std::string_view key) const;
+  /// Global: the module and the name it was pickled with ("torch._utils", "_rebuild_tensor_v2").
+  std::string_view global_module() const { return std::string_view(str_).substr(0, module_len_); }
+  std::string_view global_name() const {
+    return std::string_view(str_).substr(std::min(str_.size(), module_len_ + 1));
+  }
   /// Dict lookup by int key; nullptr when absent or not a dict.
   const PyValue* Get(int64_t key) const;
   /// Dict lookup that reports a missing key or a non-dict. `what` names the value in errors.
@@ -132,6 +138,7 @@ class PyValue {
   bool bool_ = false;
   bool newobj_ = false;
   int64_t int_ = 0;
+  size_t module_len_ = 0;
   double float_ = 0;
   std::string str_;
   std::string type_name_;
@@ -168,7 +175,9 @@ class PyArena {
   PyValue* Set();
   /// torch.Size(dims).
   PyValue* TorchSize(std::span<const int64_t> dims);
-  PyValue* Global(std::string module_dot_name);
+  /// A global "module.name"; the one-argument form splits at the last '.'.
+  PyValue* Global(std::string module, std::string name);
+  PyValue* Global(std::string_view module_dot_name);
   /// `torch.<dtype>`, e.g. torch.float16.
   PyValue* DTypeGlobal(DType dtype);
   PyValue* Tensor(TensorRef ref);

@@ -1,0 +1,111 @@
+// The universal checkpoint: a folder with manifest.json and one HDF5 file per parameter holding
+// its fp32 master weight and optimizer states at the logical shape (docs/format.md). The writer
+// builds it under a `.tmp-` sibling and renames it into place; the reader validates everything
+// and verifies checksums on every full read.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ucp/base/result.h"
+#include "ucp/io/manifest/universal_manifest.h"
+#include "ucp/tensor/tensor.h"
+
+namespace ucp::io {
+
+struct UniversalWriteOptions {
+  /// The training step; written into every parameter file, and Commit's header must agree.
+  int64_t step = 0;
+  /// 0: uncompressed (the default; see docs/PERFORMANCE.md). Otherwise the zstd level.
+  int compression_level = 0;
+  /// Target uncompressed bytes per chunk when compressed.
+  int64_t chunk_bytes = int64_t{4} << 20;
+};
+
+/// One named state of a parameter, viewing the caller's memory (no copy).
+using NamedState = std::pair<std::string, ConstTensorView>;
+
+class UniversalWriter {
+ public:
+  /// Starts a checkpoint at `dst`, which must not exist; its parent folders are created.
+  /// Errors: kAlreadyExists (dst exists), kInvalidArgument (options), kIoError.
+  static Result<UniversalWriter> Create(const std::filesystem::path& dst,
+                                        const UniversalWriteOptions& options = {});
+
+  UniversalWriter(UniversalWriter&&) noexcept;
+  UniversalWriter& operator=(UniversalWriter&&) noexcept;
+  /// Without a successful Commit, removes the temporary folder: nothing appears at dst.
+  ~UniversalWriter();
+
+  /// Writes one parameter file, fsynced. `meta` gives name, shape, dtype and pattern_json; its
+  /// states and file are ignored (filled from `states`). Every state must have shape meta.shape.
+  /// Thread-safe: call it from many tasks at once for different parameters.
+  /// Errors: kInvalidArgument (bad name, no states, duplicate state, shape differs, view size),
+  /// kAlreadyExists (parameter written before), kFailedPrecondition (after Commit), kIoError.
+  Status WriteParameter(const UniversalParamInfo& meta, std::span<const NamedState> states);
+
+  /// Writes manifest.json (params sorted by name, from what WriteParameter wrote; header.params
+  /// must be empty), fsyncs the folder, renames it to dst and fsyncs dst's parent.
+  /// Errors: kInvalidArgument (header.params not empty, header.step differs from the options'
+  /// step, bad header fields), kAlreadyExists (dst
+  /// appeared meanwhile), kFailedPrecondition (called twice), kIoError.
+  Status Commit(const UniversalManifest& header);
+
+  /// The temporary folder being written (for tests and progress messages).
+  const std::filesystem::path& temp_dir() const;
+
+ private:
+  struct Impl;
+  explicit UniversalWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class UniversalReader {
+ public:
+  /// Opens and validates a checkpoint folder: manifest.json parsed strictly, every param `file`
+  /// inside the folder and present. Files are opened lazily.
+  /// Errors: kNotFound (no folder, no manifest.json: not a complete checkpoint),
+  /// kFailedPrecondition (a `.tmp-` folder: an unfinished write), kDataLoss (manifest invalid,
+  /// a param file missing or outside the folder), kUnimplemented (other format version).
+  static Result<UniversalReader> Open(const std::filesystem::path& dir);
+
+  UniversalReader(UniversalReader&&) noexcept;
+  UniversalReader& operator=(UniversalReader&&) noexcept;
+  ~UniversalReader();
+
+  const UniversalManifest& manifest() const;
+  const std::filesystem::path& dir() const;
+  /// Errors: kNotFound naming the parameter.
+  Result<const UniversalParamInfo*> FindParam(std::string_view param) const;
+
+  /// Reads one state in full and verifies its checksum.
+  /// Errors: kNotFound (parameter or state not in the manifest), kDataLoss (file unreadable,
+  /// dataset missing, dtype or shape differs from the manifest, checksum mismatch; the message
+  /// names file, parameter, state and field).
+  Result<Tensor> ReadState(std::string_view param, std::string_view state) const;
+  /// As ReadState, into the caller's memory (dtype and shape must match the manifest).
+  /// Errors: as ReadState, and kInvalidArgument (out differs from the manifest).
+  Status ReadStateInto(std::string_view param, std::string_view state, TensorView out) const;
+  /// Reads elements [begin, end) of a state's row-major flattening (no checksum: partial read).
+  /// Errors: as ReadState without the checksum, and kOutOfRange, kInvalidArgument.
+  Status ReadStateFlatRange(std::string_view param, std::string_view state, int64_t begin_elem,
+                            int64_t end_elem, std::span<std::byte> out) const;
+
+  /// Checks every parameter file: attributes name, shape and step equal the manifest, exactly
+  /// the manifest's states as datasets, each with the manifest's dtype and shape, and checksum.
+  /// Errors: the first problem found, as ReadState, naming file, parameter, state and field.
+  Status Verify() const;
+
+ private:
+  struct Impl;
+  explicit UniversalReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ucp::io
