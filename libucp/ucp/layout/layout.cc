@@ -1,0 +1,307 @@
+// Parallelism arithmetic (see layout.h). Every error message carries the numbers involved.
+#include "ucp/layout/layout.h"
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+
+#include "ucp/base/check.h"
+#include "ucp/base/checked_math.h"
+#include "ucp/base/status_macros.h"
+
+namespace ucp::layout {
+namespace {
+
+std::string Q(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+}  // namespace
+
+Layout UniversalLayout() {
+  Layout l;
+  l.universal = true;
+  return l;
+}
+
+Status Validate(const Layout& l) {
+  const std::pair<const char*, int> sizes[] = {
+      {"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"sp", l.sp}, {"ep", l.ep}};
+  for (const auto& [name, v] : sizes) {
+    if (v < 1) {
+      return InvalidArgumentError(std::string("layout ") + name + "=" + std::to_string(v) +
+                                  ": sizes must be >= 1");
+    }
+  }
+  if (l.zero_stage < 0 || l.zero_stage > 3) {
+    return InvalidArgumentError("layout zero=" + std::to_string(l.zero_stage) +
+                                ": zero stage must be 0, 1, 2 or 3");
+  }
+  if (l.dp % l.ep != 0) {
+    return InvalidArgumentError("layout ep=" + std::to_string(l.ep) + " does not divide dp=" +
+                                std::to_string(l.dp) + " (ep is carved out of dp)");
+  }
+  if (l.universal && (l.tp != 1 || l.pp != 1 || l.dp != 1 || l.sp != 1 || l.ep != 1 ||
+                      l.zero_stage != 0)) {
+    return InvalidArgumentError("layout universal must have every size 1 and zero=0");
+  }
+  return Status::Ok();
+}
+
+Result<Layout> ParseLayout(std::string_view text) {
+  if (text == "universal") return UniversalLayout();
+  if (text.empty()) return InvalidArgumentError("layout \"\": empty (expected tp=..,pp=..,dp=..)");
+  Layout l;
+  bool seen[6] = {false, false, false, false, false, false};
+  static constexpr std::string_view kKeys[6] = {"tp", "pp", "dp", "sp", "ep", "zero"};
+  int* fields[6] = {&l.tp, &l.pp, &l.dp, &l.sp, &l.ep, &l.zero_stage};
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view token = text.substr(pos, comma - pos);
+    size_t eq = token.find('=');
+    if (eq == std::string_view::npos) {
+      return InvalidArgumentError("layout token " + Q(token) + ": expected key=value");
+    }
+    std::string_view key = token.substr(0, eq);
+    std::string_view value = token.substr(eq + 1);
+    int k = -1;
+    for (int i = 0; i < 6; ++i) {
+      if (kKeys[i] == key) k = i;
+    }
+    if (k < 0) {
+      return InvalidArgumentError("layout token " + Q(token) + ": unknown key " + Q(key) +
+                                  " (expected tp, pp, dp, sp, ep, zero)");
+    }
+    if (seen[k]) return InvalidArgumentError("layout token " + Q(token) + ": duplicate key " + Q(key));
+    seen[k] = true;
+    int v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
+      return InvalidArgumentError("layout token " + Q(token) + ": value is not an integer");
+    }
+    if (k == 5) {
+      if (v < 0 || v > 3) {
+        return InvalidArgumentError("layout token " + Q(token) + ": zero stage must be 0..3");
+      }
+    } else if (v < 1) {
+      return InvalidArgumentError("layout token " + Q(token) + ": size must be >= 1");
+    }
+    *fields[k] = v;
+    pos = comma + 1;
+  }
+  UCP_RETURN_IF_ERROR(Validate(l));
+  return l;
+}
+
+std::string ToString(const Layout& l) {
+  if (l.universal) return "universal";
+  return "tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp) + ",dp=" +
+         std::to_string(l.dp) + ",sp=" + std::to_string(l.sp) + ",ep=" + std::to_string(l.ep) +
+         ",zero=" + std::to_string(l.zero_stage);
+}
+
+int64_t WorldSize(const Layout& l) {
+  return static_cast<int64_t>(l.tp) * l.sp * l.dp * l.pp;
+}
+
+Result<RankCoords> CoordsOfRank(const Layout& l, int64_t rank) {
+  const int64_t world = WorldSize(l);
+  if (rank < 0 || rank >= world) {
+    return OutOfRangeError("rank " + std::to_string(rank) + " outside [0, " +
+                           std::to_string(world) + ") of layout " + ToString(l));
+  }
+  RankCoords c;
+  c.tp = static_cast<int>(rank % l.tp);
+  rank /= l.tp;
+  c.sp = static_cast<int>(rank % l.sp);
+  rank /= l.sp;
+  c.dp = static_cast<int>(rank % l.dp);
+  rank /= l.dp;
+  c.pp = static_cast<int>(rank);
+  return c;
+}
+
+Result<int64_t> RankOfCoords(const Layout& l, const RankCoords& c) {
+  const std::pair<const char*, std::pair<int, int>> checks[] = {
+      {"tp", {c.tp, l.tp}}, {"sp", {c.sp, l.sp}}, {"dp", {c.dp, l.dp}}, {"pp", {c.pp, l.pp}}};
+  for (const auto& [name, vs] : checks) {
+    if (vs.first < 0 || vs.first >= vs.second) {
+      return OutOfRangeError(std::string("coordinate ") + name + "=" + std::to_string(vs.first) +
+                             " outside [0, " + std::to_string(vs.second) + ")");
+    }
+  }
+  return c.tp + static_cast<int64_t>(l.tp) * (c.sp + static_cast<int64_t>(l.sp) *
+                                                          (c.dp + static_cast<int64_t>(l.dp) * c.pp));
+}
+
+int NumZeroFragments(const Layout& l, bool expert) {
+  return (expert ? l.dp / l.ep : l.dp) * l.sp;
+}
+
+int ZeroFragmentOfRank(const Layout& l, const RankCoords& c, bool expert) {
+  const int d = expert ? ExpertDpRankOfDp(l, c.dp) : c.dp;
+  return d * l.sp + c.sp;
+}
+
+RankCoords OwnerOfZeroFragment(const Layout& l, int pp, int tp, int ep_rank, int fragment,
+                               bool expert) {
+  RankCoords c;
+  c.pp = pp;
+  c.tp = tp;
+  c.sp = fragment % l.sp;
+  const int d = fragment / l.sp;
+  c.dp = expert ? DpRankOfExpert(l, ep_rank, d) : d;
+  return c;
+}
+
+IndexRange Intersect(const IndexRange& a, const IndexRange& b) {
+  const int64_t lo = std::max(a.inclusive_min, b.inclusive_min);
+  const int64_t hi = std::min(a.exclusive_max, b.exclusive_max);
+  return hi > lo ? IndexRange{lo, hi} : IndexRange{lo, lo};
+}
+
+Result<IndexRange> EvenSplit(int64_t size, int parts, int index, std::string_view what,
+                             std::string_view axis) {
+  if (parts < 1 || index < 0 || index >= parts) {
+    return InvalidArgumentError("split of " + std::to_string(size) + " " + std::string(what) +
+                                ": part " + std::to_string(index) + " of " +
+                                std::to_string(parts) + " is not a valid part");
+  }
+  if (size < 0 || size % parts != 0) {
+    return FailedPreconditionError(std::to_string(size) + " " + std::string(what) +
+                                   " not divisible by " + std::string(axis) + "=" +
+                                   std::to_string(parts));
+  }
+  const int64_t n = size / parts;
+  return IndexRange{index * n, (index + 1) * n};
+}
+
+Result<PaddedPart> PaddedSplit(int64_t size, int64_t multiple_of, int parts, int index) {
+  if (parts < 1 || index < 0 || index >= parts || multiple_of < 1 || multiple_of % parts != 0 ||
+      size < 0) {
+    return InvalidArgumentError("padded split of " + std::to_string(size) + " to a multiple of " +
+                                std::to_string(multiple_of) + ": part " + std::to_string(index) +
+                                " of " + std::to_string(parts) + " is not valid");
+  }
+  PaddedPart p;
+  p.padded_size = RoundUp(size, multiple_of);
+  const int64_t n = p.padded_size / parts;
+  p.range = {index * n, (index + 1) * n};
+  p.valid = Intersect(p.range, {0, size});
+  return p;
+}
+
+Result<IndexRange> ExplicitSplit(std::span<const int64_t> sizes, int index) {
+  if (index < 0 || static_cast<size_t>(index) >= sizes.size()) {
+    return InvalidArgumentError("explicit split: part " + std::to_string(index) + " outside [0, " +
+                                std::to_string(sizes.size()) + ")");
+  }
+  int64_t start = 0;
+  for (int i = 0; i < index; ++i) {
+    if (sizes[i] < 0) {
+      return InvalidArgumentError("explicit split: part " + std::to_string(i) + " has size " +
+                                  std::to_string(sizes[i]));
+    }
+    start += sizes[i];
+  }
+  if (sizes[index] < 0) {
+    return InvalidArgumentError("explicit split: part " + std::to_string(index) + " has size " +
+                                std::to_string(sizes[index]));
+  }
+  return IndexRange{start, start + sizes[index]};
+}
+
+Result<ZeroPartition> PartitionFlat(std::span<const int64_t> numels, int num_fragments,
+                                    int alignment_factor) {
+  if (num_fragments < 1 || alignment_factor < 1) {
+    return InvalidArgumentError("zero partition: num_fragments=" + std::to_string(num_fragments) +
+                                " and alignment_factor=" + std::to_string(alignment_factor) +
+                                " must be >= 1");
+  }
+  ZeroPartition z;
+  z.num_fragments = num_fragments;
+  z.offsets.reserve(numels.size());
+  for (size_t i = 0; i < numels.size(); ++i) {
+    if (numels[i] < 0) {
+      return InvalidArgumentError("zero partition: numel " + std::to_string(numels[i]) +
+                                  " of parameter " + std::to_string(i) + " is negative");
+    }
+    z.offsets.push_back(z.total);
+    auto sum = CheckedAdd(z.total, numels[i]);
+    if (!sum) return OutOfRangeError("zero partition: total numel overflows int64");
+    z.total = *sum;
+  }
+  const int64_t multiple = static_cast<int64_t>(alignment_factor) * num_fragments;
+  if (z.total > std::numeric_limits<int64_t>::max() - multiple) {
+    return OutOfRangeError("zero partition: padded total overflows int64");
+  }
+  z.padded_total = RoundUp(z.total, multiple);
+  z.fragment_size = z.padded_total / num_fragments;
+  return z;
+}
+
+Result<ZeroPartition> PartitionParam(int64_t numel, int num_fragments) {
+  const int64_t n[1] = {numel};
+  return PartitionFlat(n, num_fragments, 1);
+}
+
+int StageAssignment::StageOfLayer(int64_t layer) const {
+  for (size_t s = 0; s < layers.size(); ++s) {
+    if (layer >= layers[s].inclusive_min && layer < layers[s].exclusive_max) {
+      return static_cast<int>(s);
+    }
+  }
+  UCP_CHECK(false) << "layer " << layer << " is on no stage";
+  return -1;
+}
+
+Result<StageAssignment> AssignStages(int64_t num_layers, int pp,
+                                     std::span<const int64_t> explicit_counts) {
+  if (pp < 1 || num_layers < 0) {
+    return InvalidArgumentError("stage assignment: pp=" + std::to_string(pp) + " and layers=" +
+                                std::to_string(num_layers) + " are not valid");
+  }
+  StageAssignment a;
+  if (explicit_counts.empty()) {
+    if (num_layers % pp != 0) {
+      return FailedPreconditionError(std::to_string(num_layers) + " layers not divisible by pp=" +
+                                     std::to_string(pp) + " (give explicit per-stage counts)");
+    }
+    const int64_t n = num_layers / pp;
+    for (int s = 0; s < pp; ++s) a.layers.push_back({s * n, (s + 1) * n});
+    return a;
+  }
+  if (static_cast<int64_t>(explicit_counts.size()) != pp) {
+    return InvalidArgumentError("stage assignment: " + std::to_string(explicit_counts.size()) +
+                                " per-stage counts given for pp=" + std::to_string(pp));
+  }
+  int64_t start = 0;
+  for (int s = 0; s < pp; ++s) {
+    if (explicit_counts[s] < 1) {
+      return InvalidArgumentError("stage assignment: stage " + std::to_string(s) + " has " +
+                                  std::to_string(explicit_counts[s]) + " layers (must be >= 1)");
+    }
+    a.layers.push_back({start, start + explicit_counts[s]});
+    start += explicit_counts[s];
+  }
+  if (start != num_layers) {
+    return InvalidArgumentError("stage assignment: per-stage counts sum to " +
+                                std::to_string(start) + ", model has " +
+                                std::to_string(num_layers) + " layers");
+  }
+  return a;
+}
+
+Result<ExpertPlacement> PlaceExperts(int64_t num_experts, int ep) {
+  if (ep < 1 || num_experts < 1) {
+    return InvalidArgumentError("expert placement: num_experts=" + std::to_string(num_experts) +
+                                " and ep=" + std::to_string(ep) + " must be >= 1");
+  }
+  if (num_experts % ep != 0) {
+    return FailedPreconditionError(std::to_string(num_experts) + " experts not divisible by ep=" +
+                                   std::to_string(ep));
+  }
+  return ExpertPlacement{num_experts, ep, num_experts / ep};
+}
+
+}  // namespace ucp::layout
