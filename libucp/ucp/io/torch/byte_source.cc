@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ucp/base/status_macros.h"
+
 namespace ucp::torch {
 
 Result<std::shared_ptr<const ByteSource>> ByteSource::OpenFile(const std::filesystem::path& path) {

@@ -82,8 +82,13 @@ std::string_view PyKindName(PyKind kind) {
 }
 
 std::string_view PyValue::class_name() const {
-  if (kind_ == PyKind::kObject && callable_ != nullptr) return callable_->str();
-  return {};
+  if (kind_ != PyKind::kObject || callable_ == nullptr) return {};
+  // getattr(EnumClass, 'member') is how Python 3.11+ pickles an enum member: name the class.
+  if (callable_->str() == "builtins.getattr" && !items_.empty() &&
+      items_[0]->kind() == PyKind::kGlobal) {
+    return items_[0]->str();
+  }
+  return callable_->str();
 }
 
 std::optional<std::string> PyValue::IndexKey(const PyValue* key) {

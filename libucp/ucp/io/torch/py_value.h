@@ -99,7 +99,8 @@ class PyValue {
   bool is_newobj() const { return newobj_; }
   /// Object, or OrderedDict: the BUILD argument, or nullptr.
   const PyValue* state() const { return state_; }
-  /// Object: "module.name" of its callable ("argparse.Namespace", "builtins.getattr", ...).
+  /// Object: "module.name" of its callable ("argparse.Namespace", "numpy.dtype", ...); for an
+  /// enum member pickled as getattr(EnumClass, 'name'), the enum class.
   std::string_view class_name() const;
 
   const TensorRef& tensor() const { return tensor_; }
