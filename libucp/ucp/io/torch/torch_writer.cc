@@ -1,0 +1,156 @@
+// TorchWriter: storage keys in pickle order, then the records of the minimal writer recipe.
+#include "ucp/io/torch/torch_writer.h"
+
+#include "ucp/base/status_macros.h"
+#include "ucp/io/torch/pickler.h"
+#include "ucp/io/torch/unpickler.h"
+
+namespace ucp::torch {
+
+TorchWriter::TorchWriter(TorchWriteOptions options) : options_(std::move(options)) {}
+
+Result<const PyValue*> TorchWriter::AddTensor(ConstTensorView view, bool requires_grad,
+                                              bool is_parameter) {
+  UCP_RETURN_IF_ERROR(ValidateView(view, "tensor to write"));
+  TensorRef t;
+  t.dtype = view.dtype;
+  t.size = view.shape;
+  t.stride = ContiguousStrides(view.shape);
+  t.requires_grad = requires_grad;
+  t.is_parameter = is_parameter;
+  t.storage.dtype = StorageClassForDType(view.dtype).empty() ? std::nullopt
+                                                             : std::optional<DType>(view.dtype);
+  t.storage.location = "cpu";
+  t.storage.num_bytes = static_cast<int64_t>(view.bytes.size());
+  t.storage.numel = t.storage.dtype ? view.num_elements() : t.storage.num_bytes;
+  const PyValue* node = arena_.Tensor(std::move(t));
+  views_.emplace(node, view);
+  return node;
+}
+
+Result<const PyValue*> TorchWriter::AddOwnedTensor(Tensor tensor, bool requires_grad,
+                                                   bool is_parameter) {
+  owned_.push_back(std::move(tensor));
+  return AddTensor(owned_.back().view(), requires_grad, is_parameter);
+}
+
+Result<const PyValue*> TorchWriter::CopyFrom(const TorchFile& file, const PyValue& value) {
+  std::unordered_map<const PyValue*, const PyValue*> done;
+  return Copy(file, value, 0, done);
+}
+
+Result<const PyValue*> TorchWriter::Copy(const TorchFile& file, const PyValue& v, int depth,
+                                         std::unordered_map<const PyValue*, const PyValue*>& done) {
+  constexpr int kMaxDepth = 1000;
+  if (depth > kMaxDepth) {
+    return InvalidArgumentError("value copied from " + file.name() + " is nested deeper than " +
+                                std::to_string(kMaxDepth) + " levels");
+  }
+  if (auto it = done.find(&v); it != done.end()) return it->second;
+  auto copy_opt = [&](const PyValue* p) -> Result<const PyValue*> {
+    if (p == nullptr) return static_cast<const PyValue*>(nullptr);
+    return Copy(file, *p, depth + 1, done);
+  };
+  PyValue* out = nullptr;
+  switch (v.kind()) {
+    case PyKind::kNone:
+    case PyKind::kBool:
+    case PyKind::kInt:
+    case PyKind::kBigInt:
+    case PyKind::kFloat:
+    case PyKind::kStr:
+    case PyKind::kBytes:
+    case PyKind::kGlobal:
+    case PyKind::kStorage:
+      return &v;  // immutable leaves: share them
+    case PyKind::kTensor: {
+      UCP_ASSIGN_OR_RETURN(Tensor t, file.ReadTensor(v.tensor()));
+      UCP_ASSIGN_OR_RETURN(const PyValue* node,
+                           AddOwnedTensor(std::move(t), v.tensor().requires_grad,
+                                          v.tensor().is_parameter));
+      if (v.tensor().state != nullptr) {
+        UCP_ASSIGN_OR_RETURN(const PyValue* st, copy_opt(v.tensor().state));
+        TensorRef ref = node->tensor();
+        ref.state = st;
+        PyValue* with_state = arena_.Tensor(std::move(ref));
+        views_.emplace(with_state, views_.at(node));
+        views_.erase(node);
+        node = with_state;
+      }
+      done[&v] = node;
+      return node;
+    }
+    case PyKind::kList:
+    case PyKind::kSet:
+    case PyKind::kTuple:
+      out = v.kind() == PyKind::kList ? arena_.List()
+            : v.kind() == PyKind::kSet ? arena_.Set()
+                                       : arena_.Tuple();
+      out->SetTypeName(v.type_name());
+      done[&v] = out;
+      for (const PyValue* i : v.items()) {
+        UCP_ASSIGN_OR_RETURN(const PyValue* c, copy_opt(i));
+        out->Append(c);
+      }
+      return out;
+    case PyKind::kDict:
+      out = arena_.Dict();
+      out->SetTypeName(v.type_name());
+      done[&v] = out;
+      for (const auto& [k, val] : v.entries()) {
+        UCP_ASSIGN_OR_RETURN(const PyValue* ck, copy_opt(k));
+        UCP_ASSIGN_OR_RETURN(const PyValue* cv, copy_opt(val));
+        out->SetItem(ck, cv);
+      }
+      break;
+    case PyKind::kObject: {
+      PyValue* args = arena_.Tuple();
+      for (const PyValue* i : v.items()) {
+        UCP_ASSIGN_OR_RETURN(const PyValue* c, copy_opt(i));
+        args->Append(c);
+      }
+      out = arena_.Object(v.callable(), args, v.is_newobj());
+      done[&v] = out;
+      break;
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(const PyValue* st, copy_opt(v.state()));
+  out->SetState(st);
+  return out;
+}
+
+Status TorchWriter::Write(const std::filesystem::path& path, const PyValue& root) {
+  const std::string& prefix = options_.archive_name;
+  if (prefix.empty() || prefix.find('/') != std::string::npos || prefix == "..") {
+    return InvalidArgumentError("torch archive name '" + prefix + "' must be one path component");
+  }
+  std::vector<std::pair<std::string, ConstTensorView>> records;
+  std::unordered_map<const PyValue*, std::string> keys;
+  StorageAssigner assign = [&](const PyValue& tensor) -> Result<StorageRef> {
+    auto it = views_.find(&tensor);
+    if (it == views_.end()) {
+      return InvalidArgumentError("tensor of storage '" + tensor.tensor().storage.key +
+                                  "' was not added with this writer's AddTensor, so its bytes " +
+                                  "are unknown; read it and add it");
+    }
+    StorageRef s = tensor.tensor().storage;
+    auto [k, fresh] = keys.try_emplace(&tensor, std::to_string(records.size()));
+    if (fresh) records.emplace_back(k->second, it->second);
+    s.key = k->second;
+    return s;
+  };
+  UCP_ASSIGN_OR_RETURN(std::string pickle, PickleValue(root, assign),
+                       "while pickling for " + path.string());
+  UCP_ASSIGN_OR_RETURN(ZipWriter zip, ZipWriter::Create(path, options_.zip));
+  UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/data.pkl", pickle));
+  UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/byteorder", "little"));
+  for (const auto& [key, view] : records) {
+    std::span<const std::byte> piece = view.bytes;
+    UCP_RETURN_IF_ERROR(
+        zip.AddRecord(prefix + "/data/" + key, std::span<const std::span<const std::byte>>(&piece, 1)));
+  }
+  UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/version", "3\n"));
+  return zip.Finish();
+}
+
+}  // namespace ucp::torch
