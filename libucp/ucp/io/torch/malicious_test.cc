@@ -34,7 +34,8 @@ std::string PInt(int64_t v) {
   if (v >= 0 && v < 256) return std::string("K") + static_cast<char>(v);
   if (v >= INT32_MIN && v <= INT32_MAX) return "J" + LE32(static_cast<uint32_t>(v));
   std::string s = "\x8a\x08";
-  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xFF));
+  for (int i = 0; i < 8; ++i)
+    s.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xFF));
   return s;
 }
 std::string PTuple(const std::vector<int64_t>& v) {
@@ -52,9 +53,10 @@ std::string TensorPickle(int64_t numel, int64_t offset, const std::vector<int64_
          PTuple(size) + PTuple(stride) + "\x89" + "ccollections\nOrderedDict\n)R" + "tR.";
 }
 
-Result<UnpickleResult> RunPickle(const std::string& bytes, PyArena& arena, PickleOptions opts = {}) {
-  auto src = ByteSource::FromBuffer(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())),
-                                    "test.pkl");
+Result<UnpickleResult> RunPickle(const std::string& bytes, PyArena& arena,
+                                 PickleOptions opts = {}) {
+  auto src = ByteSource::FromBuffer(
+      std::as_bytes(std::span<const char>(bytes.data(), bytes.size())), "test.pkl");
   return Unpickle(*src, 0, src->size(), arena, opts, nullptr, "test.pkl");
 }
 Result<UnpickleResult> RunPickle(const std::string& bytes, PickleOptions opts = {}) {
@@ -85,7 +87,11 @@ std::string RawZip(const std::vector<RawEntry>& entries, int64_t cd_offset = -1,
   for (const RawEntry& e : entries) {
     offsets.push_back(static_cast<uint32_t>(z.size()));
     Put32(z, 0x04034b50);
-    Put16(z, 20); Put16(z, 0); Put16(z, 0); Put32(z, 0); Put32(z, 0);
+    Put16(z, 20);
+    Put16(z, 0);
+    Put16(z, 0);
+    Put32(z, 0);
+    Put32(z, 0);
     Put32(z, static_cast<uint32_t>(e.data.size()));
     Put32(z, static_cast<uint32_t>(e.data.size()));
     Put16(z, static_cast<uint16_t>(e.name.size()));
@@ -97,19 +103,30 @@ std::string RawZip(const std::vector<RawEntry>& entries, int64_t cd_offset = -1,
     const RawEntry& e = entries[i];
     const uint32_t size = static_cast<uint32_t>(e.cd_size >= 0 ? e.cd_size : e.data.size());
     Put32(z, 0x02014b50);
-    Put16(z, 20); Put16(z, 20); Put16(z, 0); Put16(z, 0); Put32(z, 0); Put32(z, 0);
+    Put16(z, 20);
+    Put16(z, 20);
+    Put16(z, 0);
+    Put16(z, 0);
+    Put32(z, 0);
+    Put32(z, 0);
     Put32(z, size);
     Put32(z, size);
     Put16(z, static_cast<uint16_t>(e.name.size()));
-    Put16(z, 0); Put16(z, 0); Put16(z, 0); Put16(z, 0); Put32(z, 0);
+    Put16(z, 0);
+    Put16(z, 0);
+    Put16(z, 0);
+    Put16(z, 0);
+    Put32(z, 0);
     Put32(z, e.lho >= 0 ? static_cast<uint32_t>(e.lho) : offsets[i]);
     z += e.name;
   }
   const uint32_t cd_size = static_cast<uint32_t>(z.size()) - cd_start;
   Put32(z, 0x06054b50);
-  Put16(z, 0); Put16(z, 0);
+  Put16(z, 0);
+  Put16(z, 0);
   const uint16_t n = static_cast<uint16_t>(count >= 0 ? count : entries.size());
-  Put16(z, n); Put16(z, n);
+  Put16(z, n);
+  Put16(z, n);
   Put32(z, cd_size);
   Put32(z, cd_offset >= 0 ? static_cast<uint32_t>(cd_offset) : cd_start);
   Put16(z, 0);
@@ -122,8 +139,8 @@ Result<TorchFile> OpenBytes(const std::string& bytes, TorchReadOptions opts = {}
 }
 
 std::string TorchZip(const std::string& pickle, const std::string& storage0) {
-  return RawZip({{"archive/data.pkl", pickle}, {"archive/data/0", storage0},
-                 {"archive/version", "3\n"}});
+  return RawZip(
+      {{"archive/data.pkl", pickle}, {"archive/data/0", storage0}, {"archive/version", "3\n"}});
 }
 
 std::string ReadFile(const std::string& path) {
@@ -138,16 +155,16 @@ std::string Fixture(const std::string& name) {
 // --- forbidden globals --------------------------------------------------------------------
 
 TEST(MaliciousPickle, OsSystemThroughGlobal) {
-  EXPECT_THAT(RunPickle(kProto2 + "cos\nsystem\n" + PStr("touch /tmp/pwned") + "\x85R."),
-              StatusIs(StatusCode::kDataLoss,
-                       AllOf(HasSubstr("global 'os.system' is not in the allowlist"),
-                             HasSubstr("opcode GLOBAL at offset 2"))));
+  EXPECT_THAT(
+      RunPickle(kProto2 + "cos\nsystem\n" + PStr("touch /tmp/pwned") + "\x85R."),
+      StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr("global 'os.system' is not in the allowlist"),
+                                            HasSubstr("opcode GLOBAL at offset 2"))));
 }
 
 TEST(MaliciousPickle, OsSystemThroughStackGlobal) {
   const std::string p = "\x80\x04\x8c\x02os\x8c\x06system\x93" + PStr("id") + "\x85R.";
   EXPECT_THAT(RunPickle(p), StatusIs(StatusCode::kDataLoss,
-                               AllOf(HasSubstr("'os.system'"), HasSubstr("STACK_GLOBAL"))));
+                                     AllOf(HasSubstr("'os.system'"), HasSubstr("STACK_GLOBAL"))));
 }
 
 TEST(MaliciousPickle, EveryDangerousCallableIsRefusedByName) {
@@ -176,20 +193,20 @@ TEST(MaliciousPickle, EveryDangerousCallableIsRefusedByName) {
 }
 
 TEST(MaliciousPickle, GetattrOnlyOnInertClasses) {
-  EXPECT_THAT(RunPickle(kProto2 + "c__builtin__\ngetattr\nctorch\nSize\n" + PStr("__new__") + "\x86R."),
-              StatusIs(StatusCode::kDataLoss,
-                       HasSubstr("getattr on 'torch.Size' is not allowed (not an inert class)")));
   EXPECT_THAT(
-      RunPickle(kProto2 + "c__builtin__\ngetattr\nccollections\nOrderedDict\n" + PStr("fromkeys") +
-          "\x86R."),
-      StatusIs(StatusCode::kDataLoss, HasSubstr("getattr on 'collections.OrderedDict'")));
+      RunPickle(kProto2 + "c__builtin__\ngetattr\nctorch\nSize\n" + PStr("__new__") + "\x86R."),
+      StatusIs(StatusCode::kDataLoss,
+               HasSubstr("getattr on 'torch.Size' is not allowed (not an inert class)")));
+  EXPECT_THAT(RunPickle(kProto2 + "c__builtin__\ngetattr\nccollections\nOrderedDict\n" +
+                        PStr("fromkeys") + "\x86R."),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("getattr on 'collections.OrderedDict'")));
   // The allowed case makes an inert object naming the enum class, and runs nothing.
   PyArena arena;
   UCP_ASSERT_OK_AND_ASSIGN(
       UnpickleResult r,
       RunPickle(kProto2 + "c__builtin__\ngetattr\ncmegatron.core.enums\nModelType\n" +
-              PStr("encoder_or_decoder") + "\x86R.",
-          arena));
+                    PStr("encoder_or_decoder") + "\x86R.",
+                arena));
   EXPECT_EQ(r.value->kind(), PyKind::kObject);
   EXPECT_EQ(r.value->class_name(), "megatron.core.enums.ModelType");
   EXPECT_EQ(r.value->items()[1]->str(), "encoder_or_decoder");
@@ -199,9 +216,10 @@ TEST(MaliciousPickle, StrictModeRefusesInertClasses) {
   PickleOptions strict;
   strict.strict_globals = true;
   const std::string p = kProto2 + "cargparse\nNamespace\n)\x81}b.";
-  EXPECT_THAT(RunPickle(p, strict), StatusIs(StatusCode::kDataLoss,
-                                       HasSubstr("'argparse.Namespace' is not in the allowlist "
-                                                 "(strict mode)")));
+  EXPECT_THAT(
+      RunPickle(p, strict),
+      StatusIs(StatusCode::kDataLoss, HasSubstr("'argparse.Namespace' is not in the allowlist "
+                                                "(strict mode)")));
   PyArena arena;
   UCP_ASSERT_OK_AND_ASSIGN(UnpickleResult r, RunPickle(p, arena));
   EXPECT_EQ(r.value->class_name(), "argparse.Namespace");
@@ -215,9 +233,9 @@ TEST(MaliciousPickle, CallingNonCallablesIsRefused) {
               StatusIs(StatusCode::kDataLoss, HasSubstr("cannot construct 'builtins.set'")));
   EXPECT_THAT(RunPickle(kProto2 + "]" + PStr("x") + "\x85R."),
               StatusIs(StatusCode::kDataLoss, HasSubstr("cannot call a list")));
-  EXPECT_THAT(RunPickle(kProto2 + "c_codecs\nencode\n" + PStr("\xe4\xb8\x96") + PStr("latin1") +
-                  "\x86R."),
-              StatusIs(StatusCode::kDataLoss, HasSubstr("code point above 255")));
+  EXPECT_THAT(
+      RunPickle(kProto2 + "c_codecs\nencode\n" + PStr("\xe4\xb8\x96") + PStr("latin1") + "\x86R."),
+      StatusIs(StatusCode::kDataLoss, HasSubstr("code point above 255")));
   EXPECT_THAT(RunPickle(kProto2 + "c_codecs\nencode\n" + PStr("x") + PStr("rot13") + "\x86R."),
               StatusIs(StatusCode::kDataLoss, HasSubstr("encode(str, 'latin1')")));
 }
@@ -231,8 +249,10 @@ TEST(MaliciousPickle, StructuralFaultsNameOpcodeAndOffset) {
   EXPECT_THAT(RunPickle(kProto2 + "\xff."),
               StatusIs(StatusCode::kDataLoss,
                        AllOf(HasSubstr("0xff at offset 2"), HasSubstr("not a pickle opcode"))));
-  EXPECT_THAT(RunPickle(kProto2 + "NN."), StatusIs(StatusCode::kDataLoss, HasSubstr("STOP with 2 values")));
-  EXPECT_THAT(RunPickle(kProto2 + "N"), StatusIs(StatusCode::kDataLoss, HasSubstr("without a STOP")));
+  EXPECT_THAT(RunPickle(kProto2 + "NN."),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("STOP with 2 values")));
+  EXPECT_THAT(RunPickle(kProto2 + "N"),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("without a STOP")));
   EXPECT_THAT(RunPickle(kProto2 + "Nt."), StatusIs(StatusCode::kDataLoss, HasSubstr("no MARK")));
   EXPECT_THAT(RunPickle(kProto2 + "]}b."),
               StatusIs(StatusCode::kDataLoss, HasSubstr("BUILD on a list is not allowed")));
@@ -247,10 +267,12 @@ TEST(MaliciousPickle, StructuralFaultsNameOpcodeAndOffset) {
 }
 
 TEST(MaliciousPickle, UnsupportedOpcodesAreUnimplemented) {
-  EXPECT_THAT(RunPickle("\x80\x06N."), StatusIs(StatusCode::kUnimplemented, HasSubstr("protocol 6")));
+  EXPECT_THAT(RunPickle("\x80\x06N."),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("protocol 6")));
   EXPECT_THAT(RunPickle(kProto2 + "(ios\nsystem\n."),
               StatusIs(StatusCode::kUnimplemented, HasSubstr("INST")));
-  EXPECT_THAT(RunPickle(kProto2 + "\x82\x01."), StatusIs(StatusCode::kUnimplemented, HasSubstr("EXT1")));
+  EXPECT_THAT(RunPickle(kProto2 + "\x82\x01."),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("EXT1")));
   EXPECT_THAT(RunPickle(kProto2 + "S'x'\n."),
               StatusIs(StatusCode::kUnimplemented, HasSubstr("quoted strings")));
 }
@@ -298,8 +320,10 @@ TEST(MaliciousTensor, ViewsMustFitTheirStorage) {
               StatusIs(StatusCode::kDataLoss, HasSubstr("storage offset must be a non-negative")));
   EXPECT_THAT(OpenBytes(TorchZip(TensorPickle(4, 0, {3, int64_t{1} << 62}, {1, 1}), four_floats)),
               StatusIs(StatusCode::kDataLoss, HasSubstr("element count overflows int64")));
-  EXPECT_THAT(OpenBytes(TorchZip(TensorPickle(4, 0, {1 << 20, 1 << 20, 1 << 20, 1 << 20}, {0, 0, 0, 0}), four_floats)),
-              StatusIs(StatusCode::kDataLoss, HasSubstr("tensor size")));
+  EXPECT_THAT(
+      OpenBytes(TorchZip(TensorPickle(4, 0, {1 << 20, 1 << 20, 1 << 20, 1 << 20}, {0, 0, 0, 0}),
+                         four_floats)),
+      StatusIs(StatusCode::kDataLoss, HasSubstr("tensor size")));
   EXPECT_THAT(OpenBytes(TorchZip(TensorPickle(4, 0, {4, 2}, {int64_t{1} << 62, 1}), four_floats)),
               StatusIs(StatusCode::kDataLoss, HasSubstr("overflow")));
   EXPECT_THAT(OpenBytes(TorchZip(TensorPickle(4, 0, {2, 2}, {1}), four_floats)),
@@ -318,12 +342,14 @@ TEST(MaliciousTensor, PersistentIdsMustNameRecords) {
               StatusIs(StatusCode::kDataLoss, HasSubstr("persistent id is not a 5-tuple")));
   const std::string bad_class = kProto2 + "(" + PStr("storage") + "ctorch\nSize\n" + PStr("0") +
                                 PStr("cpu") + PInt(4) + "tQ.";
-  EXPECT_THAT(OpenBytes(TorchZip(bad_class, std::string(16, '\0'))),
-              StatusIs(StatusCode::kDataLoss, HasSubstr("'torch.Size' is not a torch storage class")));
+  EXPECT_THAT(
+      OpenBytes(TorchZip(bad_class, std::string(16, '\0'))),
+      StatusIs(StatusCode::kDataLoss, HasSubstr("'torch.Size' is not a torch storage class")));
   const std::string complex = kProto2 + "(" + PStr("storage") + "ctorch\nComplexFloatStorage\n" +
                               PStr("0") + PStr("cpu") + PInt(2) + "tQ.";
-  EXPECT_THAT(OpenBytes(TorchZip(complex, std::string(16, '\0'))),
-              StatusIs(StatusCode::kUnimplemented, HasSubstr("ComplexFloatStorage has no ucp dtype")));
+  EXPECT_THAT(
+      OpenBytes(TorchZip(complex, std::string(16, '\0'))),
+      StatusIs(StatusCode::kUnimplemented, HasSubstr("ComplexFloatStorage has no ucp dtype")));
 }
 
 // --- zip faults -------------------------------------------------------------------------------
@@ -339,9 +365,9 @@ TEST(MaliciousZip, EntryNamesThatEscapeAreRefused) {
            {"C:/x", "starts with a drive letter"},
            {std::string("archive/x\0y", 11), "contains a NUL byte"}}) {
     SCOPED_TRACE(name);
-    EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {name, "x"},
-                                  {"archive/version", "3\n"}})),
-                StatusIs(StatusCode::kDataLoss, HasSubstr(why)));
+    EXPECT_THAT(
+        OpenBytes(RawZip({{"archive/data.pkl", pkl}, {name, "x"}, {"archive/version", "3\n"}})),
+        StatusIs(StatusCode::kDataLoss, HasSubstr(why)));
   }
   EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"other/version", "3\n"}})),
               StatusIs(StatusCode::kDataLoss, HasSubstr("outside the archive prefix 'archive/'")));
@@ -351,10 +377,12 @@ TEST(MaliciousZip, EntryNamesThatEscapeAreRefused) {
 
 TEST(MaliciousZip, DuplicatesOverlapsAndOutOfFileRecords) {
   const std::string pkl = kProto2 + "N.";
-  UCP_EXPECT_OK(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "3\n"}})).status());
-  EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "3\n"},
-                                {"archive/data.pkl", pkl}})),
-              StatusIs(StatusCode::kDataLoss, HasSubstr("duplicate zip entry 'archive/data.pkl'")));
+  UCP_EXPECT_OK(
+      OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "3\n"}})).status());
+  EXPECT_THAT(
+      OpenBytes(RawZip(
+          {{"archive/data.pkl", pkl}, {"archive/version", "3\n"}, {"archive/data.pkl", pkl}})),
+      StatusIs(StatusCode::kDataLoss, HasSubstr("duplicate zip entry 'archive/data.pkl'")));
   // data.pkl claims more bytes than it has, running over the next local header.
   EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl, 40}, {"archive/version", "3\n"}})),
               StatusIs(StatusCode::kDataLoss, HasSubstr("overlap")));
@@ -366,8 +394,9 @@ TEST(MaliciousZip, DuplicatesOverlapsAndOutOfFileRecords) {
   // A record whose data runs into the central directory.
   EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "3\n", 5000}})),
               StatusIs(StatusCode::kDataLoss, HasSubstr("runs into the central directory")));
-  EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "3\n", -1, 1 << 30}})),
-              StatusIs(StatusCode::kDataLoss, HasSubstr("is not before the central directory")));
+  EXPECT_THAT(
+      OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "3\n", -1, 1 << 30}})),
+      StatusIs(StatusCode::kDataLoss, HasSubstr("is not before the central directory")));
   EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "3\n"}}, 1 << 30)),
               StatusIs(StatusCode::kDataLoss, HasSubstr("does not end at the end record")));
   EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "3\n"}}, -1, 65000)),
@@ -388,12 +417,14 @@ TEST(MaliciousZip, MissingAndBadRecords) {
               StatusIs(StatusCode::kUnimplemented, HasSubstr("version 99")));
   EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/version", "x"}})),
               StatusIs(StatusCode::kDataLoss, HasSubstr("is not a number")));
-  EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/byteorder", "big"},
-                                {"archive/version", "3\n"}})),
-              StatusIs(StatusCode::kUnimplemented, HasSubstr("big-endian")));
-  EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl}, {"archive/constants.pkl", pkl},
-                                {"archive/version", "3\n"}})),
-              StatusIs(StatusCode::kUnimplemented, HasSubstr("TorchScript")));
+  EXPECT_THAT(
+      OpenBytes(RawZip(
+          {{"archive/data.pkl", pkl}, {"archive/byteorder", "big"}, {"archive/version", "3\n"}})),
+      StatusIs(StatusCode::kUnimplemented, HasSubstr("big-endian")));
+  EXPECT_THAT(
+      OpenBytes(RawZip(
+          {{"archive/data.pkl", pkl}, {"archive/constants.pkl", pkl}, {"archive/version", "3\n"}})),
+      StatusIs(StatusCode::kUnimplemented, HasSubstr("TorchScript")));
   EXPECT_THAT(OpenBytes(RawZip({{"archive/data.pkl", pkl + "N"}, {"archive/version", "3\n"}})),
               StatusIs(StatusCode::kDataLoss, HasSubstr("1 bytes after its STOP")));
   EXPECT_THAT(OpenBytes("hello, not a torch file"),
@@ -412,7 +443,8 @@ TEST(MaliciousZip, CrcMismatchIsDataLossUnlessDisabled) {
   const PyValue* t = nullptr;
   for (const auto& [k, v] : g.root().entries()) {
     if (v->kind() == PyKind::kTensor && v->tensor().storage.key == rec.key &&
-        v->tensor().storage_offset == 0 && v->tensor().num_elements() * DTypeSizeBytes(v->tensor().dtype) == rec.num_bytes) {
+        v->tensor().storage_offset == 0 &&
+        v->tensor().num_elements() * DTypeSizeBytes(v->tensor().dtype) == rec.num_bytes) {
       t = v;
       break;
     }
@@ -444,8 +476,8 @@ TEST(MaliciousTruncation, EveryPrefixOfRealFilesFailsCleanly) {
 TEST(MaliciousTruncation, EveryPrefixOfAPickleFailsCleanly) {
   // data.pkl is the first record of a torch-written zip: cut the pickle, not the container.
   const std::string zip = Fixture("mp_rank_00_model_states.pt");
-  auto src = ByteSource::FromBuffer(std::as_bytes(std::span<const char>(zip.data(), zip.size())),
-                                    "z");
+  auto src =
+      ByteSource::FromBuffer(std::as_bytes(std::span<const char>(zip.data(), zip.size())), "z");
   const size_t name_len = static_cast<uint8_t>(zip[26]) | (static_cast<uint8_t>(zip[27]) << 8);
   const size_t extra_len = static_cast<uint8_t>(zip[28]) | (static_cast<uint8_t>(zip[29]) << 8);
   ASSERT_EQ(zip.substr(30, name_len), "mp_rank_00_model_states/data.pkl");

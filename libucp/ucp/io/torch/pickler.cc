@@ -79,8 +79,10 @@ class Emitter {
       for (int i = 0; i < 8; ++i) b.push_back(static_cast<char>((u >> (8 * i)) & 0xFF));
       while (b.size() > 1) {
         uint8_t last = static_cast<uint8_t>(b.back()), prev = static_cast<uint8_t>(b[b.size() - 2]);
-        if ((last == 0 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80))) b.pop_back();
-        else break;
+        if ((last == 0 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80)))
+          b.pop_back();
+        else
+          break;
       }
       Long(b);
     }
@@ -194,8 +196,8 @@ class Emitter {
     if (t.is_parameter) {
       // The inner tensor's requires_grad is False; the Parameter carries the real flag.
       const bool with_state = t.state != nullptr;
-      UCP_RETURN_IF_ERROR(Global("torch._utils", with_state ? "_rebuild_parameter_with_state"
-                                                            : "_rebuild_parameter"));
+      UCP_RETURN_IF_ERROR(Global(
+          "torch._utils", with_state ? "_rebuild_parameter_with_state" : "_rebuild_parameter"));
       Op('(');
       UCP_RETURN_IF_ERROR(RebuildFn(s));
       UCP_RETURN_IF_ERROR(RebuildArgs(t, s, false));
@@ -231,17 +233,27 @@ class Emitter {
     }
     if (Memoized(&v)) return Status::Ok();
     switch (v.kind()) {
-      case PyKind::kNone: Op('N'); return Status::Ok();
-      case PyKind::kBool: Op(v.bool_value() ? 0x88 : 0x89); return Status::Ok();
-      case PyKind::kInt: Int(v.int_value()); return Status::Ok();
-      case PyKind::kBigInt: Long(v.str()); return Status::Ok();
+      case PyKind::kNone:
+        Op('N');
+        return Status::Ok();
+      case PyKind::kBool:
+        Op(v.bool_value() ? 0x88 : 0x89);
+        return Status::Ok();
+      case PyKind::kInt:
+        Int(v.int_value());
+        return Status::Ok();
+      case PyKind::kBigInt:
+        Long(v.str());
+        return Status::Ok();
       case PyKind::kFloat: {
         Op('G');
         uint64_t bits = std::bit_cast<uint64_t>(v.float_value());
         for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xFF));
         return Status::Ok();
       }
-      case PyKind::kStr: Str(v.str()); return Status::Ok();
+      case PyKind::kStr:
+        Str(v.str());
+        return Status::Ok();
       case PyKind::kBytes: {
         // Protocol 2 has no bytes opcode: _codecs.encode(<bytes as latin-1 text>, 'latin1').
         UCP_RETURN_IF_ERROR(Global("_codecs", "encode"));
@@ -282,8 +294,10 @@ class Emitter {
       }
       case PyKind::kDict: {
         const bool ordered = v.type_name() == "collections.OrderedDict";
-        if (ordered) EmptyOrderedDict();
-        else Op('}');
+        if (ordered)
+          EmptyOrderedDict();
+        else
+          Op('}');
         Remember(&v);
         const auto& e = v.entries();
         for (size_t i = 0; i < e.size(); i += kBatch) {
@@ -310,7 +324,8 @@ class Emitter {
         Remember(&v);
         return Status::Ok();
       }
-      case PyKind::kTensor: return Tensor(v, depth);
+      case PyKind::kTensor:
+        return Tensor(v, depth);
       case PyKind::kStorage: {
         const StorageRef& s = v.storage();
         Op('(');

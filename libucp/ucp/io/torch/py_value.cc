@@ -14,25 +14,25 @@ struct TorchDTypeName {
 // Every attribute of the torch module that is a torch.dtype, canonical names and aliases. The
 // ones without a DType are still legal globals (a Namespace may carry torch.complex64).
 constexpr std::array<TorchDTypeName, 38> kTorchDTypeNames = {{
-    {"float64", DType::kFp64},        {"double", DType::kFp64},
-    {"float32", DType::kFp32},        {"float", DType::kFp32},
-    {"float16", DType::kFp16},        {"half", DType::kFp16},
-    {"bfloat16", DType::kBf16},       {"float8_e4m3fn", DType::kFp8E4m3},
-    {"float8_e5m2", DType::kFp8E5m2}, {"int8", DType::kInt8},
-    {"int16", DType::kInt16},         {"short", DType::kInt16},
-    {"int32", DType::kInt32},         {"int", DType::kInt32},
-    {"int64", DType::kInt64},         {"long", DType::kInt64},
-    {"uint8", DType::kUint8},         {"bool", DType::kBool},
-    {"complex32", std::nullopt},      {"chalf", std::nullopt},
-    {"complex64", std::nullopt},      {"cfloat", std::nullopt},
-    {"complex128", std::nullopt},     {"cdouble", std::nullopt},
+    {"float64", DType::kFp64},         {"double", DType::kFp64},
+    {"float32", DType::kFp32},         {"float", DType::kFp32},
+    {"float16", DType::kFp16},         {"half", DType::kFp16},
+    {"bfloat16", DType::kBf16},        {"float8_e4m3fn", DType::kFp8E4m3},
+    {"float8_e5m2", DType::kFp8E5m2},  {"int8", DType::kInt8},
+    {"int16", DType::kInt16},          {"short", DType::kInt16},
+    {"int32", DType::kInt32},          {"int", DType::kInt32},
+    {"int64", DType::kInt64},          {"long", DType::kInt64},
+    {"uint8", DType::kUint8},          {"bool", DType::kBool},
+    {"complex32", std::nullopt},       {"chalf", std::nullopt},
+    {"complex64", std::nullopt},       {"cfloat", std::nullopt},
+    {"complex128", std::nullopt},      {"cdouble", std::nullopt},
     {"float8_e4m3fnuz", std::nullopt}, {"float8_e5m2fnuz", std::nullopt},
-    {"uint16", std::nullopt},         {"uint32", std::nullopt},
-    {"uint64", std::nullopt},         {"qint8", std::nullopt},
-    {"quint8", std::nullopt},         {"qint32", std::nullopt},
-    {"quint4x2", std::nullopt},       {"quint2x4", std::nullopt},
-    {"bits8", std::nullopt},          {"bits16", std::nullopt},
-    {"float8_e8m0fnu", std::nullopt}, {"float4_e2m1fn_x2", std::nullopt},
+    {"uint16", std::nullopt},          {"uint32", std::nullopt},
+    {"uint64", std::nullopt},          {"qint8", std::nullopt},
+    {"quint8", std::nullopt},          {"qint32", std::nullopt},
+    {"quint4x2", std::nullopt},        {"quint2x4", std::nullopt},
+    {"bits8", std::nullopt},           {"bits16", std::nullopt},
+    {"float8_e8m0fnu", std::nullopt},  {"float4_e2m1fn_x2", std::nullopt},
 }};
 
 const TorchDTypeName* LookupTorchDType(std::string_view name) {
@@ -62,21 +62,36 @@ bool TensorRef::IsContiguous() const {
 
 std::string_view PyKindName(PyKind kind) {
   switch (kind) {
-    case PyKind::kNone: return "none";
-    case PyKind::kBool: return "bool";
-    case PyKind::kInt: return "int";
-    case PyKind::kBigInt: return "bigint";
-    case PyKind::kFloat: return "float";
-    case PyKind::kStr: return "str";
-    case PyKind::kBytes: return "bytes";
-    case PyKind::kList: return "list";
-    case PyKind::kTuple: return "tuple";
-    case PyKind::kDict: return "dict";
-    case PyKind::kSet: return "set";
-    case PyKind::kTensor: return "tensor";
-    case PyKind::kStorage: return "storage";
-    case PyKind::kObject: return "object";
-    case PyKind::kGlobal: return "global";
+    case PyKind::kNone:
+      return "none";
+    case PyKind::kBool:
+      return "bool";
+    case PyKind::kInt:
+      return "int";
+    case PyKind::kBigInt:
+      return "bigint";
+    case PyKind::kFloat:
+      return "float";
+    case PyKind::kStr:
+      return "str";
+    case PyKind::kBytes:
+      return "bytes";
+    case PyKind::kList:
+      return "list";
+    case PyKind::kTuple:
+      return "tuple";
+    case PyKind::kDict:
+      return "dict";
+    case PyKind::kSet:
+      return "set";
+    case PyKind::kTensor:
+      return "tensor";
+    case PyKind::kStorage:
+      return "storage";
+    case PyKind::kObject:
+      return "object";
+    case PyKind::kGlobal:
+      return "global";
   }
   return "unknown";
 }
@@ -93,12 +108,17 @@ std::string_view PyValue::class_name() const {
 
 std::optional<std::string> PyValue::IndexKey(const PyValue* key) {
   switch (key->kind_) {
-    case PyKind::kStr: return "s" + key->str_;
+    case PyKind::kStr:
+      return "s" + key->str_;
     // Python: True == 1 and hash(True) == hash(1), so bools and ints share one key space.
-    case PyKind::kInt: return "i" + std::to_string(key->int_);
-    case PyKind::kBool: return "i" + std::to_string(key->bool_ ? 1 : 0);
-    case PyKind::kNone: return std::string("n");
-    default: return std::nullopt;
+    case PyKind::kInt:
+      return "i" + std::to_string(key->int_);
+    case PyKind::kBool:
+      return "i" + std::to_string(key->bool_ ? 1 : 0);
+    case PyKind::kNone:
+      return std::string("n");
+    default:
+      return std::nullopt;
   }
 }
 

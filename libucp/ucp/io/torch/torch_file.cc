@@ -132,9 +132,8 @@ Status TorchFile::Impl::OpenZip() {
   if (pkl == nullptr) return DataLossError("zip torch file " + file + " has no data.pkl record");
   UCP_ASSIGN_OR_RETURN(std::string pickle,
                        zip.ReadRecord(*pkl, options.max_pickle_bytes, options.verify_crc32));
-  auto pickle_src =
-      ByteSource::FromBuffer(std::as_bytes(std::span<const char>(pickle.data(), pickle.size())),
-                             "data.pkl of " + file);
+  auto pickle_src = ByteSource::FromBuffer(
+      std::as_bytes(std::span<const char>(pickle.data(), pickle.size())), "data.pkl of " + file);
   PersistentLoader load = [&](const PyValue& pid) -> Result<const PyValue*> {
     UCP_ASSIGN_OR_RETURN(StorageRef s, ParseStoragePid(pid, false));
     if (!storages.index.count(s.key)) {
@@ -153,9 +152,8 @@ Status TorchFile::Impl::OpenZip() {
     }
     return RememberStorage(storages, arena, std::move(s));
   };
-  UCP_ASSIGN_OR_RETURN(UnpickleResult r,
-                       Unpickle(*pickle_src, 0, pickle_src->size(), arena, options.pickle, load,
-                                pickle_src->name()));
+  UCP_ASSIGN_OR_RETURN(UnpickleResult r, Unpickle(*pickle_src, 0, pickle_src->size(), arena,
+                                                  options.pickle, load, pickle_src->name()));
   if (r.end_offset != pickle_src->size()) {
     return DataLossError("data.pkl of " + file + " has " + Num(pickle_src->size() - r.end_offset) +
                          " bytes after its STOP opcode");
@@ -311,8 +309,8 @@ Status CheckView(const TensorRef& ref, int64_t storage_bytes, int64_t* last_elem
   auto fault = [&](const std::string& why) {
     return DataLossError("tensor view of storage '" + ref.storage.key + "' in " + file +
                          " (offset " + Num(ref.storage_offset) + ", size " +
-                         ShapeToString(ref.size) + ", stride " + ShapeToString(ref.stride) +
-                         ") " + why);
+                         ShapeToString(ref.size) + ", stride " + ShapeToString(ref.stride) + ") " +
+                         why);
   };
   if (ref.size.size() != ref.stride.size()) return fault("has mismatched size and stride");
   if (ref.storage_offset < 0) return fault("has a negative offset");

@@ -74,8 +74,7 @@ class TorchFile {
   /// DeepSpeed converter reads pieces of big flat fp32 partitions this way).
   /// Errors: kFailedPrecondition (the view is not contiguous); kOutOfRange (the range is not
   /// inside the tensor's bytes); kNotFound, kDataLoss, kIoError as ReadTensor.
-  Status ReadTensorBytes(const TensorRef& ref, int64_t byte_offset,
-                         std::span<std::byte> out) const;
+  Status ReadTensorBytes(const TensorRef& ref, int64_t byte_offset, std::span<std::byte> out) const;
 
  private:
   struct Impl;

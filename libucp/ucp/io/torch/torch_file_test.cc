@@ -32,13 +32,18 @@ void Walk(const PyValue& v, json path, std::vector<std::pair<json, const PyValue
           int depth = 0) {
   ASSERT_LT(depth, 100);
   switch (v.kind()) {
-    case PyKind::kTensor: out.emplace_back(path, &v); break;
+    case PyKind::kTensor:
+      out.emplace_back(path, &v);
+      break;
     case PyKind::kDict:
       for (const auto& [k, val] : v.entries()) {
         json p = path;
-        if (k->kind() == PyKind::kStr) p.push_back(k->str());
-        else if (k->kind() == PyKind::kInt) p.push_back(k->int_value());
-        else continue;
+        if (k->kind() == PyKind::kStr)
+          p.push_back(k->str());
+        else if (k->kind() == PyKind::kInt)
+          p.push_back(k->int_value());
+        else
+          continue;
         Walk(*val, p, out, depth + 1);
       }
       break;
@@ -51,7 +56,8 @@ void Walk(const PyValue& v, json path, std::vector<std::pair<json, const PyValue
         Walk(*v.items()[i], p, out, depth + 1);
       }
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -135,8 +141,7 @@ TEST(TorchFileFixtures, EveryTensorAndValueMatchesExpectedJson) {
   for (const auto& [name, spec] : expected["files"].items()) {
     SCOPED_TRACE(name);
     UCP_ASSERT_OK_AND_ASSIGN(TorchFile f, TorchFile::Open(FixtureDir() + "/" + name));
-    EXPECT_EQ(f.format(),
-              spec["format"] == "legacy" ? TorchFormat::kLegacy : TorchFormat::kZip);
+    EXPECT_EQ(f.format(), spec["format"] == "legacy" ? TorchFormat::kLegacy : TorchFormat::kZip);
     std::vector<std::pair<json, const PyValue*>> found;
     Walk(f.root(), json::array(), found);
     const json& tensors = spec["tensors"];

@@ -18,8 +18,8 @@ Result<const PyValue*> TorchWriter::AddTensor(ConstTensorView view, bool require
   t.stride = ContiguousStrides(view.shape);
   t.requires_grad = requires_grad;
   t.is_parameter = is_parameter;
-  t.storage.dtype = StorageClassForDType(view.dtype).empty() ? std::nullopt
-                                                             : std::optional<DType>(view.dtype);
+  t.storage.dtype =
+      StorageClassForDType(view.dtype).empty() ? std::nullopt : std::optional<DType>(view.dtype);
   t.storage.location = "cpu";
   t.storage.num_bytes = static_cast<int64_t>(view.bytes.size());
   t.storage.numel = t.storage.dtype ? view.num_elements() : t.storage.num_bytes;
@@ -65,9 +65,9 @@ Result<const PyValue*> TorchWriter::Copy(const TorchFile& file, const PyValue& v
       return &v;  // immutable leaves: share them
     case PyKind::kTensor: {
       UCP_ASSIGN_OR_RETURN(Tensor t, file.ReadTensor(v.tensor()));
-      UCP_ASSIGN_OR_RETURN(const PyValue* node,
-                           AddOwnedTensor(std::move(t), v.tensor().requires_grad,
-                                          v.tensor().is_parameter));
+      UCP_ASSIGN_OR_RETURN(
+          const PyValue* node,
+          AddOwnedTensor(std::move(t), v.tensor().requires_grad, v.tensor().is_parameter));
       if (v.tensor().state != nullptr) {
         UCP_ASSIGN_OR_RETURN(const PyValue* st, copy_opt(v.tensor().state));
         TensorRef ref = node->tensor();
@@ -83,7 +83,7 @@ Result<const PyValue*> TorchWriter::Copy(const TorchFile& file, const PyValue& v
     case PyKind::kList:
     case PyKind::kSet:
     case PyKind::kTuple:
-      out = v.kind() == PyKind::kList ? arena_.List()
+      out = v.kind() == PyKind::kList  ? arena_.List()
             : v.kind() == PyKind::kSet ? arena_.Set()
                                        : arena_.Tuple();
       out->SetTypeName(v.type_name());
@@ -146,8 +146,8 @@ Status TorchWriter::Write(const std::filesystem::path& path, const PyValue& root
   UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/byteorder", "little"));
   for (const auto& [key, view] : records) {
     std::span<const std::byte> piece = view.bytes;
-    UCP_RETURN_IF_ERROR(
-        zip.AddRecord(prefix + "/data/" + key, std::span<const std::span<const std::byte>>(&piece, 1)));
+    UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/data/" + key,
+                                      std::span<const std::span<const std::byte>>(&piece, 1)));
   }
   UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/version", "3\n"));
   return zip.Finish();

@@ -101,15 +101,22 @@ Built BuildEverything(TorchWriter& w, uint64_t seed, bool include_fp8) {
   add("shared_b", shared);
 
   PyValue* ints = a.List();
-  const int64_t int_cases[] = {0, 1, 255, 256, 65535, 65536, -1, -129,
+  const int64_t int_cases[] = {0,
+                               1,
+                               255,
+                               256,
+                               65535,
+                               65536,
+                               -1,
+                               -129,
                                std::numeric_limits<int32_t>::min(),
                                int64_t{std::numeric_limits<int32_t>::max()} + 1,
                                std::numeric_limits<int64_t>::min(),
                                std::numeric_limits<int64_t>::max()};
   for (size_t k = 0; k < std::size(int_cases); ++k) {
     ints->Append(a.Int(int_cases[k]));
-    values.push_back({{"path", {"ints", k}}, {"kind", "int"},
-                      {"value", std::to_string(int_cases[k])}});
+    values.push_back(
+        {{"path", {"ints", k}}, {"kind", "int"}, {"value", std::to_string(int_cases[k])}});
   }
   add("ints", ints);
   // 2**70 + 5, little-endian two's complement.
@@ -122,7 +129,11 @@ Built BuildEverything(TorchWriter& w, uint64_t seed, bool include_fp8) {
   values.push_back({{"path", {"neg_big"}}, {"kind", "int"}, {"value", "-18446744073709551615"}});
 
   PyValue* floats = a.List();
-  const double float_cases[] = {0.0, -0.0, 1.5, -3.25e-300, std::numeric_limits<double>::infinity(),
+  const double float_cases[] = {0.0,
+                                -0.0,
+                                1.5,
+                                -3.25e-300,
+                                std::numeric_limits<double>::infinity(),
                                 std::numeric_limits<double>::quiet_NaN()};
   for (size_t k = 0; k < std::size(float_cases); ++k) {
     floats->Append(a.Float(float_cases[k]));
@@ -177,10 +188,10 @@ Built BuildEverything(TorchWriter& w, uint64_t seed, bool include_fp8) {
   ns->SetState(ns_state);
   add("args", ns);
   values.push_back({{"path", {"args"}}, {"kind", "type"}, {"value", "argparse.Namespace"}});
-  values.push_back({{"path", {"args", "@attr:params_dtype"}}, {"kind", "dtype"},
-                    {"value", "float16"}});
-  values.push_back({{"path", {"args", "@attr:lr"}}, {"kind", "float_bits"},
-                    {"value", "3fe0000000000000"}});
+  values.push_back(
+      {{"path", {"args", "@attr:params_dtype"}}, {"kind", "dtype"}, {"value", "float16"}});
+  values.push_back(
+      {{"path", {"args", "@attr:lr"}}, {"kind", "float_bits"}, {"value", "3fe0000000000000"}});
   // Many memo entries: more than 256 distinct lists pushes BINPUT to LONG_BINPUT.
   PyValue* many = a.List();
   for (int k = 0; k < 300; ++k) {
@@ -192,8 +203,11 @@ Built BuildEverything(TorchWriter& w, uint64_t seed, bool include_fp8) {
   values.push_back({{"path", {"many", 299, 0}}, {"kind", "int"}, {"value", "299"}});
 
   keys.push_back({{"path", json::array()}, {"keys", top_keys}});
-  values.push_back({{"path", json::array()}, {"kind", "type"}, {"value", "collections.OrderedDict"}});
-  b.expect = {{"tensors", tensors}, {"values", values}, {"keys", keys},
+  values.push_back(
+      {{"path", json::array()}, {"kind", "type"}, {"value", "collections.OrderedDict"}});
+  b.expect = {{"tensors", tensors},
+              {"values", values},
+              {"keys", keys},
               {"aliases", {{{"shared_a"}, {"shared_b"}}}}};
   return b;
 }
@@ -242,7 +256,8 @@ TEST(TorchWriter, SameInputSameBytes) {
     UCP_ASSERT_OK(w.Write(dir / name, *b.root));
   }
   std::ifstream a(dir / "a.pt", std::ios::binary), b(dir / "b.pt", std::ios::binary);
-  std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+  std::string sa((std::istreambuf_iterator<char>(a)), {}),
+      sb((std::istreambuf_iterator<char>(b)), {});
   EXPECT_GT(sa.size(), 1000u);
   EXPECT_EQ(sa, sb);
 }
@@ -300,9 +315,9 @@ TEST(TorchWriter, RealTorchLoadsWhatUcpWrites) {
   // 2: each torch-written fixture copied through CopyFrom must load equal to the original.
   const std::string fixtures = SourceRoot() + "/tests/data/torch/";
   std::vector<TorchFile> sources;
-  for (const char* name : {"model_state_dict.pt", "model_state_dict_legacy.pt", "protocol4.pt",
-                           "adamw_optimizer.pt", "mp_rank_00_model_states.pt",
-                           "zero_pp_rank_0_mp_rank_00_optim_states.pt"}) {
+  for (const char* name :
+       {"model_state_dict.pt", "model_state_dict_legacy.pt", "protocol4.pt", "adamw_optimizer.pt",
+        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}) {
     SCOPED_TRACE(name);
     UCP_ASSERT_OK_AND_ASSIGN(TorchFile src, TorchFile::Open(fixtures + name));
     TorchWriter w;

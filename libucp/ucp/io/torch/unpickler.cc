@@ -5,6 +5,7 @@
 #include <array>
 #include <bit>
 #include <charconv>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -86,8 +87,8 @@ constexpr std::array<std::string_view, 9> kInertGlobals = {
 constexpr std::array<std::string_view, 2> kInertPrefixes = {"deepspeed.", "megatron."};
 
 // Modules refused whatever follows: a prefix match on these is never an inert class.
-constexpr std::array<std::string_view, 6> kNeverModules = {"os", "posix", "nt", "sys",
-                                                           "subprocess", "builtins"};
+constexpr std::array<std::string_view, 6> kNeverModules = {"os",  "posix",      "nt",
+                                                           "sys", "subprocess", "builtins"};
 
 bool IsInertClass(std::string_view name, const PickleOptions& options) {
   if (options.strict_globals) return false;
@@ -108,22 +109,74 @@ bool IsInertCallable(std::string_view name, const PickleOptions& options) {
 
 constexpr std::array<std::string_view, 256> MakeOpNames() {
   std::array<std::string_view, 256> n{};
-  n['('] = "MARK"; n['.'] = "STOP"; n['0'] = "POP"; n['1'] = "POP_MARK"; n['2'] = "DUP";
-  n['F'] = "FLOAT"; n['I'] = "INT"; n['J'] = "BININT"; n['K'] = "BININT1"; n['L'] = "LONG";
-  n['M'] = "BININT2"; n['N'] = "NONE"; n['P'] = "PERSID"; n['Q'] = "BINPERSID";
-  n['R'] = "REDUCE"; n['S'] = "STRING"; n['T'] = "BINSTRING"; n['U'] = "SHORT_BINSTRING";
-  n['V'] = "UNICODE"; n['X'] = "BINUNICODE"; n['a'] = "APPEND"; n['b'] = "BUILD";
-  n['c'] = "GLOBAL"; n['d'] = "DICT"; n['}'] = "EMPTY_DICT"; n['e'] = "APPENDS"; n['g'] = "GET";
-  n['h'] = "BINGET"; n['i'] = "INST"; n['j'] = "LONG_BINGET"; n['l'] = "LIST";
-  n[']'] = "EMPTY_LIST"; n['o'] = "OBJ"; n['p'] = "PUT"; n['q'] = "BINPUT";
-  n['r'] = "LONG_BINPUT"; n['s'] = "SETITEM"; n['t'] = "TUPLE"; n[')'] = "EMPTY_TUPLE";
-  n['u'] = "SETITEMS"; n['G'] = "BINFLOAT"; n['B'] = "BINBYTES"; n['C'] = "SHORT_BINBYTES";
-  n[0x80] = "PROTO"; n[0x81] = "NEWOBJ"; n[0x82] = "EXT1"; n[0x83] = "EXT2"; n[0x84] = "EXT4";
-  n[0x85] = "TUPLE1"; n[0x86] = "TUPLE2"; n[0x87] = "TUPLE3"; n[0x88] = "NEWTRUE";
-  n[0x89] = "NEWFALSE"; n[0x8a] = "LONG1"; n[0x8b] = "LONG4"; n[0x8c] = "SHORT_BINUNICODE";
-  n[0x8d] = "BINUNICODE8"; n[0x8e] = "BINBYTES8"; n[0x8f] = "EMPTY_SET"; n[0x90] = "ADDITEMS";
-  n[0x91] = "FROZENSET"; n[0x92] = "NEWOBJ_EX"; n[0x93] = "STACK_GLOBAL"; n[0x94] = "MEMOIZE";
-  n[0x95] = "FRAME"; n[0x96] = "BYTEARRAY8"; n[0x97] = "NEXT_BUFFER"; n[0x98] = "READONLY_BUFFER";
+  n['('] = "MARK";
+  n['.'] = "STOP";
+  n['0'] = "POP";
+  n['1'] = "POP_MARK";
+  n['2'] = "DUP";
+  n['F'] = "FLOAT";
+  n['I'] = "INT";
+  n['J'] = "BININT";
+  n['K'] = "BININT1";
+  n['L'] = "LONG";
+  n['M'] = "BININT2";
+  n['N'] = "NONE";
+  n['P'] = "PERSID";
+  n['Q'] = "BINPERSID";
+  n['R'] = "REDUCE";
+  n['S'] = "STRING";
+  n['T'] = "BINSTRING";
+  n['U'] = "SHORT_BINSTRING";
+  n['V'] = "UNICODE";
+  n['X'] = "BINUNICODE";
+  n['a'] = "APPEND";
+  n['b'] = "BUILD";
+  n['c'] = "GLOBAL";
+  n['d'] = "DICT";
+  n['}'] = "EMPTY_DICT";
+  n['e'] = "APPENDS";
+  n['g'] = "GET";
+  n['h'] = "BINGET";
+  n['i'] = "INST";
+  n['j'] = "LONG_BINGET";
+  n['l'] = "LIST";
+  n[']'] = "EMPTY_LIST";
+  n['o'] = "OBJ";
+  n['p'] = "PUT";
+  n['q'] = "BINPUT";
+  n['r'] = "LONG_BINPUT";
+  n['s'] = "SETITEM";
+  n['t'] = "TUPLE";
+  n[')'] = "EMPTY_TUPLE";
+  n['u'] = "SETITEMS";
+  n['G'] = "BINFLOAT";
+  n['B'] = "BINBYTES";
+  n['C'] = "SHORT_BINBYTES";
+  n[0x80] = "PROTO";
+  n[0x81] = "NEWOBJ";
+  n[0x82] = "EXT1";
+  n[0x83] = "EXT2";
+  n[0x84] = "EXT4";
+  n[0x85] = "TUPLE1";
+  n[0x86] = "TUPLE2";
+  n[0x87] = "TUPLE3";
+  n[0x88] = "NEWTRUE";
+  n[0x89] = "NEWFALSE";
+  n[0x8a] = "LONG1";
+  n[0x8b] = "LONG4";
+  n[0x8c] = "SHORT_BINUNICODE";
+  n[0x8d] = "BINUNICODE8";
+  n[0x8e] = "BINBYTES8";
+  n[0x8f] = "EMPTY_SET";
+  n[0x90] = "ADDITEMS";
+  n[0x91] = "FROZENSET";
+  n[0x92] = "NEWOBJ_EX";
+  n[0x93] = "STACK_GLOBAL";
+  n[0x94] = "MEMOIZE";
+  n[0x95] = "FRAME";
+  n[0x96] = "BYTEARRAY8";
+  n[0x97] = "NEXT_BUFFER";
+  n[0x98] = "READONLY_BUFFER";
   return n;
 }
 constexpr std::array<std::string_view, 256> kOpNames = MakeOpNames();
@@ -136,11 +189,20 @@ bool DecodeUtf8(std::string_view s, std::vector<uint32_t>* out) {
     uint8_t c = static_cast<uint8_t>(s[i]);
     int n;
     uint32_t cp;
-    if (c < 0x80) { cp = c; n = 0; }
-    else if ((c & 0xE0) == 0xC0) { cp = c & 0x1F; n = 1; }
-    else if ((c & 0xF0) == 0xE0) { cp = c & 0x0F; n = 2; }
-    else if ((c & 0xF8) == 0xF0) { cp = c & 0x07; n = 3; }
-    else return false;
+    if (c < 0x80) {
+      cp = c;
+      n = 0;
+    } else if ((c & 0xE0) == 0xC0) {
+      cp = c & 0x1F;
+      n = 1;
+    } else if ((c & 0xF0) == 0xE0) {
+      cp = c & 0x0F;
+      n = 2;
+    } else if ((c & 0xF8) == 0xF0) {
+      cp = c & 0x07;
+      n = 3;
+    } else
+      return false;
     if (n > 0 && i + static_cast<size_t>(n) >= s.size()) return false;
     for (int k = 1; k <= n; ++k) {
       uint8_t cc = static_cast<uint8_t>(s[i + k]);
@@ -159,8 +221,14 @@ class Machine {
  public:
   Machine(const ByteSource& src, int64_t begin, int64_t end, PyArena& arena,
           const PickleOptions& options, const PersistentLoader& load, std::string_view what)
-      : src_(src), begin_(begin), end_(end), pos_(begin), arena_(arena), options_(options),
-        load_(load), what_(what) {}
+      : src_(src),
+        begin_(begin),
+        end_(end),
+        pos_(begin),
+        arena_(arena),
+        options_(options),
+        load_(load),
+        what_(what) {}
 
   Result<UnpickleResult> Run();
 
@@ -315,8 +383,10 @@ Status Machine::PushLong(std::string_view le) {
   size_t n = le.size();
   while (n > 1) {
     uint8_t last = static_cast<uint8_t>(le[n - 1]), prev = static_cast<uint8_t>(le[n - 2]);
-    if ((last == 0x00 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80))) --n;
-    else break;
+    if ((last == 0x00 && !(prev & 0x80)) || (last == 0xFF && (prev & 0x80)))
+      --n;
+    else
+      break;
   }
   if (n == 0) return Push(arena_.Int(0));
   if (n <= 8) {
@@ -347,8 +417,7 @@ Status Machine::SetItems(PyValue* target, const std::vector<PyValue*>& kv) {
   return Status::Ok();
 }
 
-Result<PyValue*> Machine::RebuildTensor(std::string_view fn,
-                                        const std::vector<const PyValue*>& a) {
+Result<PyValue*> Machine::RebuildTensor(std::string_view fn, const std::vector<const PyValue*>& a) {
   const bool v3 = fn == "_rebuild_tensor_v3";
   const bool v1 = fn == "_rebuild_tensor";
   const size_t min_args = v1 ? 4 : v3 ? 7 : 6;
@@ -368,8 +437,8 @@ Result<PyValue*> Machine::RebuildTensor(std::string_view fn,
   }
   t.storage_offset = a[1]->int_value();
   auto ints = [&](const PyValue* v, std::vector<int64_t>& out, std::string_view field) -> Status {
-    if (v->kind() != PyKind::kTuple) return Fault(std::string(fn) + " " + std::string(field) +
-                                                  " must be a tuple of ints");
+    if (v->kind() != PyKind::kTuple)
+      return Fault(std::string(fn) + " " + std::string(field) + " must be a tuple of ints");
     if (v->items().size() > kMaxDims) {
       return Fault(std::string(fn) + " " + std::string(field) + " has " +
                    std::to_string(v->items().size()) + " dims, more than 64");
@@ -436,8 +505,8 @@ Result<PyValue*> Machine::Call(const PyValue* fn, const PyValue* args) {
     return Fault("cannot call a " + std::string(PyKindName(fn->kind())));
   }
   if (args->kind() != PyKind::kTuple) {
-    return Fault("arguments of " + fn->str() + " are a " +
-                 std::string(PyKindName(args->kind())) + ", not a tuple");
+    return Fault("arguments of " + fn->str() + " are a " + std::string(PyKindName(args->kind())) +
+                 ", not a tuple");
   }
   const std::string& name = fn->str();
   const auto& a = args->items();
@@ -604,7 +673,9 @@ Status Machine::DoOp() {
       }
       return Status::Ok();
     }
-    case '.': stopped_ = true; return Status::Ok();
+    case '.':
+      stopped_ = true;
+      return Status::Ok();
     case '(':
       if (static_cast<int64_t>(stack_.size() + marks_.size()) >= options_.max_stack_depth) {
         return ResourceExhaustedError("pickle stack of " + std::string(what_) + " exceeds " +
@@ -612,15 +683,20 @@ Status Machine::DoOp() {
       }
       marks_.push_back(stack_.size());
       return Status::Ok();
-    case '0': return Pop().status();
-    case '1': return PopMark().status();
+    case '0':
+      return Pop().status();
+    case '1':
+      return PopMark().status();
     case '2': {
       UCP_ASSIGN_OR_RETURN(PyValue * v, Top());
       return Push(v);
     }
-    case 'N': return Push(arena_.None());
-    case 0x88: return Push(arena_.Bool(true));
-    case 0x89: return Push(arena_.Bool(false));
+    case 'N':
+      return Push(arena_.None());
+    case 0x88:
+      return Push(arena_.Bool(true));
+    case 0x89:
+      return Push(arena_.Bool(false));
     case 'J': {
       UCP_ASSIGN_OR_RETURN(uint64_t v, TakeLE(4));
       return Push(arena_.Int(static_cast<int32_t>(static_cast<uint32_t>(v))));
@@ -701,10 +777,14 @@ Status Machine::DoOp() {
       UCP_ASSIGN_OR_RETURN(std::string_view s, Take(static_cast<int64_t>(n)));
       return PushString(s, op_ != 0x8d);
     }
-    case ']': return Push(arena_.List());
-    case ')': return Push(arena_.Tuple());
-    case '}': return Push(arena_.Dict());
-    case 0x8f: return Push(arena_.Set());
+    case ']':
+      return Push(arena_.List());
+    case ')':
+      return Push(arena_.Tuple());
+    case '}':
+      return Push(arena_.Dict());
+    case 0x8f:
+      return Push(arena_.Set());
     case 'l':
     case 't':
     case 0x91: {
@@ -780,7 +860,8 @@ Status Machine::DoOp() {
       UCP_ASSIGN_OR_RETURN(uint64_t idx, TakeLE(4));
       return op_ == 'j' ? MemoGet(idx) : MemoPut(idx);
     }
-    case 0x94: return MemoPut(memo_.size());
+    case 0x94:
+      return MemoPut(memo_.size());
     case 'c': {
       UCP_ASSIGN_OR_RETURN(std::string_view m, Line());
       std::string module(m);
@@ -795,7 +876,8 @@ Status Machine::DoOp() {
       }
       return Global(module->str(), name->str());
     }
-    case 'R': return Reduce();
+    case 'R':
+      return Reduce();
     case 0x81: {
       UCP_ASSIGN_OR_RETURN(PyValue * args, Pop());
       UCP_ASSIGN_OR_RETURN(PyValue * cls, Pop());
@@ -810,7 +892,8 @@ Status Machine::DoOp() {
       }
       return NewObj(cls, args);
     }
-    case 'b': return Build();
+    case 'b':
+      return Build();
     case 'Q': {
       UCP_ASSIGN_OR_RETURN(PyValue * pid, Pop());
       if (!load_) return Fault("persistent ids are not expected in this stream");
@@ -822,17 +905,23 @@ Status Machine::DoOp() {
       }
       return Push(const_cast<PyValue*>(*r));
     }
-    case 'P': return Unsupported("text persistent ids are not supported");
+    case 'P':
+      return Unsupported("text persistent ids are not supported");
     case 'S':
-    case 'V': return Unsupported("protocol 0 quoted strings are not supported");
+    case 'V':
+      return Unsupported("protocol 0 quoted strings are not supported");
     case 'i':
-    case 'o': return Unsupported("INST and OBJ construct arbitrary classes");
+    case 'o':
+      return Unsupported("INST and OBJ construct arbitrary classes");
     case 0x82:
     case 0x83:
-    case 0x84: return Unsupported("the extension registry is not supported");
+    case 0x84:
+      return Unsupported("the extension registry is not supported");
     case 0x97:
-    case 0x98: return Unsupported("out-of-band buffers are not supported");
-    default: return Fault("not a pickle opcode");
+    case 0x98:
+      return Unsupported("out-of-band buffers are not supported");
+    default:
+      return Fault("not a pickle opcode");
   }
 }
 
@@ -873,8 +962,7 @@ Result<std::optional<DType>> StorageDTypeFromClass(std::string_view class_name) 
   for (const auto& c : kStorageClasses) {
     if (c.name == class_name) {
       if (!c.supported) {
-        return UnimplementedError("storage type " + std::string(class_name) +
-                                  " has no ucp dtype");
+        return UnimplementedError("storage type " + std::string(class_name) + " has no ucp dtype");
       }
       return c.dtype;
     }

@@ -100,8 +100,7 @@ Result<EndRecords> ParseEndRecords(const ByteSource& src) {
   const uint16_t disk = U16(tail, e + 4), cd_disk = U16(tail, e + 6);
   const uint16_t n_disk = U16(tail, e + 8), n_total = U16(tail, e + 10);
   const uint32_t cd_size32 = U32(tail, e + 12), cd_off32 = U32(tail, e + 16);
-  if ((disk != 0 && disk != 0xFFFF) || (cd_disk != 0 && cd_disk != 0xFFFF) ||
-      n_disk != n_total) {
+  if ((disk != 0 && disk != 0xFFFF) || (cd_disk != 0 && cd_disk != 0xFFFF) || n_disk != n_total) {
     return UnimplementedError("zip file " + file + " spans several disks (disk " + Num(disk) +
                               ", central directory disk " + Num(cd_disk) + ")");
   }
@@ -132,13 +131,12 @@ Result<EndRecords> ParseEndRecords(const ByteSource& src) {
   UCP_ASSIGN_OR_RETURN(int64_t z64_pos, AsOffset(U64(loc, 8), "zip64 end record offset", file));
   if (z64_pos > loc_pos - kZip64EocdSize) {
     return DataLossError("zip64 end record offset " + Num(z64_pos) + " in " + file +
-                         " leaves no room for its 56 bytes before the locator at " +
-                         Num(loc_pos));
+                         " leaves no room for its 56 bytes before the locator at " + Num(loc_pos));
   }
   UCP_ASSIGN_OR_RETURN(std::string z, src.ReadString(z64_pos, kZip64EocdSize));
   if (U32(z, 0) != kZip64EocdSig) {
-    return DataLossError("no zip64 end-of-central-directory signature at offset " +
-                         Num(z64_pos) + " of " + file + " (the locator points there)");
+    return DataLossError("no zip64 end-of-central-directory signature at offset " + Num(z64_pos) +
+                         " of " + file + " (the locator points there)");
   }
   const uint64_t rec_size = U64(z, 4);
   if (rec_size != static_cast<uint64_t>(loc_pos - z64_pos - 12)) {
@@ -155,10 +153,10 @@ Result<EndRecords> ParseEndRecords(const ByteSource& src) {
   // Where the classic fields are not saturated they must agree with the zip64 ones.
   if ((n_total != 0xFFFF && n_total != n64) || (cd_size32 != 0xFFFFFFFF && cd_size32 != size64) ||
       (cd_off32 != 0xFFFFFFFF && cd_off32 != off64)) {
-    return DataLossError("zip file " + file +
-                         " has end records that disagree: entries " + Num(n_total) + " vs " +
-                         Num(n64) + ", directory size " + Num(cd_size32) + " vs " + Num(size64) +
-                         ", directory offset " + Num(cd_off32) + " vs " + Num(off64));
+    return DataLossError("zip file " + file + " has end records that disagree: entries " +
+                         Num(n_total) + " vs " + Num(n64) + ", directory size " + Num(cd_size32) +
+                         " vs " + Num(size64) + ", directory offset " + Num(cd_off32) + " vs " +
+                         Num(off64));
   }
   r.num_entries = n64;
   r.cd_size = size64;
@@ -242,8 +240,8 @@ Result<ZipReader> ZipReader::Open(std::shared_ptr<const ByteSource> source) {
     const uint32_t lho32 = U32(cd, p + 42);
     const size_t var = static_cast<size_t>(name_len) + extra_len + comment_len;
     if (p + kCentralSize + var > cd.size()) {
-      return DataLossError("central directory entry runs past the directory's " +
-                           Num(end.cd_size) + " bytes" + at);
+      return DataLossError("central directory entry runs past the directory's " + Num(end.cd_size) +
+                           " bytes" + at);
     }
     ZipEntry e;
     e.name = cd.substr(p + kCentralSize, name_len);
@@ -268,9 +266,8 @@ Result<ZipReader> ZipReader::Open(std::shared_ptr<const ByteSource> source) {
                          AsOffset(size32 == 0xFFFFFFFF ? z.size : size32, "entry size", file));
     UCP_ASSIGN_OR_RETURN(int64_t comp, AsOffset(comp32 == 0xFFFFFFFF ? z.comp : comp32,
                                                 "entry compressed size", file));
-    UCP_ASSIGN_OR_RETURN(e.local_header_offset,
-                         AsOffset(lho32 == 0xFFFFFFFF ? z.lho : lho32, "local header offset",
-                                  file));
+    UCP_ASSIGN_OR_RETURN(e.local_header_offset, AsOffset(lho32 == 0xFFFFFFFF ? z.lho : lho32,
+                                                         "local header offset", file));
     if (comp != e.size) {
       return DataLossError("stored zip entry '" + e.name + "' has compressed size " + Num(comp) +
                            " but size " + Num(e.size) + at);
@@ -323,9 +320,8 @@ Result<ZipReader> ZipReader::Open(std::shared_ptr<const ByteSource> source) {
     }
     UCP_ASSIGN_OR_RETURN(std::string lname_bytes, src.ReadString(name_at, lname));
     if (lname_bytes != e.name) {
-      return DataLossError("local header at offset " + Num(e.local_header_offset) + " of " +
-                           file + " names '" + lname_bytes + "', the directory says '" + e.name +
-                           "'");
+      return DataLossError("local header at offset " + Num(e.local_header_offset) + " of " + file +
+                           " names '" + lname_bytes + "', the directory says '" + e.name + "'");
     }
     e.data_offset = name_at + lname + lextra;
     if (e.data_offset > end.cd_offset || e.size > end.cd_offset - e.data_offset) {
@@ -361,9 +357,8 @@ const ZipEntry* ZipReader::Find(std::string_view record) const {
 Result<std::string> ZipReader::ReadRecord(const ZipEntry& entry, int64_t max_bytes,
                                           bool verify_crc) const {
   if (entry.size > max_bytes) {
-    return ResourceExhaustedError("zip record '" + entry.name + "' of " + source_->name() +
-                                  " is " + Num(entry.size) + " bytes, over the limit of " +
-                                  Num(max_bytes));
+    return ResourceExhaustedError("zip record '" + entry.name + "' of " + source_->name() + " is " +
+                                  Num(entry.size) + " bytes, over the limit of " + Num(max_bytes));
   }
   UCP_ASSIGN_OR_RETURN(std::string data, source_->ReadString(entry.data_offset, entry.size));
   if (verify_crc && entry.crc32 != 0) {

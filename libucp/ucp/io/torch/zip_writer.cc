@@ -65,9 +65,15 @@ Result<ZipWriter> ZipWriter::Create(const std::filesystem::path& path, ZipWriteO
 }
 
 ZipWriter::ZipWriter(ZipWriter&& o) noexcept
-    : path_(std::move(o.path_)), temp_(std::move(o.temp_)), options_(o.options_), fd_(o.fd_),
-      offset_(o.offset_), buf_(std::move(o.buf_)), entries_(std::move(o.entries_)),
-      names_(std::move(o.names_)), finished_(o.finished_) {
+    : path_(std::move(o.path_)),
+      temp_(std::move(o.temp_)),
+      options_(o.options_),
+      fd_(o.fd_),
+      offset_(o.offset_),
+      buf_(std::move(o.buf_)),
+      entries_(std::move(o.entries_)),
+      names_(std::move(o.names_)),
+      finished_(o.finished_) {
   o.fd_ = -1;
   o.temp_.clear();
 }
