@@ -20,11 +20,19 @@ Status ValidateView(const ConstTensorView& v, const std::string& what) {
 }
 
 Result<Tensor> Tensor::Zeros(DType dtype, Shape shape) {
+  return Make(dtype, std::move(shape), /*zero_fill=*/true);
+}
+
+Result<Tensor> Tensor::Uninitialized(DType dtype, Shape shape) {
+  return Make(dtype, std::move(shape), /*zero_fill=*/false);
+}
+
+Result<Tensor> Tensor::Make(DType dtype, Shape shape, bool zero_fill) {
   UCP_ASSIGN_OR_RETURN(int64_t n, NumElements(shape, "tensor"));
   auto bytes = CheckedMul(n, DTypeSizeBytes(dtype));
   if (!bytes) return DataLossError("tensor byte count overflows int64");
   Tensor t;
-  UCP_ASSIGN_OR_RETURN(t.buffer_, HostBuffer::Allocate(*bytes, /*zero_fill=*/true));
+  UCP_ASSIGN_OR_RETURN(t.buffer_, HostBuffer::Allocate(*bytes, zero_fill));
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   return t;

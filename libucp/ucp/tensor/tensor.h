@@ -48,6 +48,10 @@ class Tensor {
   Tensor() = default;
   /// A zero-filled tensor. Errors: kDataLoss (shape overflow), kResourceExhausted.
   static Result<Tensor> Zeros(DType dtype, Shape shape);
+  /// A tensor whose bytes are left uninitialised, for callers that overwrite all of them (readers):
+  /// it skips the zero fill, which costs as much as the read itself on large tensors.
+  /// Errors: as Zeros.
+  static Result<Tensor> Uninitialized(DType dtype, Shape shape);
   /// A tensor holding a copy of `view`.
   static Result<Tensor> CopyOf(const ConstTensorView& view);
 
@@ -65,6 +69,8 @@ class Tensor {
   std::span<const T> as() const { return buffer_.as<T>(); }
 
  private:
+  static Result<Tensor> Make(DType dtype, Shape shape, bool zero_fill);
+
   DType dtype_ = DType::kFp32;
   Shape shape_;
   HostBuffer buffer_;

@@ -6,6 +6,7 @@
 #include <set>
 #include <system_error>
 
+#include "ucp/base/checked_math.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/io/atomic_file.h"
 #include "ucp/io/checksum.h"
@@ -295,7 +296,7 @@ Result<const UniversalParamInfo*> UniversalReader::FindParam(std::string_view pa
 
 Result<Tensor> UniversalReader::ReadState(std::string_view param, std::string_view state) const {
   UCP_ASSIGN_OR_RETURN(auto ps, impl_->Find(param, state));
-  UCP_ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(ps.second->dtype, ps.first->shape));
+  UCP_ASSIGN_OR_RETURN(Tensor t, Tensor::Uninitialized(ps.second->dtype, ps.first->shape));
   UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(*ps.first));
   UCP_RETURN_IF_ERROR(impl_->ReadInto(f, *ps.first, *ps.second, t.view()));
   return t;
@@ -326,6 +327,9 @@ Status UniversalReader::ReadStateFlatRange(std::string_view param, std::string_v
 }
 
 Status UniversalReader::Verify() const {
+  // One scratch buffer, grown to the largest state, serves every read: allocating (and faulting
+  // in) a fresh buffer per state cost as much as the read itself.
+  HostBuffer scratch;
   for (const auto& p : impl_->manifest.params) {
     UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
     auto name = f.ReadStringAttribute("", kAttrName);
@@ -353,8 +357,15 @@ Status UniversalReader::Verify() const {
       }
     }
     for (const auto& s : p.states) {
-      UCP_ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(s.dtype, p.shape));
-      UCP_RETURN_IF_ERROR(impl_->ReadInto(f, p, s, t.view()));
+      UCP_ASSIGN_OR_RETURN(int64_t n, NumElements(p.shape, "parameter '" + p.name + "'"));
+      auto checked_bytes = CheckedMul(n, DTypeSizeBytes(s.dtype));
+      if (!checked_bytes) return impl_->Err(p, s.name, "field shape: byte count overflows int64");
+      const int64_t num_bytes = *checked_bytes;
+      if (num_bytes > scratch.num_bytes()) {
+        UCP_ASSIGN_OR_RETURN(scratch, HostBuffer::Allocate(num_bytes));
+      }
+      TensorView view{s.dtype, p.shape, scratch.bytes().first(static_cast<size_t>(num_bytes))};
+      UCP_RETURN_IF_ERROR(impl_->ReadInto(f, p, s, view));
     }
   }
   return Status::Ok();
