@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the default test suite (everything but the `slow` and `gpu` labels).
-# Usage: tools/test.sh [ctest args]; e.g. tools/test.sh -L slow for the large cases.
+# Sets up, builds and runs the default test suite (everything but the `slow` and `gpu` labels),
+# then, where clang is installed, builds the libFuzzer targets and runs each for 15 s.
+# Usage: tools/test.sh [ctest args]; e.g. tools/test.sh -L slow for the large cases (no fuzzing
+# when arguments are given).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/build.sh
-cd build
-if [ $# -eq 0 ]; then set -- -LE 'slow|gpu'; fi
-ctest --output-on-failure -j"${UCP_JOBS:-$(nproc)}" "$@"
+if [ $# -gt 0 ]; then
+  ctest --test-dir build --output-on-failure -j"${UCP_JOBS:-$(nproc)}" "$@"
+  exit
+fi
+ctest --test-dir build --output-on-failure -j"${UCP_JOBS:-$(nproc)}" -LE 'slow|gpu'
+bash tools/fuzz.sh "${UCP_FUZZ_SECONDS:-15}"
