@@ -80,6 +80,7 @@ struct Rule {
   FuseOrder order = FuseOrder::kConcat;
   std::vector<FusePart> parts;
   std::string groups;        ///< interleaved_groups: number of groups ("kv_heads")
+  std::string group_name = "groups";  ///< in messages: "8 query groups not divisible by tp=3"
   std::string divisible_by;  ///< pad_strip: expression ("make_vocab_size_divisible_by")
   std::string source;        ///< where the rule comes from (a note, not used)
 };
@@ -115,6 +116,7 @@ struct ResolvedRule {
   std::vector<std::string> part_names;
   std::vector<int64_t> part_sizes;  ///< rows along dim (per group for interleaved_groups)
   int64_t groups = 1;
+  std::string group_name = "groups";
   int64_t divisible_by = 1;
 };
 
