@@ -659,9 +659,9 @@ std::vector<RankSummary> Summarize(const Plan& plan) {
   }
   for (const Op& op : plan.ops) {
     if (op.kind == OpKind::kCheckEqual) {
-      // Checks read sources only; they are counted on the rank holding the first copy.
-      RankSummary& r = by_rank[plan.sources[op.srcs[0].tensor].rank];
-      r.rank = plan.sources[op.srcs[0].tensor].rank;
+      // Checks read sources only and belong to no target rank: they are counted on rank -1.
+      RankSummary& r = by_rank[-1];
+      r.rank = -1;
       ++r.check_ops;
       continue;
     }

@@ -112,7 +112,8 @@ Result<Plan> PlanConversion(const patterns::ResolvedModel& model, const layout::
 /// Errors: kInternal naming the tensor, the element offset and its write count.
 Status CheckCoverage(const Plan& plan);
 
-/// Per target rank: tensors, op counts and bytes moved.
+/// Per target rank: tensors, op counts and bytes moved. kCheckEqual ops read only sources and are
+/// counted in one extra row with rank = -1.
 struct RankSummary {
   int64_t rank = 0;
   int64_t tensors = 0;
