@@ -1,0 +1,86 @@
+// The distributed (per-rank) checkpoint: a folder with ucp_layout.json and one HDF5 file per
+// rank holding the datasets the plan names for that rank (convert/plan.h). The writer builds it
+// under a `.tmp-` sibling and renames it into place on Commit; the reader validates the
+// manifest, finds every rank file and verifies checksums on full reads.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "ucp/base/result.h"
+#include "ucp/dist/dist_manifest.h"
+#include "ucp/tensor/tensor.h"
+
+namespace ucp::dist {
+
+class DistWriter {
+ public:
+  /// Starts a checkpoint at `dst` (must not exist) for `world_size` ranks; parents are created.
+  /// Errors: kAlreadyExists (dst exists), kInvalidArgument (world_size < 1), kIoError.
+  static Result<DistWriter> Create(const std::filesystem::path& dst, int64_t world_size);
+
+  DistWriter(DistWriter&&) noexcept;
+  DistWriter& operator=(DistWriter&&) noexcept;
+  /// Without a successful Commit, removes the temporary folder: nothing appears at dst.
+  ~DistWriter();
+
+  /// Writes dataset `name` into rank `rank`'s file and records its checksum. Thread-safe.
+  /// Errors: kOutOfRange (rank), kAlreadyExists (name written before on that rank),
+  /// kInvalidArgument (view size), kFailedPrecondition (after Commit), kIoError.
+  Status WriteTensor(int64_t rank, std::string_view name, const ConstTensorView& data);
+
+  /// Closes the rank files, writes ucp_layout.json from `header` (its `ranks` must be empty;
+  /// they are filled from what was written), fsyncs, renames to dst.
+  /// Errors: kInvalidArgument (header.ranks not empty), kAlreadyExists, kFailedPrecondition
+  /// (called twice), kIoError.
+  Status Commit(const DistManifest& header);
+
+  const std::filesystem::path& temp_dir() const;
+
+ private:
+  struct Impl;
+  explicit DistWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class DistReader {
+ public:
+  /// Opens a checkpoint folder: ucp_layout.json parsed strictly, every rank file present.
+  /// Errors: kNotFound (no folder / no ucp_layout.json: not a complete checkpoint),
+  /// kFailedPrecondition (a `.tmp-` folder), kDataLoss (manifest invalid, rank file missing).
+  static Result<DistReader> Open(const std::filesystem::path& dir);
+
+  DistReader(DistReader&&) noexcept;
+  DistReader& operator=(DistReader&&) noexcept;
+  ~DistReader();
+
+  const DistManifest& manifest() const;
+  const std::filesystem::path& dir() const;
+
+  /// The manifest entry of a tensor. Errors: kNotFound naming rank and tensor.
+  Result<const DistTensor*> FindTensor(int64_t rank, std::string_view name) const;
+
+  /// Reads one tensor in full and verifies its checksum.
+  /// Errors: kNotFound (not in the manifest), kDataLoss (file unreadable or truncated, dataset
+  /// missing, dtype/shape differs, checksum mismatch; naming file, tensor and field).
+  Result<Tensor> ReadTensor(int64_t rank, std::string_view name) const;
+  /// Reads elements [begin, end) of the row-major flattening (no checksum: a partial read).
+  /// Errors: as ReadTensor without the checksum, kOutOfRange.
+  Status ReadFlatRange(int64_t rank, std::string_view name, int64_t begin_elem, int64_t end_elem,
+                       std::span<std::byte> out) const;
+
+  /// Every rank file holds exactly the manifest's datasets with their dtype, shape, checksum.
+  /// Errors: the first problem, kDataLoss naming file, tensor and field.
+  Status Verify() const;
+
+ private:
+  struct Impl;
+  explicit DistReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ucp::dist
