@@ -1,10 +1,11 @@
 // `ucp plan`: prints the conversion plan between two layouts of a model, touching no file.
+#include "ucp/convert/plan.h"
+
 #include <iomanip>
 #include <ostream>
 
 #include "ucp-cli/command.h"
 #include "ucp/base/status_macros.h"
-#include "ucp/convert/plan.h"
 #include "ucp/layout/layout.h"
 #include "ucp/patterns/model.h"
 
@@ -42,16 +43,19 @@ Status RunPlan(const po::variables_map& vm, CommandIo& io) {
   }
   io.out << "model " << spec.name << " (" << spec.family << ", " << model.params.size()
          << " parameters)\nfrom " << layout::ToString(from) << "\nto   " << layout::ToString(to)
-         << "\n" << plan.sources.size() << " source tensors, " << plan.targets.size()
-         << " target tensors, " << plan.ops.size() << " ops\n\n";
+         << "\n"
+         << plan.sources.size() << " source tensors, " << plan.targets.size() << " target tensors, "
+         << plan.ops.size() << " ops\n\n";
   io.out << std::setw(6) << "rank" << std::setw(9) << "tensors" << std::setw(9) << "copy"
          << std::setw(9) << "fill" << std::setw(9) << "average" << std::setw(9) << "check"
-         << std::setw(14) << "bytes" << "\n";
+         << std::setw(14) << "bytes"
+         << "\n";
   for (const convert::RankSummary& r : convert::Summarize(plan)) {
     if (only_rank >= 0 && r.rank != only_rank && r.rank != -1) continue;
-    io.out << std::setw(6) << (r.rank < 0 ? std::string("checks") : std::to_string(r.rank)) << std::setw(9) << r.tensors << std::setw(9) << r.copy_ops
-           << std::setw(9) << r.fill_ops << std::setw(9) << r.average_ops << std::setw(9)
-           << r.check_ops << std::setw(14) << r.bytes_written << "\n";
+    io.out << std::setw(6) << (r.rank < 0 ? std::string("checks") : std::to_string(r.rank))
+           << std::setw(9) << r.tensors << std::setw(9) << r.copy_ops << std::setw(9) << r.fill_ops
+           << std::setw(9) << r.average_ops << std::setw(9) << r.check_ops << std::setw(14)
+           << r.bytes_written << "\n";
   }
   if (only_rank >= 0) {
     io.out << "\n";
@@ -76,8 +80,8 @@ Command MakePlanCommand() {
                 "from", po::value<std::string>()->required(),
                 "source layout: tp=2,pp=2,dp=4[,sp=1,ep=1][,zero=1] or universal")(
                 "to", po::value<std::string>()->required(), "target layout, same form")(
-                "json", "print the full plan as JSON")(
-                "rank", po::value<int64_t>(), "only this target rank")(
+                "json", "print the full plan as JSON")("rank", po::value<int64_t>(),
+                                                       "only this target rank")(
                 "data-dir", po::value<std::string>()->default_value(UCP_DATA_DIR "/patterns"),
                 "folder holding the rule sets and models/");
           },

@@ -66,11 +66,10 @@ Result<TensorMap> ApplyPlan(const Plan& plan, const TensorMap& sources) {
     auto it = sources.find(info.name);
     if (it == sources.end()) return NotFoundError("source tensor " + Q(info.name) + " is missing");
     if (it->second.dtype() != info.dtype || it->second.shape() != info.shape) {
-      return InvalidArgumentError("source tensor " + Q(info.name) + ": has " +
-                                  std::string(DTypeName(it->second.dtype())) + " " +
-                                  ShapeToString(it->second.shape()) + ", the plan expects " +
-                                  std::string(DTypeName(info.dtype)) + " " +
-                                  ShapeToString(info.shape));
+      return InvalidArgumentError(
+          "source tensor " + Q(info.name) + ": has " + std::string(DTypeName(it->second.dtype())) +
+          " " + ShapeToString(it->second.shape()) + ", the plan expects " +
+          std::string(DTypeName(info.dtype)) + " " + ShapeToString(info.shape));
     }
     src[i] = &it->second;
   }
@@ -125,10 +124,10 @@ Result<TensorMap> ApplyPlan(const Plan& plan, const TensorMap& sources) {
             if (!status.ok()) return;
             if (std::memcmp(first->data() + offs[0] * es, other->data() + offs[1] * es,
                             static_cast<size_t>(run * es)) != 0) {
-              status = DataLossError(what + ": replicated copies differ: " +
-                                     Q(plan.sources[op.srcs[0].tensor].name) + " and " +
-                                     Q(plan.sources[op.srcs[j].tensor].name) + " in box " +
-                                     BoxText(op) + " near box element " + std::to_string(element));
+              status = DataLossError(
+                  what + ": replicated copies differ: " + Q(plan.sources[op.srcs[0].tensor].name) +
+                  " and " + Q(plan.sources[op.srcs[j].tensor].name) + " in box " + BoxText(op) +
+                  " near box element " + std::to_string(element));
             }
             element += run;
           });

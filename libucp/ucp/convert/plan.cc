@@ -33,7 +33,7 @@ struct Placement {
 
 struct Catalog {
   std::vector<TensorInfo> tensors;
-  std::vector<std::string> states;           // "model" first when model slices are planned
+  std::vector<std::string> states;            // "model" first when model slices are planned
   std::vector<std::vector<Placement>> place;  // [param * states.size() + state]
   std::vector<Op> fills;                      // dst indexes `tensors`
 };
@@ -233,8 +233,7 @@ class CatalogBuilder {
         if (!IntersectBox(bs, bc, pc.local_start, pc.counts, &is, &ic)) continue;
         Shape full = pc.full_start;
         for (size_t k = 0; k < full.size(); ++k) full[k] += is[k] - pc.local_start[k];
-        cat_.place[Slot(param, state)].push_back(
-            {full, ic, {tensor, offset_of(is), ls}, replica});
+        cat_.place[Slot(param, state)].push_back({full, ic, {tensor, offset_of(is), ls}, replica});
       }
       for (const patterns::Box& pad : slice.pad) {
         if (!IntersectBox(bs, bc, pad.start, pad.counts, &is, &ic)) continue;
@@ -289,11 +288,12 @@ class CatalogBuilder {
           pp_copy = (s != 0) ? 1 : 0;
           break;
       }
-      UCP_ASSIGN_OR_RETURN(Slice sl, patterns::SliceParam(p, layout_.tp, t, layout_.ep,
-                                                         expert_group ? e : 0));
+      UCP_ASSIGN_OR_RETURN(
+          Slice sl, patterns::SliceParam(p, layout_.tp, t, layout_.ep, expert_group ? e : 0));
       const int replica = sl.replica + layout_.tp * pp_copy;
-      locals.push_back({i, std::move(sl), replica,
-                        patterns::LocalName(p, stages_, model_.num_experts > 0 ? &experts_ : nullptr)});
+      locals.push_back(
+          {i, std::move(sl), replica,
+           patterns::LocalName(p, stages_, model_.num_experts > 0 ? &experts_ : nullptr)});
     }
     if (locals.empty()) return Status::Ok();
     const std::string pre = Prefix(s, t, e);
@@ -344,18 +344,18 @@ class CatalogBuilder {
         for (int f = 0; f < nfrag; ++f) {
           const layout::IndexRange fr = z.Fragment(f);
           for (size_t st = first_opt; st < cat_.states.size(); ++st) {
-            TensorInfo ti = base_info(pre + "/zero3/f" + std::to_string(f) + "/" + lp.name + "/" +
-                                          cat_.states[st],
-                                      TensorKind::kZero3Fragment, DType::kFp32,
-                                      {z.fragment_size}, p.name, cat_.states[st]);
+            TensorInfo ti = base_info(
+                pre + "/zero3/f" + std::to_string(f) + "/" + lp.name + "/" + cat_.states[st],
+                TensorKind::kZero3Fragment, DType::kFp32, {z.fragment_size}, p.name,
+                cat_.states[st]);
             ti.fragment = f;
             ti.rank = owner_of(f);
             const int32_t idx = AddTensor(std::move(ti));
             const layout::IndexRange in = layout::Intersect(fr, {0, numel});
-            MapRange(lp.param, st, lp.slice, lp.replica, idx, -fr.inclusive_min,
-                     in.inclusive_min, in.exclusive_max);
-            AddTailFill(idx, std::max<int64_t>(numel - fr.inclusive_min, 0) ,
-                        z.fragment_size, cat_.states[st]);
+            MapRange(lp.param, st, lp.slice, lp.replica, idx, -fr.inclusive_min, in.inclusive_min,
+                     in.exclusive_max);
+            AddTailFill(idx, std::max<int64_t>(numel - fr.inclusive_min, 0), z.fragment_size,
+                        cat_.states[st]);
           }
         }
       }
@@ -375,8 +375,8 @@ class CatalogBuilder {
           for (size_t st = first_opt; st < cat_.states.size(); ++st) {
             TensorInfo ti = base_info(pre + "/zero/g" + std::to_string(g) + ".f" +
                                           std::to_string(f) + "/" + cat_.states[st],
-                                      TensorKind::kZeroFragment, DType::kFp32,
-                                      {z.fragment_size}, "", cat_.states[st]);
+                                      TensorKind::kZeroFragment, DType::kFp32, {z.fragment_size},
+                                      "", cat_.states[st]);
             ti.group = g;
             ti.fragment = f;
             ti.rank = owner_of(f);
@@ -484,21 +484,30 @@ void AppendRef(std::ostringstream& os, const StridedRef& r) {
 
 std::string_view TensorKindName(TensorKind k) {
   switch (k) {
-    case TensorKind::kUniversal: return "universal";
-    case TensorKind::kModelSlice: return "model_slice";
-    case TensorKind::kOptimSlice: return "optim_slice";
-    case TensorKind::kZeroFragment: return "zero_fragment";
-    case TensorKind::kZero3Fragment: return "zero3_fragment";
+    case TensorKind::kUniversal:
+      return "universal";
+    case TensorKind::kModelSlice:
+      return "model_slice";
+    case TensorKind::kOptimSlice:
+      return "optim_slice";
+    case TensorKind::kZeroFragment:
+      return "zero_fragment";
+    case TensorKind::kZero3Fragment:
+      return "zero3_fragment";
   }
   return "?";
 }
 
 std::string_view OpKindName(OpKind k) {
   switch (k) {
-    case OpKind::kCopy: return "copy";
-    case OpKind::kFill: return "fill";
-    case OpKind::kCheckEqual: return "check_equal";
-    case OpKind::kAverage: return "average";
+    case OpKind::kCopy:
+      return "copy";
+    case OpKind::kFill:
+      return "fill";
+    case OpKind::kCheckEqual:
+      return "check_equal";
+    case OpKind::kAverage:
+      return "average";
   }
   return "?";
 }
@@ -620,7 +629,8 @@ Status CheckCoverage(const Plan& plan) {
     return Status::Ok();
   };
   for (const Op& op : plan.ops) {
-    for (const StridedRef& r : op.srcs) UCP_RETURN_IF_ERROR(check_ref(op, r, plan.sources, "source"));
+    for (const StridedRef& r : op.srcs)
+      UCP_RETURN_IF_ERROR(check_ref(op, r, plan.sources, "source"));
     if (op.kind == OpKind::kCheckEqual) {
       if (op.srcs.size() < 2 || op.dst.tensor != -1) {
         return InternalError("check_equal op for " + Q(op.param) + " is malformed");
@@ -630,8 +640,8 @@ Status CheckCoverage(const Plan& plan) {
     UCP_RETURN_IF_ERROR(check_ref(op, op.dst, plan.targets, "target"));
     const size_t want = op.kind == OpKind::kFill ? 0 : op.kind == OpKind::kCopy ? 1 : 2;
     if ((want < 2 && op.srcs.size() != want) || (want == 2 && op.srcs.size() < 2)) {
-      return InternalError(std::string(OpKindName(op.kind)) + " op for " + Q(op.param) +
-                           " has " + std::to_string(op.srcs.size()) + " sources");
+      return InternalError(std::string(OpKindName(op.kind)) + " op for " + Q(op.param) + " has " +
+                           std::to_string(op.srcs.size()) + " sources");
     }
     auto& w = writes[op.dst.tensor];
     ForEachElement(op.counts, op.dst, [&](int64_t off) {
@@ -671,10 +681,17 @@ std::vector<RankSummary> Summarize(const Plan& plan) {
     for (int64_t c : op.counts) n *= c;
     r.bytes_written += n * DTypeSizeBytes(t.dtype);
     switch (op.kind) {
-      case OpKind::kCopy: ++r.copy_ops; break;
-      case OpKind::kFill: ++r.fill_ops; break;
-      case OpKind::kAverage: ++r.average_ops; break;
-      case OpKind::kCheckEqual: break;
+      case OpKind::kCopy:
+        ++r.copy_ops;
+        break;
+      case OpKind::kFill:
+        ++r.fill_ops;
+        break;
+      case OpKind::kAverage:
+        ++r.average_ops;
+        break;
+      case OpKind::kCheckEqual:
+        break;
     }
   }
   std::vector<RankSummary> out;

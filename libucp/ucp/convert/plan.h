@@ -46,10 +46,10 @@ struct TensorInfo {
   Shape shape;
   std::string param;  ///< the (global) parameter, empty for a ZeRO-1/2 fragment (many params)
   std::string state;  ///< "model", "fp32", "exp_avg", ...
-  int pp = 0, tp = 0, ep = -1;   ///< the (pp, tp[, ep]) group; ep = -1 for dense tensors
-  int group = -1;                ///< optimizer group (ZeRO-1/2 only)
-  int fragment = -1;             ///< ZeRO fragment index (ZeRO-1/2/3 only)
-  int64_t rank = 0;              ///< the global rank that holds (writes) it
+  int pp = 0, tp = 0, ep = -1;  ///< the (pp, tp[, ep]) group; ep = -1 for dense tensors
+  int group = -1;               ///< optimizer group (ZeRO-1/2 only)
+  int fragment = -1;            ///< ZeRO fragment index (ZeRO-1/2/3 only)
+  int64_t rank = 0;             ///< the global rank that holds (writes) it
 };
 
 /// A strided window into a tensor's flat row-major storage, in elements: element i of the box

@@ -1,6 +1,8 @@
 // Property tests of plans and the in-memory executor: shard-then-extract is the identity,
 // A->B->C equals A->C, every target element is written exactly once, Adam commutes with ZeRO
 // sharding, and impossible layouts fail naming the parameter and the numbers.
+#include "ucp/convert/plan.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,15 +13,14 @@
 #include "tests/testutil/gen.h"
 #include "tests/testutil/status_matchers.h"
 #include "ucp/convert/apply.h"
-#include "ucp/convert/plan.h"
 
 namespace ucp::convert {
 namespace {
 
-using ::testing::HasSubstr;
-using ::ucp::testing::StatusIs;
 using layout::Layout;
 using patterns::ResolvedModel;
+using ::testing::HasSubstr;
+using ::ucp::testing::StatusIs;
 
 const std::filesystem::path kData = std::filesystem::path(UCP_TEST_SOURCE_DIR) / "patterns";
 
@@ -168,16 +169,16 @@ TEST(Errors, ImpossibleLayoutsNameTheParameterAndNumbers) {
               StatusIs(StatusCode::kFailedPrecondition,
                        HasSubstr("parameter \"layers.0.self_attention.query_key_value.weight\": "
                                  "4 query groups not divisible by tp=3")));
-  EXPECT_THAT(PlanConversion(llama, L(8, 1, 1, 0), layout::UniversalLayout()),
-              StatusIs(StatusCode::kFailedPrecondition,
-                       HasSubstr("4 query groups not divisible by tp=8")));
-  EXPECT_THAT(PlanConversion(llama, layout::UniversalLayout(), L(1, 3, 1, 0)),
-              StatusIs(StatusCode::kFailedPrecondition,
-                       HasSubstr("4 layers not divisible by pp=3")));
+  EXPECT_THAT(
+      PlanConversion(llama, L(8, 1, 1, 0), layout::UniversalLayout()),
+      StatusIs(StatusCode::kFailedPrecondition, HasSubstr("4 query groups not divisible by tp=8")));
+  EXPECT_THAT(
+      PlanConversion(llama, layout::UniversalLayout(), L(1, 3, 1, 0)),
+      StatusIs(StatusCode::kFailedPrecondition, HasSubstr("4 layers not divisible by pp=3")));
   ResolvedModel mix = Load("mixtral-tiny", DType::kBf16);
-  EXPECT_THAT(PlanConversion(mix, layout::UniversalLayout(), L(1, 1, 3, 1, 1, 3)),
-              StatusIs(StatusCode::kFailedPrecondition,
-                       HasSubstr("4 experts not divisible by ep=3")));
+  EXPECT_THAT(
+      PlanConversion(mix, layout::UniversalLayout(), L(1, 1, 3, 1, 1, 3)),
+      StatusIs(StatusCode::kFailedPrecondition, HasSubstr("4 experts not divisible by ep=3")));
   EXPECT_THAT(PlanConversion(mix, layout::UniversalLayout(), L(1, 1, 3, 1, 1, 3)),
               StatusIs(StatusCode::kFailedPrecondition,
                        HasSubstr("parameter \"layers.0.mlp.experts.0.linear_fc1.weight\"")));
@@ -199,9 +200,9 @@ TEST(Replicate, DivergedCopiesAreAnErrorNamingTheParameter) {
   auto emb = p.find("pp1.tp0/model/embedding.word_embeddings.weight");
   ASSERT_NE(emb, p.end());
   emb->second.as<uint16_t>()[0] ^= 0x8000;
-  EXPECT_THAT(Convert(m, L(1, 2, 1, 1), layout::UniversalLayout(), p),
-              StatusIs(StatusCode::kDataLoss,
-                       HasSubstr("parameter \"embedding.word_embeddings.weight\"")));
+  EXPECT_THAT(
+      Convert(m, L(1, 2, 1, 1), layout::UniversalLayout(), p),
+      StatusIs(StatusCode::kDataLoss, HasSubstr("parameter \"embedding.word_embeddings.weight\"")));
 }
 
 TEST(PadStrip, PaddedRowsAreZeroInModelAndOptimizerStates) {
@@ -265,8 +266,8 @@ ResolvedModel Synthetic() {
   spec.name = "synthetic";
   spec.family = "synthetic";
   spec.dtype = DType::kFp32;
-  spec.hyper = {{"hidden", 8}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 2}, {"layers", 0},
-                {"num_experts", 4}};
+  spec.hyper = {{"hidden", 8},   {"heads", 4},  {"kv_heads", 2},
+                {"head_dim", 2}, {"layers", 0}, {"num_experts", 4}};
   spec.templates = rs->templates;
   auto m = patterns::Resolve(spec, *rs);
   UCP_CHECK(m.ok()) << m.status();
@@ -275,8 +276,8 @@ ResolvedModel Synthetic() {
 
 TEST(Synthetic, RoundTripsOverLayouts) {
   ResolvedModel m = Synthetic();
-  for (const Layout& l : {L(1, 1, 1, 0), L(2, 1, 2, 1), L(2, 1, 4, 3, 1, 4), L(2, 1, 4, 2, 2, 2),
-                          L(1, 1, 3, 1)}) {
+  for (const Layout& l :
+       {L(1, 1, 1, 0), L(2, 1, 2, 1), L(2, 1, 4, 3, 1, 4), L(2, 1, 4, 2, 2, 2), L(1, 1, 3, 1)}) {
     ExpectRoundTrip(m, l, 9);
   }
 }
@@ -342,7 +343,8 @@ TEST(Adam, StepThenShardEqualsShardThenStep) {
       UCP_ASSERT_OK_AND_ASSIGN(auto infos, DescribeLayout(m, layout::UniversalLayout(), o));
       for (const TensorInfo& t : infos) {
         Tensor x = std::move(Tensor::Zeros(t.dtype, t.shape)).value();
-        for (float& f : x.as<float>()) f = t.state == "exp_avg_sq" ? std::abs(nd(g.rng())) : nd(g.rng());
+        for (float& f : x.as<float>())
+          f = t.state == "exp_avg_sq" ? std::abs(nd(g.rng())) : nd(g.rng());
         u.emplace(t.name, std::move(x));
       }
       UCP_ASSERT_OK_AND_ASSIGN(TensorMap sharded, Convert(m, layout::UniversalLayout(), l, u, o));
@@ -384,8 +386,8 @@ TEST(Plan, CoverageCatchesDoubleAndMissingWrites) {
 
 TEST(Plan, NamesSummaryAndJson) {
   ResolvedModel m = Load("mixtral-tiny", DType::kBf16);
-  UCP_ASSERT_OK_AND_ASSIGN(Plan plan, PlanConversion(m, layout::UniversalLayout(),
-                                                     L(2, 2, 2, 1, 1, 2)));
+  UCP_ASSERT_OK_AND_ASSIGN(Plan plan,
+                           PlanConversion(m, layout::UniversalLayout(), L(2, 2, 2, 1, 1, 2)));
   std::set<std::string> names;
   for (const auto& t : plan.targets) names.insert(t.name);
   EXPECT_TRUE(names.contains("pp0.tp1/model/embedding.word_embeddings.weight"));

@@ -39,8 +39,8 @@ Status Validate(const Layout& l) {
     return InvalidArgumentError("layout ep=" + std::to_string(l.ep) + " does not divide dp=" +
                                 std::to_string(l.dp) + " (ep is carved out of dp)");
   }
-  if (l.universal && (l.tp != 1 || l.pp != 1 || l.dp != 1 || l.sp != 1 || l.ep != 1 ||
-                      l.zero_stage != 0)) {
+  if (l.universal &&
+      (l.tp != 1 || l.pp != 1 || l.dp != 1 || l.sp != 1 || l.ep != 1 || l.zero_stage != 0)) {
     return InvalidArgumentError("layout universal must have every size 1 and zero=0");
   }
   return Status::Ok();
@@ -72,7 +72,8 @@ Result<Layout> ParseLayout(std::string_view text) {
       return InvalidArgumentError("layout token " + Q(token) + ": unknown key " + Q(key) +
                                   " (expected tp, pp, dp, sp, ep, zero)");
     }
-    if (seen[k]) return InvalidArgumentError("layout token " + Q(token) + ": duplicate key " + Q(key));
+    if (seen[k])
+      return InvalidArgumentError("layout token " + Q(token) + ": duplicate key " + Q(key));
     seen[k] = true;
     int v = 0;
     auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
@@ -95,14 +96,12 @@ Result<Layout> ParseLayout(std::string_view text) {
 
 std::string ToString(const Layout& l) {
   if (l.universal) return "universal";
-  return "tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp) + ",dp=" +
-         std::to_string(l.dp) + ",sp=" + std::to_string(l.sp) + ",ep=" + std::to_string(l.ep) +
-         ",zero=" + std::to_string(l.zero_stage);
+  return "tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp) +
+         ",dp=" + std::to_string(l.dp) + ",sp=" + std::to_string(l.sp) +
+         ",ep=" + std::to_string(l.ep) + ",zero=" + std::to_string(l.zero_stage);
 }
 
-int64_t WorldSize(const Layout& l) {
-  return static_cast<int64_t>(l.tp) * l.sp * l.dp * l.pp;
-}
+int64_t WorldSize(const Layout& l) { return static_cast<int64_t>(l.tp) * l.sp * l.dp * l.pp; }
 
 Result<RankCoords> CoordsOfRank(const Layout& l, int64_t rank) {
   const int64_t world = WorldSize(l);
@@ -130,13 +129,12 @@ Result<int64_t> RankOfCoords(const Layout& l, const RankCoords& c) {
                              " outside [0, " + std::to_string(vs.second) + ")");
     }
   }
-  return c.tp + static_cast<int64_t>(l.tp) * (c.sp + static_cast<int64_t>(l.sp) *
-                                                          (c.dp + static_cast<int64_t>(l.dp) * c.pp));
+  return c.tp +
+         static_cast<int64_t>(l.tp) *
+             (c.sp + static_cast<int64_t>(l.sp) * (c.dp + static_cast<int64_t>(l.dp) * c.pp));
 }
 
-int NumZeroFragments(const Layout& l, bool expert) {
-  return (expert ? l.dp / l.ep : l.dp) * l.sp;
-}
+int NumZeroFragments(const Layout& l, bool expert) { return (expert ? l.dp / l.ep : l.dp) * l.sp; }
 
 int ZeroFragmentOfRank(const Layout& l, const RankCoords& c, bool expert) {
   const int d = expert ? ExpertDpRankOfDp(l, c.dp) : c.dp;
@@ -164,8 +162,8 @@ Result<IndexRange> EvenSplit(int64_t size, int parts, int index, std::string_vie
                              std::string_view axis) {
   if (parts < 1 || index < 0 || index >= parts) {
     return InvalidArgumentError("split of " + std::to_string(size) + " " + std::string(what) +
-                                ": part " + std::to_string(index) + " of " +
-                                std::to_string(parts) + " is not a valid part");
+                                ": part " + std::to_string(index) + " of " + std::to_string(parts) +
+                                " is not a valid part");
   }
   if (size < 0 || size % parts != 0) {
     return FailedPreconditionError(std::to_string(size) + " " + std::string(what) +
@@ -258,8 +256,8 @@ int StageAssignment::StageOfLayer(int64_t layer) const {
 Result<StageAssignment> AssignStages(int64_t num_layers, int pp,
                                      std::span<const int64_t> explicit_counts) {
   if (pp < 1 || num_layers < 0) {
-    return InvalidArgumentError("stage assignment: pp=" + std::to_string(pp) + " and layers=" +
-                                std::to_string(num_layers) + " are not valid");
+    return InvalidArgumentError("stage assignment: pp=" + std::to_string(pp) +
+                                " and layers=" + std::to_string(num_layers) + " are not valid");
   }
   StageAssignment a;
   if (explicit_counts.empty()) {
@@ -298,8 +296,8 @@ Result<ExpertPlacement> PlaceExperts(int64_t num_experts, int ep) {
                                 " and ep=" + std::to_string(ep) + " must be >= 1");
   }
   if (num_experts % ep != 0) {
-    return FailedPreconditionError(std::to_string(num_experts) + " experts not divisible by ep=" +
-                                   std::to_string(ep));
+    return FailedPreconditionError(std::to_string(num_experts) +
+                                   " experts not divisible by ep=" + std::to_string(ep));
   }
   return ExpertPlacement{num_experts, ep, num_experts / ep};
 }

@@ -123,9 +123,7 @@ struct ZeroPartition {
   int64_t fragment_size = 0;  ///< padded_total / num_fragments
   int num_fragments = 0;
   std::vector<int64_t> offsets;  ///< start of each param in the flat buffer
-  IndexRange Fragment(int f) const {
-    return {f * fragment_size, (f + 1) * fragment_size};
-  }
+  IndexRange Fragment(int f) const { return {f * fragment_size, (f + 1) * fragment_size}; }
 };
 /// Errors: kInvalidArgument for num_fragments or alignment_factor < 1, a negative numel;
 /// kOutOfRange when the total overflows int64.
@@ -140,8 +138,12 @@ struct StageAssignment {
   std::vector<IndexRange> layers;  ///< per stage, global layer indices
   /// The stage holding global layer `layer` (layer must be in range: a bug otherwise).
   int StageOfLayer(int64_t layer) const;
-  int64_t LocalIndex(int64_t layer) const { return layer - layers[StageOfLayer(layer)].inclusive_min; }
-  int64_t GlobalIndex(int stage, int64_t local) const { return layers[stage].inclusive_min + local; }
+  int64_t LocalIndex(int64_t layer) const {
+    return layer - layers[StageOfLayer(layer)].inclusive_min;
+  }
+  int64_t GlobalIndex(int stage, int64_t local) const {
+    return layers[stage].inclusive_min + local;
+  }
 };
 /// Even split of num_layers over pp stages, or the explicit per-stage counts when given.
 /// Errors: kFailedPrecondition "<n> layers not divisible by pp=<pp>" (no explicit list);

@@ -38,8 +38,7 @@ TEST(ParseLayout, RejectsBadTokensNamingThem) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"tp=4\": duplicate key")));
   EXPECT_THAT(ParseLayout("tp=0"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"tp=0\": size must be >= 1")));
-  EXPECT_THAT(ParseLayout("dp=-2"),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"dp=-2\"")));
+  EXPECT_THAT(ParseLayout("dp=-2"), StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"dp=-2\"")));
   EXPECT_THAT(ParseLayout("zero=4"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"zero=4\": zero stage")));
   EXPECT_THAT(ParseLayout("tp=2x"),
@@ -92,9 +91,9 @@ TEST(Ranks, ExpertParallelIsCarvedOutOfDp) {
 TEST(Splits, EvenPaddedExplicit) {
   UCP_ASSERT_OK_AND_ASSIGN(IndexRange r, EvenSplit(12, 4, 2, "rows", "tp"));
   EXPECT_EQ(r, (IndexRange{6, 9}));
-  EXPECT_THAT(EvenSplit(8, 3, 0, "query groups", "tp"),
-              StatusIs(StatusCode::kFailedPrecondition,
-                       HasSubstr("8 query groups not divisible by tp=3")));
+  EXPECT_THAT(
+      EvenSplit(8, 3, 0, "query groups", "tp"),
+      StatusIs(StatusCode::kFailedPrecondition, HasSubstr("8 query groups not divisible by tp=3")));
   EXPECT_THAT(EvenSplit(8, 2, 2, "rows", "tp"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("part 2 of 2")));
   // vocab 250, divisible_by 16 * tp 4 = 64 -> 256 rows, 64 per rank; the last rank has 58 valid.

@@ -2,9 +2,8 @@
 // used only here, and its exceptions are caught here.
 #include "ucp/patterns/model.h"
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -87,8 +86,8 @@ class ExprParser {
       return v;
     }
     size_t start = pos_;
-    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) ||
-                                   text_[pos_] == '_')) {
+    while (pos_ < text_.size() &&
+           (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) {
       ++pos_;
     }
     if (start == pos_) return Error("unexpected " + Q(text_.substr(pos_, 1)));
@@ -135,7 +134,8 @@ Result<std::string> ReadFile(const std::filesystem::path& path) {
   return ss.str();
 }
 
-Status CheckKeys(const json& obj, const std::string& where, std::initializer_list<const char*> allowed,
+Status CheckKeys(const json& obj, const std::string& where,
+                 std::initializer_list<const char*> allowed,
                  std::initializer_list<const char*> required) {
   if (!obj.is_object()) return InvalidArgumentError(where + ": expected an object");
   for (const auto& [k, v] : obj.items()) {
@@ -151,7 +151,8 @@ Status CheckKeys(const json& obj, const std::string& where, std::initializer_lis
 
 Result<std::string> GetString(const json& obj, const char* key, const std::string& where) {
   const json& v = obj.at(key);
-  if (!v.is_string()) return InvalidArgumentError(where + ": field " + Q(key) + " must be a string");
+  if (!v.is_string())
+    return InvalidArgumentError(where + ": field " + Q(key) + " must be a string");
   return v.get<std::string>();
 }
 
@@ -223,11 +224,16 @@ Result<int64_t> EvalSizeExpr(std::string_view expr, const std::map<std::string, 
 
 std::string_view RuleKindName(RuleKind k) {
   switch (k) {
-    case RuleKind::kReplicate: return "replicate";
-    case RuleKind::kAverage: return "average";
-    case RuleKind::kShard: return "shard";
-    case RuleKind::kFuse: return "fuse";
-    case RuleKind::kPadStrip: return "pad_strip";
+    case RuleKind::kReplicate:
+      return "replicate";
+    case RuleKind::kAverage:
+      return "average";
+    case RuleKind::kShard:
+      return "shard";
+    case RuleKind::kFuse:
+      return "fuse";
+    case RuleKind::kPadStrip:
+      return "pad_strip";
   }
   return "?";
 }
@@ -303,19 +309,17 @@ Result<std::vector<ParamSpec>> ModelSpec::Parameters() const {
 
 Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what) {
   UCP_ASSIGN_OR_RETURN(json root, ParseStrictJson(json_text, what));
-  UCP_RETURN_IF_ERROR(CheckKeys(root, what,
-                                {"$schema", "family", "source", "parameters", "pipeline",
-                                 "experts", "rules"},
-                                {"family", "parameters", "pipeline", "rules"}));
+  UCP_RETURN_IF_ERROR(CheckKeys(
+      root, what, {"$schema", "family", "source", "parameters", "pipeline", "experts", "rules"},
+      {"family", "parameters", "pipeline", "rules"}));
   RuleSet rs;
   UCP_ASSIGN_OR_RETURN(rs.family, GetString(root, "family", what));
   UCP_ASSIGN_OR_RETURN(rs.templates, ParseTemplates(root, what));
   const json& pipe = root["pipeline"];
   const std::string pw = what + ": pipeline";
-  UCP_RETURN_IF_ERROR(CheckKeys(pipe, pw,
-                                {"layer_pattern", "first_stage", "last_stage",
-                                 "tied_to_last_stage", "source"},
-                                {"layer_pattern", "first_stage", "last_stage"}));
+  UCP_RETURN_IF_ERROR(CheckKeys(
+      pipe, pw, {"layer_pattern", "first_stage", "last_stage", "tied_to_last_stage", "source"},
+      {"layer_pattern", "first_stage", "last_stage"}));
   UCP_ASSIGN_OR_RETURN(rs.layer_pattern, GetString(pipe, "layer_pattern", pw));
   UCP_ASSIGN_OR_RETURN(rs.first_stage, GetStrings(pipe, "first_stage", pw));
   UCP_ASSIGN_OR_RETURN(rs.last_stage, GetStrings(pipe, "last_stage", pw));
@@ -341,10 +345,11 @@ Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what
     UCP_ASSIGN_OR_RETURN(rule.re, CompileRegex(rule.match, where));
     UCP_ASSIGN_OR_RETURN(std::string kind, GetString(r, "kind", where));
     UCP_ASSIGN_OR_RETURN(rule.source, GetString(r, "source", where));
-    static const std::pair<const char*, RuleKind> kKinds[] = {
-        {"replicate", RuleKind::kReplicate}, {"average", RuleKind::kAverage},
-        {"shard", RuleKind::kShard},         {"fuse", RuleKind::kFuse},
-        {"pad_strip", RuleKind::kPadStrip}};
+    static const std::pair<const char*, RuleKind> kKinds[] = {{"replicate", RuleKind::kReplicate},
+                                                              {"average", RuleKind::kAverage},
+                                                              {"shard", RuleKind::kShard},
+                                                              {"fuse", RuleKind::kFuse},
+                                                              {"pad_strip", RuleKind::kPadStrip}};
     bool found = false;
     for (const auto& [n, k] : kKinds) {
       if (kind == n) {
@@ -372,7 +377,8 @@ Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what
     if (r.contains("axis")) {
       UCP_ASSIGN_OR_RETURN(std::string axis, GetString(r, "axis", where));
       if (axis != "tp" && axis != "ep") {
-        return InvalidArgumentError(where + ": field \"axis\" must be \"tp\" or \"ep\", not " + Q(axis));
+        return InvalidArgumentError(where + ": field \"axis\" must be \"tp\" or \"ep\", not " +
+                                    Q(axis));
       }
       if (rule.kind != RuleKind::kShard && axis == "ep") {
         return InvalidArgumentError(where + ": axis \"ep\" is only allowed for kind \"shard\"");
@@ -391,8 +397,10 @@ Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what
       } else if (order == "interleaved_groups") {
         rule.order = FuseOrder::kInterleavedGroups;
       } else {
-        return InvalidArgumentError(where + ": field \"order\" must be \"concat\" or "
-                                    "\"interleaved_groups\", not " + Q(order));
+        return InvalidArgumentError(where +
+                                    ": field \"order\" must be \"concat\" or "
+                                    "\"interleaved_groups\", not " +
+                                    Q(order));
       }
       if (!r["parts"].is_array() || r["parts"].empty()) {
         return InvalidArgumentError(where + ": field \"parts\" must be a non-empty array");
@@ -406,7 +414,8 @@ Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what
         rule.parts.push_back(std::move(part));
       }
       if ((rule.order == FuseOrder::kInterleavedGroups) != r.contains("groups")) {
-        return InvalidArgumentError(where + ": field \"groups\" is required exactly for order "
+        return InvalidArgumentError(where +
+                                    ": field \"groups\" is required exactly for order "
                                     "\"interleaved_groups\"");
       }
       if (r.contains("groups")) {
@@ -416,11 +425,13 @@ Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what
         UCP_ASSIGN_OR_RETURN(rule.group_name, GetString(r, "group_name", where));
       }
     } else if (r.contains("groups") || r.contains("group_name")) {
-      return InvalidArgumentError(where + ": fields \"groups\"/\"group_name\" are only allowed for "
+      return InvalidArgumentError(where +
+                                  ": fields \"groups\"/\"group_name\" are only allowed for "
                                   "kind \"fuse\"");
     }
     if ((rule.kind == RuleKind::kPadStrip) != r.contains("divisible_by")) {
-      return InvalidArgumentError(where + ": field \"divisible_by\" is required exactly for kind "
+      return InvalidArgumentError(where +
+                                  ": field \"divisible_by\" is required exactly for kind "
                                   "\"pad_strip\"");
     }
     if (r.contains("divisible_by")) {
@@ -451,7 +462,8 @@ Result<ModelSpec> LoadModel(const std::filesystem::path& data_dir, std::string_v
   UCP_ASSIGN_OR_RETURN(std::string text, ReadFile(path), "model " + Q(n));
   const std::string what = path.string();
   UCP_ASSIGN_OR_RETURN(json root, ParseStrictJson(text, what));
-  UCP_RETURN_IF_ERROR(CheckKeys(root, what, {"$schema", "name", "family", "dtype", "source", "hyper"},
+  UCP_RETURN_IF_ERROR(CheckKeys(root, what,
+                                {"$schema", "name", "family", "dtype", "source", "hyper"},
                                 {"name", "family", "hyper"}));
   ModelSpec spec;
   UCP_ASSIGN_OR_RETURN(spec.name, GetString(root, "name", what));
@@ -465,10 +477,12 @@ Result<ModelSpec> LoadModel(const std::filesystem::path& data_dir, std::string_v
   for (const auto& [k, v] : hyper.items()) {
     if (v.is_boolean()) {
       spec.hyper[k] = v.get<bool>() ? 1 : 0;
-    } else if (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 40)) {
+    } else if (v.is_number_integer() && v.get<int64_t>() >= 0 &&
+               v.get<int64_t>() < (int64_t{1} << 40)) {
       spec.hyper[k] = v.get<int64_t>();
     } else {
-      return InvalidArgumentError(what + ": hyper." + k + " must be a non-negative integer or bool");
+      return InvalidArgumentError(what + ": hyper." + k +
+                                  " must be a non-negative integer or bool");
     }
   }
   for (const char* req : {"hidden", "layers", "heads", "vocab"}) {
@@ -497,13 +511,16 @@ Result<ResolvedModel> Resolve(const ModelSpec& spec, const RuleSet& rules) {
   out.num_experts = spec.hyper.contains("num_experts") ? spec.hyper.at("num_experts") : 0;
   const bool tied = spec.hyper.contains("tied_embeddings") && spec.hyper.at("tied_embeddings");
   const std::string rs_what = "rule set " + Q(rules.family);
-  UCP_ASSIGN_OR_RETURN(auto layer_re, CompileRegex(rules.layer_pattern, rs_what + " layer_pattern"));
+  UCP_ASSIGN_OR_RETURN(auto layer_re,
+                       CompileRegex(rules.layer_pattern, rs_what + " layer_pattern"));
   std::shared_ptr<const std::regex> expert_re;
   if (!rules.expert_pattern.empty()) {
-    UCP_ASSIGN_OR_RETURN(expert_re, CompileRegex(rules.expert_pattern, rs_what + " experts.pattern"));
+    UCP_ASSIGN_OR_RETURN(expert_re,
+                         CompileRegex(rules.expert_pattern, rs_what + " experts.pattern"));
   }
-  auto compile_all = [&](const std::vector<std::string>& pats, const char* field)
-      -> Result<std::vector<std::shared_ptr<const std::regex>>> {
+  auto compile_all =
+      [&](const std::vector<std::string>& pats,
+          const char* field) -> Result<std::vector<std::shared_ptr<const std::regex>>> {
     std::vector<std::shared_ptr<const std::regex>> res;
     for (const auto& p : pats) {
       UCP_ASSIGN_OR_RETURN(auto re, CompileRegex(p, rs_what + " pipeline." + field));
@@ -514,7 +531,8 @@ Result<ResolvedModel> Resolve(const ModelSpec& spec, const RuleSet& rules) {
   UCP_ASSIGN_OR_RETURN(auto first_re, compile_all(rules.first_stage, "first_stage"));
   UCP_ASSIGN_OR_RETURN(auto last_re, compile_all(rules.last_stage, "last_stage"));
   UCP_ASSIGN_OR_RETURN(auto tied_re, compile_all(rules.tied_to_last_stage, "tied_to_last_stage"));
-  auto any_match = [](const std::string& s, const std::vector<std::shared_ptr<const std::regex>>& v) {
+  auto any_match = [](const std::string& s,
+                      const std::vector<std::shared_ptr<const std::regex>>& v) {
     for (const auto& re : v) {
       if (FullMatch(s, *re)) return true;
     }
@@ -578,10 +596,9 @@ Result<ResolvedModel> Resolve(const ModelSpec& spec, const RuleSet& rules) {
         if (rr.groups < 1) return InvalidArgumentError(where + ": groups must be >= 1");
       }
       if (per_group * rr.groups != p.shape[rule.dim]) {
-        return InvalidArgumentError(where + ": parts add up to " +
-                                    std::to_string(per_group * rr.groups) + " rows, dim " +
-                                    std::to_string(rule.dim) + " has " +
-                                    std::to_string(p.shape[rule.dim]));
+        return InvalidArgumentError(
+            where + ": parts add up to " + std::to_string(per_group * rr.groups) + " rows, dim " +
+            std::to_string(rule.dim) + " has " + std::to_string(p.shape[rule.dim]));
       }
     }
     if (rule.kind == RuleKind::kPadStrip) {
@@ -599,19 +616,23 @@ Result<ResolvedModel> Resolve(const ModelSpec& spec, const RuleSet& rules) {
       rp.layer_pos = static_cast<size_t>(m.position(1));
       rp.layer_len = static_cast<size_t>(m.length(1));
       if (rp.layer >= out.num_layers) {
-        return InvalidArgumentError(pq + ": layer " + std::to_string(rp.layer) + " >= layers=" +
-                                    std::to_string(out.num_layers));
+        return InvalidArgumentError(pq + ": layer " + std::to_string(rp.layer) +
+                                    " >= layers=" + std::to_string(out.num_layers));
       }
     } else {
       const bool first = any_match(p.name, first_re);
       const bool last = any_match(p.name, last_re);
       if (first && last) {
-        return FailedPreconditionError(pq + " is matched by both pipeline.first_stage and "
-                                       "pipeline.last_stage of " + rs_what);
+        return FailedPreconditionError(pq +
+                                       " is matched by both pipeline.first_stage and "
+                                       "pipeline.last_stage of " +
+                                       rs_what);
       }
       if (!first && !last) {
-        return FailedPreconditionError(pq + " is in no layer and matched by neither "
-                                       "pipeline.first_stage nor pipeline.last_stage of " + rs_what);
+        return FailedPreconditionError(pq +
+                                       " is in no layer and matched by neither "
+                                       "pipeline.first_stage nor pipeline.last_stage of " +
+                                       rs_what);
       }
       rp.stage = first ? StagePlacement::kFirst : StagePlacement::kLast;
       if (first && tied && any_match(p.name, tied_re)) rp.stage = StagePlacement::kFirstAndLast;
@@ -628,7 +649,8 @@ Result<ResolvedModel> Resolve(const ModelSpec& spec, const RuleSet& rules) {
                                     " >= num_experts=" + std::to_string(out.num_experts));
       }
       if (rp.rule.axis == Axis::kEp) {
-        return InvalidArgumentError(where + ": a per-expert parameter cannot also be sharded on ep");
+        return InvalidArgumentError(where +
+                                    ": a per-expert parameter cannot also be sharded on ep");
       }
     }
     const bool is_bias = p.name.ends_with(".bias");
@@ -651,9 +673,7 @@ Result<Slice> SliceParam(const ResolvedParam& p, int tp, int tp_rank, int ep, in
   const size_t nd = p.shape.size();
   Slice s;
   s.local_shape = p.shape;
-  auto whole = [&]() {
-    s.pieces.push_back({Shape(nd, 0), Shape(nd, 0), p.shape});
-  };
+  auto whole = [&]() { s.pieces.push_back({Shape(nd, 0), Shape(nd, 0), p.shape}); };
   // A piece that covers the full extent of every dim except `dim`.
   auto along = [&](int64_t local_start, int64_t full_start, int64_t count) {
     Piece pc{Shape(nd, 0), Shape(nd, 0), s.local_shape};
@@ -685,9 +705,8 @@ Result<Slice> SliceParam(const ResolvedParam& p, int tp, int tp_rank, int ep, in
     case RuleKind::kFuse: {
       if (r.order == FuseOrder::kInterleavedGroups) {
         if (r.groups % tp != 0) {
-          return FailedPreconditionError(pq + ": " + std::to_string(r.groups) + " " +
-                                         r.group_name + " not divisible by tp=" +
-                                         std::to_string(tp));
+          return FailedPreconditionError(pq + ": " + std::to_string(r.groups) + " " + r.group_name +
+                                         " not divisible by tp=" + std::to_string(tp));
         }
         int64_t per_group = 0;
         for (int64_t n : r.part_sizes) per_group += n;

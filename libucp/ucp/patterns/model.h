@@ -79,10 +79,10 @@ struct Rule {
   Axis axis = Axis::kTp;
   FuseOrder order = FuseOrder::kConcat;
   std::vector<FusePart> parts;
-  std::string groups;        ///< interleaved_groups: number of groups ("kv_heads")
+  std::string groups;                 ///< interleaved_groups: number of groups ("kv_heads")
   std::string group_name = "groups";  ///< in messages: "8 query groups not divisible by tp=3"
-  std::string divisible_by;  ///< pad_strip: expression ("make_vocab_size_divisible_by")
-  std::string source;        ///< where the rule comes from (a note, not used)
+  std::string divisible_by;           ///< pad_strip: expression ("make_vocab_size_divisible_by")
+  std::string source;                 ///< where the rule comes from (a note, not used)
 };
 
 struct RuleSet {
@@ -128,11 +128,11 @@ struct ResolvedParam {
   DType dtype = DType::kBf16;
   ResolvedRule rule;
   StagePlacement stage = StagePlacement::kLayer;
-  int64_t layer = -1;  ///< global layer index, when stage == kLayer
-  int64_t expert = -1;  ///< global expert index, for per-expert parameters
+  int64_t layer = -1;                     ///< global layer index, when stage == kLayer
+  int64_t expert = -1;                    ///< global expert index, for per-expert parameters
   size_t layer_pos = 0, layer_len = 0;    ///< where the layer digits are in `name`
   size_t expert_pos = 0, expert_len = 0;  ///< where the expert digits are in `name`
-  int optimizer_group = 0;  ///< 0: >= 2 dims and not a bias; 1: the rest
+  int optimizer_group = 0;                ///< 0: >= 2 dims and not a bias; 1: the rest
   /// Lives on an ep rank (a per-expert parameter, or a rule sharded on axis ep).
   bool is_expert() const { return expert >= 0 || rule.axis == Axis::kEp; }
 };
@@ -169,7 +169,7 @@ struct Slice {
   Shape local_shape;
   std::vector<Piece> pieces;  ///< disjoint; together with `pad` they tile local_shape
   std::vector<Box> pad;       ///< local boxes that hold zeros (vocabulary padding)
-  int replica = 0;  ///< > 0 for the 2nd, 3rd, ... copy of a replicated parameter
+  int replica = 0;            ///< > 0 for the 2nd, 3rd, ... copy of a replicated parameter
 };
 
 /// The slice of `param` on tp rank `tp_rank` of `tp` and ep rank `ep_rank` of `ep`.

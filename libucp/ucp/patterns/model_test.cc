@@ -35,15 +35,17 @@ TEST(SizeExpr, EvaluatesAndRejects) {
   EXPECT_EQ(v, 192);
   UCP_ASSERT_OK_AND_ASSIGN(int64_t w, EvalSizeExpr("heads/kv_heads*head_dim - 1", h));
   EXPECT_EQ(w, 63);
-  EXPECT_THAT(EvalSizeExpr("hidden", h),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("unknown hyper-parameter \"hidden\"")));
+  EXPECT_THAT(EvalSizeExpr("hidden", h), StatusIs(StatusCode::kInvalidArgument,
+                                                  HasSubstr("unknown hyper-parameter \"hidden\"")));
   EXPECT_THAT(EvalSizeExpr("heads/3", h),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("8 / 3 is not exact")));
-  EXPECT_THAT(EvalSizeExpr("(heads", h), StatusIs(StatusCode::kInvalidArgument, HasSubstr("\")\"")));
+  EXPECT_THAT(EvalSizeExpr("(heads", h),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("\")\"")));
 }
 
 TEST(Presets, EveryPresetResolves) {
-  for (const char* name : {"gpt-tiny", "llama-tiny", "llama-tiny-tied", "mixtral-tiny", "gpt2-small"}) {
+  for (const char* name :
+       {"gpt-tiny", "llama-tiny", "llama-tiny-tied", "mixtral-tiny", "gpt2-small"}) {
     SCOPED_TRACE(name);
     UCP_ASSERT_OK_AND_ASSIGN(ResolvedModel m, LoadResolved(name));
     EXPECT_FALSE(m.params.empty());
@@ -159,17 +161,19 @@ TEST(Resolve, UnmatchedDoubleMatchedAndUnusedRulesAreErrors) {
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("rule \"c\\..*\" of rule set \"mini\" matched no parameter")));
   // Full match: "a" alone does not match "a.weight".
-  EXPECT_THAT(ResolveMini(R"({"match": "a", "kind": "replicate", "source": "t"},
+  EXPECT_THAT(
+      ResolveMini(R"({"match": "a", "kind": "replicate", "source": "t"},
                              {"match": "b\\.weight", "kind": "replicate", "source": "t"})"),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"a.weight\" is matched by no rule")));
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"a.weight\" is matched by no rule")));
   EXPECT_THAT(ResolveMini(R"({"match": "a\\.weight", "kind": "shard", "dim": 2, "source": "t"},
                              {"match": "b\\.weight", "kind": "replicate", "source": "t"})"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("dim 2 but the shape [4, 4]")));
-  EXPECT_THAT(ResolveMini(R"({"match": "a\\.weight", "kind": "fuse", "dim": 0, "order": "concat",
+  EXPECT_THAT(
+      ResolveMini(R"({"match": "a\\.weight", "kind": "fuse", "dim": 0, "order": "concat",
                               "parts": [{"name": "x", "size": "hidden"}, {"name": "y", "size": "1"}],
                               "source": "t"},
                              {"match": "b\\.weight", "kind": "replicate", "source": "t"})"),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("parts add up to 5 rows, dim 0 has 4")));
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("parts add up to 5 rows, dim 0 has 4")));
 }
 
 TEST(ParseRuleSet, StructuralErrorsNameTheField) {
@@ -196,8 +200,7 @@ TEST(ParseRuleSet, StructuralErrorsNameTheField) {
 }
 
 TEST(LoadModel, MissingPresetIsNotFound) {
-  EXPECT_THAT(LoadModel(kData, "gpt-huge"),
-              StatusIs(StatusCode::kNotFound, HasSubstr("gpt-huge")));
+  EXPECT_THAT(LoadModel(kData, "gpt-huge"), StatusIs(StatusCode::kNotFound, HasSubstr("gpt-huge")));
   EXPECT_THAT(LoadModel(kData, "../gpt"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("a preset name has no")));
 }
