@@ -107,6 +107,7 @@ class Model:
                 self.params[f"layers.{i}.{suffix}"] = (tuple(dims[d] for d in shape), kind)
         self.params["final_layernorm.weight"] = ((hidden,), "rep")
         self.params["final_layernorm.bias"] = ((hidden,), "rep")
+        self.pad_vocab = True  # Megatron pads the vocabulary; plain DeepSpeed models do not
         gen = torch.Generator().manual_seed(seed)
         self.full = {}
         for name, (shape, _) in self.params.items():
@@ -126,7 +127,7 @@ class Model:
         if kind == "rep" or tp == 1 and kind != "vocab":
             return t.clone()
         if kind == "vocab":
-            pad = self.padded_vocab(tp) - self.vocab
+            pad = self.padded_vocab(tp) - self.vocab if self.pad_vocab else 0
             junk = torch.randn((pad, shape[1]), generator=gen)  # padding rows: stripped by readers
             return torch.cat([t, junk]).chunk(tp, 0)[r].clone()
         dim = 1 if kind == "row" else 0
@@ -180,6 +181,7 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
     with open(os.path.join(out, "latest"), "w") as f:
         f.write(tag)
     lp_dtype = torch.bfloat16 if lp == "bf16" else torch.float16
+    model.pad_vocab = flavour != "plain"
     gen = torch.Generator().manual_seed(seed)
     nd = dp * sp
     iteration = 7

@@ -1,0 +1,186 @@
+// Tests of the DeepSpeed reader and writers against tests/data/deepspeed (made with real torch by
+// tools/make_deepspeed_fixtures.py): extraction must reproduce expected.pt bit for bit at every
+// layout, and what WriteDeepSpeedUniversal writes must load in real torch with the right values.
+#include "ucp/deepspeed/deepspeed_checkpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "tests/testutil/status_matchers.h"
+#include "tests/testutil/temp_dir.h"
+#include "ucp/io/torch/torch_file.h"
+#include "ucp/io/universal/universal_checkpoint.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::ucp::testing::StatusIs;
+
+fs::path DataDir() { return fs::path(UCP_SOURCE_ROOT_DIR) / "tests" / "data" / "deepspeed"; }
+
+struct LayoutCase {
+  const char* name;
+  int tp, pp, dp, sp;
+  Naming naming;
+  DType dtype;
+  const char* optimizer;
+};
+
+const LayoutCase kLayouts[] = {
+    {"megatron_tp2_pp1_dp2_bf16", 2, 1, 2, 1, Naming::kMegatronGpt, DType::kBf16, "bf16_optimizer"},
+    {"megatron_tp1_pp2_dp2_bf16", 1, 2, 2, 1, Naming::kMegatronPipe, DType::kBf16, "bf16_optimizer"},
+    {"megatron_tp2_pp2_sp2_fp16_zero1", 2, 2, 1, 2, Naming::kMegatronPipe, DType::kFp16, "zero1"},
+    {"deepspeed_tp1_pp1_dp4_fp16_zero2", 1, 1, 4, 1, Naming::kPlain, DType::kFp16, "zero2"},
+};
+
+class LayoutTest : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(LayoutTest, OpenReportsTopology) {
+  const LayoutCase& c = GetParam();
+  UCP_ASSERT_OK_AND_ASSIGN(DeepSpeedCheckpoint ck, DeepSpeedCheckpoint::Open(DataDir() / c.name));
+  EXPECT_EQ(ck.dir().filename(), "global_step7");  // found through `latest`
+  EXPECT_EQ(ck.tp(), c.tp);
+  EXPECT_EQ(ck.pp(), c.pp);
+  EXPECT_EQ(ck.dp(), c.dp);
+  EXPECT_EQ(ck.sp(), c.sp);
+  EXPECT_EQ(ck.naming(), c.naming);
+  EXPECT_EQ(ck.dtype(), c.dtype);
+  EXPECT_EQ(ck.optimizer(), c.optimizer);
+  EXPECT_EQ(ck.step(), 7);
+  EXPECT_EQ(ck.iteration(), 7);
+  ASSERT_EQ(ck.params().size(), 28u);
+  EXPECT_EQ(ck.params().front().name, "embedding.word_embeddings.weight");
+  EXPECT_EQ(ck.params().back().name, "final_layernorm.bias");
+  EXPECT_TRUE(LooksLikeDeepSpeedCheckpoint(DataDir() / c.name));
+  EXPECT_TRUE(LooksLikeDeepSpeedCheckpoint(ck.dir()));
+}
+
+// Every state of every parameter equals the full tensors the fixture was sharded from.
+TEST_P(LayoutTest, ExtractionIsBitwiseEqualToExpected) {
+  const LayoutCase& c = GetParam();
+  ucp::testing::TempDir tmp;
+  const fs::path out = tmp / "universal";
+  ExtractOptions options;
+  options.threads = 2;
+  UCP_ASSERT_OK(ExtractDeepSpeedToUniversal(DataDir() / c.name, out, options));
+  UCP_ASSERT_OK_AND_ASSIGN(io::UniversalReader reader, io::UniversalReader::Open(out));
+  UCP_ASSERT_OK(reader.Verify());
+  EXPECT_EQ(reader.manifest().step, 7);
+  UCP_ASSERT_OK_AND_ASSIGN(torch::TorchFile expected,
+                           torch::TorchFile::Open(DataDir() / "expected.pt"));
+  ASSERT_EQ(expected.root().entries().size(), reader.manifest().params.size());
+  for (const auto& [k, states] : expected.root().entries()) {
+    SCOPED_TRACE(k->str());
+    UCP_ASSERT_OK_AND_ASSIGN(const io::UniversalParamInfo* info, reader.FindParam(k->str()));
+    EXPECT_EQ(info->dtype, c.dtype);
+    for (const char* s : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      UCP_ASSERT_OK_AND_ASSIGN(Tensor want, expected.ReadTensor(states->Get(s)->tensor()));
+      UCP_ASSERT_OK_AND_ASSIGN(Tensor got, reader.ReadState(k->str(), s));
+      ASSERT_EQ(got.shape(), want.shape()) << s;
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.num_bytes()), 0) << s;
+    }
+  }
+  const std::string& client = reader.manifest().client_state_json;
+  EXPECT_THAT(client, HasSubstr("\"layout\":\"tp=" + std::to_string(c.tp)));
+  if (c.naming != Naming::kPlain) {
+    EXPECT_THAT(client, HasSubstr("\"iteration\":7"));
+    EXPECT_THAT(client, HasSubstr("\"hidden_size\":16"));  // from argparse.Namespace
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutTest, ::testing::ValuesIn(kLayouts),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
+
+fs::path CopyLayout(const ucp::testing::TempDir& tmp, const char* name) {
+  const fs::path dst = tmp / name;
+  fs::copy(DataDir() / name, dst, fs::copy_options::recursive);
+  return dst;
+}
+
+TEST(DeepSpeedErrors, MissingOptimFileIsNamed) {
+  ucp::testing::TempDir tmp;
+  const fs::path src = CopyLayout(tmp, "megatron_tp2_pp1_dp2_bf16");
+  fs::remove(src / "global_step7" / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt");
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(src).status(),
+              StatusIs(StatusCode::kNotFound,
+                       HasSubstr("lacks bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")));
+}
+
+TEST(DeepSpeedErrors, MissingModelStatesFileIsNamed) {
+  ucp::testing::TempDir tmp;
+  const fs::path src = CopyLayout(tmp, "megatron_tp2_pp2_sp2_fp16_zero1");
+  fs::rename(src / "global_step7" / "mp_rank_01_model_states.pt",
+             src / "global_step7" / "mp_rank_04_model_states.pt");
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(src).status(),
+              StatusIs(StatusCode::kNotFound, HasSubstr("no mp_rank_01_model_states.pt")));
+}
+
+TEST(DeepSpeedErrors, LatestNamingAMissingTag) {
+  ucp::testing::TempDir tmp;
+  const fs::path src = CopyLayout(tmp, "megatron_tp1_pp2_dp2_bf16");
+  fs::rename(src / "global_step7", src / "global_step8");
+  EXPECT_FALSE(LooksLikeDeepSpeedCheckpoint(src));
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(src).status(),
+              StatusIs(StatusCode::kNotFound, HasSubstr("names tag \"global_step7\"")));
+}
+
+TEST(DeepSpeedErrors, NotACheckpoint) {
+  const fs::path data = fs::path(UCP_SOURCE_ROOT_DIR) / "tests" / "data";
+  EXPECT_FALSE(LooksLikeDeepSpeedCheckpoint(data));
+  EXPECT_FALSE(LooksLikeDeepSpeedCheckpoint(data / "no_such_folder"));
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(data).status(),
+              StatusIs(StatusCode::kNotFound, HasSubstr("has no mp_rank_*_model_states.pt")));
+}
+
+// tests/data/torch holds one DeepSpeed-shaped pair of files of a non-GPT toy model.
+TEST(DeepSpeedErrors, ParameterOutsideTheFamily) {
+  const fs::path torch_dir = fs::path(UCP_SOURCE_ROOT_DIR) / "tests" / "data" / "torch";
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(torch_dir).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("matches no rule of family gpt")));
+}
+
+TEST(DeepSpeedErrors, UnknownModel) {
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(DataDir() / "megatron_tp2_pp1_dp2_bf16",
+                                        OpenOptions{"mixtral-tiny"})
+                  .status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"mixtral-tiny\"")));
+}
+
+TEST(DeepSpeedErrors, ExtractRefusesExistingOutput) {
+  ucp::testing::TempDir tmp;
+  fs::create_directories(tmp / "out");
+  EXPECT_THAT(ExtractDeepSpeedToUniversal(DataDir() / "megatron_tp2_pp1_dp2_bf16", tmp / "out"),
+              StatusIs(StatusCode::kAlreadyExists, ::testing::_));
+}
+
+// DeepSpeed's universal layout, checked by real torch (ds_universal_check.py).
+TEST(DeepSpeedUniversal, TorchLoadsWhatUcpWrote) {
+  ucp::testing::TempDir tmp;
+  const fs::path src = DataDir() / "megatron_tp2_pp2_sp2_fp16_zero1";
+  UCP_ASSERT_OK(ExtractDeepSpeedToUniversal(src, tmp / "ucp"));
+  UCP_ASSERT_OK_AND_ASSIGN(io::UniversalReader reader, io::UniversalReader::Open(tmp / "ucp"));
+  DeepSpeedUniversalOptions options;
+  options.model_states_from = src;
+  const fs::path out = tmp / "ds" / "global_step7_universal";
+  fs::create_directories(out.parent_path());
+  UCP_ASSERT_OK(WriteDeepSpeedUniversal(reader, out, options));
+  EXPECT_THAT(WriteDeepSpeedUniversal(reader, out, options),
+              StatusIs(StatusCode::kAlreadyExists, HasSubstr("exists")));
+  const std::string cmd = "/usr/bin/python3 " +
+                          (fs::path(UCP_SOURCE_ROOT_DIR) / "libucp/ucp/deepspeed/"
+                                                           "ds_universal_check.py")
+                              .string() +
+                          " " + out.string() + " " + (DataDir() / "expected.pt").string() +
+                          " 4";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+}  // namespace
+}  // namespace ucp::deepspeed
