@@ -19,6 +19,7 @@ struct CommandIo {
   std::ostream& out;  // results (what --json prints, tables)
   std::ostream& err;  // progress and warnings; the final error line is main's job
   bool is_terminal;   // stderr is a terminal: progress bars allowed
+  int exit_code = 0;  // set by a command that succeeds but reports a finding (diff: 1)
 };
 
 struct Command {

@@ -74,7 +74,7 @@ int Run(int argc, char** argv) {
               << StatusCodeName(s.code()) << "]\n";
     return ExitCodeFor(s.code());
   }
-  return 0;
+  return io.exit_code;
 }
 
 }  // namespace

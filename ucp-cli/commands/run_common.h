@@ -1,0 +1,69 @@
+// Shared pieces of the checkpoint subcommands: --threads / --memory-limit, the progress bar
+// (stderr, terminals only) and opening a checkpoint with the data folder.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <string>
+
+#include "ucp-cli/command.h"
+#include "ucp/api/checkpoint.h"
+#include "ucp/base/status_macros.h"
+#include "ucp/exec/executor.h"
+
+namespace ucp::cli {
+
+inline void AddRunOptions(po::options_description& opts) {
+  opts.add_options()("threads", po::value<int>()->default_value(0),
+                     "worker threads (0: every core)")(
+      "memory-limit", po::value<std::string>()->default_value("512M"),
+      "bound on buffers in flight, N[K|M|G]; one tensor larger than it still runs alone");
+}
+
+/// What a checkpoint subcommand holds while it runs.
+struct RunSetup {
+  std::unique_ptr<exec::ScopedThreadLimit> threads;
+  api::RunOptions options;
+};
+
+inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, CommandIo& io,
+                                                  const std::string& what) {
+  auto setup = std::make_unique<RunSetup>();
+  const int threads = vm["threads"].as<int>();
+  if (threads < 0) {
+    return InvalidArgumentError("--threads must be >= 0, got " + std::to_string(threads));
+  }
+  setup->threads = std::make_unique<exec::ScopedThreadLimit>(threads);
+  UCP_ASSIGN_OR_RETURN(setup->options.memory_limit_bytes,
+                       exec::ParseByteSize(vm["memory-limit"].as<std::string>()),
+                       "--memory-limit");
+  if (io.is_terminal) {
+    auto mu = std::make_shared<std::mutex>();
+    std::ostream* err = &io.err;
+    setup->options.progress = [mu, err, what](int64_t done, int64_t total) {
+      std::lock_guard<std::mutex> lock(*mu);
+      const int width = 30;
+      const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+      *err << "\r" << what << " [" << std::string(filled, '#')
+           << std::string(width - filled, ' ') << "] " << done << "/" << total
+           << (done == total ? "\n" : "") << std::flush;
+    };
+  }
+  return setup;
+}
+
+inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(const std::string& path,
+                                                                     const std::string& what) {
+  UCP_ASSIGN_OR_RETURN(auto src, api::CheckpointSource::Open(path, api::UcpDataDir()), what);
+  return src;
+}
+
+inline std::string Gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f GiB", static_cast<double>(bytes) / (1 << 30));
+  return buf;
+}
+
+}  // namespace ucp::cli
