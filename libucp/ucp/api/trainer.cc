@@ -1,0 +1,170 @@
+// RankSaver and RestoreRank: DistWriter and the executor fed from and into trainer memory.
+#include "ucp/api/trainer.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "ucp/base/status_macros.h"
+#include "ucp/dist/dist_checkpoint.h"
+
+namespace ucp::api {
+
+namespace fs = std::filesystem;
+using convert::TensorInfo;
+using convert::TensorKind;
+
+Result<std::vector<TensorInfo>> RankTensors(const patterns::ResolvedModel& model,
+                                            const layout::Layout& l, int64_t rank,
+                                            const convert::PlanOptions& options) {
+  UCP_ASSIGN_OR_RETURN(layout::RankCoords c, layout::CoordsOfRank(l, rank));
+  UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> all, convert::DescribeLayout(model, l, options));
+  std::vector<TensorInfo> out;
+  for (TensorInfo& t : all) {
+    bool mine = false;
+    if (t.kind == TensorKind::kModelSlice || t.kind == TensorKind::kOptimSlice) {
+      mine = t.pp == c.pp && t.tp == c.tp && (t.ep < 0 || t.ep == layout::ExpertRankOfDp(l, c.dp));
+    } else {
+      mine = t.rank == rank;
+    }
+    if (mine) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+namespace {
+
+Status CheckView(const TensorInfo& t, DType dtype, const Shape& shape) {
+  if (dtype != t.dtype || shape != t.shape) {
+    return InvalidArgumentError("tensor \"" + t.name + "\": view is " +
+                                std::string(DTypeName(dtype)) + ShapeToString(shape) +
+                                ", the layout needs " + std::string(DTypeName(t.dtype)) +
+                                ShapeToString(t.shape));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct RankSaver::Impl {
+  CheckpointMeta meta;
+  std::unique_ptr<dist::DistWriter> writer;
+  std::vector<TensorInfo> all;
+  std::mutex mu;
+  std::set<std::string> saved;  // "<rank>/<name>" of the writing rank
+};
+
+RankSaver::RankSaver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RankSaver::RankSaver(RankSaver&&) noexcept = default;
+RankSaver& RankSaver::operator=(RankSaver&&) noexcept = default;
+RankSaver::~RankSaver() = default;
+
+Result<RankSaver> RankSaver::Create(const fs::path& dst, const CheckpointMeta& meta) {
+  UCP_RETURN_IF_ERROR(layout::Validate(meta.layout));
+  auto impl = std::make_unique<Impl>();
+  impl->meta = meta;
+  UCP_ASSIGN_OR_RETURN(impl->all,
+                       convert::DescribeLayout(meta.model, meta.layout, meta.plan_options()));
+  UCP_ASSIGN_OR_RETURN(dist::DistWriter w,
+                       dist::DistWriter::Create(dst, layout::WorldSize(meta.layout)));
+  impl->writer = std::make_unique<dist::DistWriter>(std::move(w));
+  return RankSaver(std::move(impl));
+}
+
+Status RankSaver::SaveRank(int64_t rank,
+                           std::span<const std::pair<std::string, ConstTensorView>> tensors) {
+  UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> mine,
+                       RankTensors(impl_->meta.model, impl_->meta.layout, rank,
+                                   impl_->meta.plan_options()));
+  std::map<std::string, const TensorInfo*> by_name;
+  for (const TensorInfo& t : mine) by_name[t.name] = &t;
+  for (const auto& [name, view] : tensors) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return NotFoundError("tensor \"" + name + "\" is not held by rank " + std::to_string(rank) +
+                           " of " + layout::ToString(impl_->meta.layout));
+    }
+    UCP_RETURN_IF_ERROR(CheckView(*it->second, view.dtype, view.shape));
+    UCP_RETURN_IF_ERROR(ValidateView(view, "tensor \"" + name + "\""));
+    if (it->second->rank != rank) continue;  // a dp replica: its holder writes it
+    UCP_RETURN_IF_ERROR(impl_->writer->WriteTensor(rank, name, view));
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->saved.insert(std::to_string(rank) + "/" + name);
+  }
+  return Status::Ok();
+}
+
+Status RankSaver::Commit() {
+  for (const TensorInfo& t : impl_->all) {
+    if (!impl_->saved.count(std::to_string(t.rank) + "/" + t.name)) {
+      return FailedPreconditionError("tensor \"" + t.name + "\" of rank " +
+                                     std::to_string(t.rank) + " was never saved");
+    }
+  }
+  const CheckpointMeta& m = impl_->meta;
+  dist::DistManifest header;
+  header.model = {m.spec.name, m.spec.family, m.spec.dtype, m.spec.hyper};
+  header.layout = layout::ToString(m.layout);
+  header.step = m.step;
+  header.optimizer_kind = m.optimizer_kind;
+  header.optimizer_hyper = m.optimizer_hyper;
+  header.optimizer_states = m.optimizer_states;
+  for (const auto& p : m.model.params) header.params.push_back({p.name, p.shape, p.dtype});
+  return impl_->writer->Commit(header);
+}
+
+namespace {
+
+// Copies finished targets into the trainer's views.
+class ViewSink final : public exec::TensorSink {
+ public:
+  explicit ViewSink(std::map<std::string, TensorView> views) : views_(std::move(views)) {}
+  Status Write(const TensorInfo& t, Tensor data) override {
+    auto it = views_.find(t.name);
+    if (it == views_.end()) return InternalError("unrequested target " + t.name);
+    std::memcpy(it->second.bytes.data(), data.data(), data.num_bytes());
+    return Status::Ok();
+  }
+
+ private:
+  std::map<std::string, TensorView> views_;
+};
+
+}  // namespace
+
+Status RestoreRank(const CheckpointSource& src, const layout::Layout& l, int64_t rank,
+                   std::span<const std::pair<std::string, TensorView>> tensors,
+                   const RunOptions& options) {
+  const CheckpointMeta& meta = src.meta();
+  UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> mine,
+                       RankTensors(meta.model, l, rank, meta.plan_options()));
+  std::map<std::string, TensorView> views;
+  for (const auto& [name, view] : tensors) {
+    bool found = false;
+    for (const TensorInfo& t : mine) {
+      if (t.name != name) continue;
+      UCP_RETURN_IF_ERROR(CheckView(t, view.dtype, view.shape));
+      UCP_RETURN_IF_ERROR(ValidateView(view, "tensor \"" + name + "\""));
+      found = true;
+    }
+    if (!found) {
+      return NotFoundError("tensor \"" + name + "\" is not held by rank " +
+                           std::to_string(rank) + " of " + layout::ToString(l));
+    }
+    views[name] = view;
+  }
+  UCP_ASSIGN_OR_RETURN(convert::Plan plan,
+                       convert::PlanConversion(meta.model, meta.layout, l, meta.plan_options()));
+  exec::ExecOptions eo;
+  eo.memory_limit_bytes = options.memory_limit_bytes;
+  eo.progress = options.progress;
+  for (int32_t i = 0; i < static_cast<int32_t>(plan.targets.size()); ++i) {
+    if (views.count(plan.targets[i].name)) eo.targets.push_back(i);
+  }
+  if (eo.targets.empty()) return Status::Ok();
+  ViewSink sink(std::move(views));
+  return exec::ExecutePlan(plan, src, sink, eo).status();
+}
+
+}  // namespace ucp::api
