@@ -739,21 +739,22 @@ class Extractor {
   }
 
   // One TP shard of `p` for tp rank `r`: three states, fragments concatenated in dp order.
-  Status ReadShard(const DeepSpeedParam& p, int r, std::array<Tensor, 3>& out) const {
+  // Reads the shard's bytes [0, limit) to dst[k] + 0 (fragments past `limit`, vocabulary
+  // padding, are checked for presence but not read).
+  Status ReadShard(const DeepSpeedParam& p, int r, const std::array<std::byte*, 3>& dst,
+                   int64_t limit_bytes) const {
     const auto& m = frags_[p.stage * ck_.tp_ + r];
     auto it = m.find(p.engine_name);
     const int64_t numel = NumElementsOrDie(p.tp_shape);
-    for (int k = 0; k < 3; ++k) {
-      UCP_ASSIGN_OR_RETURN(out[k], Tensor::Uninitialized(DType::kFp32, p.tp_shape));
-    }
     int64_t filled = 0;
     if (it != m.end()) {
       for (const Fragment& f : it->second) {
         if (filled + f.numel > numel) break;
-        for (int k = 0; k < 3; ++k) {
-          std::span<std::byte> dst(out[k].data() + filled * 4, f.numel * 4);
-          UCP_RETURN_IF_ERROR(files_[f.file].file.ReadTensorBytes(files_[f.file].groups[f.group][k],
-                                                                  f.start * 4, dst),
+        const int64_t n = std::min(f.numel * 4, limit_bytes - filled * 4);
+        for (int k = 0; k < 3 && n > 0; ++k) {
+          UCP_RETURN_IF_ERROR(files_[f.file].file.ReadTensorBytes(
+                                  files_[f.file].groups[f.group][k], f.start * 4,
+                                  std::span<std::byte>(dst[k] + filled * 4, n)),
                               "parameter \"" + p.engine_name + "\"");
         }
         filled += f.numel;
@@ -784,30 +785,49 @@ class Extractor {
     for (int i = 0; i < p.dim && p.merge != MergeKind::kReplicate; ++i) outer *= p.tp_shape[i];
     for (size_t i = p.dim; i < p.tp_shape.size(); ++i) inner *= p.tp_shape[i];
     const int64_t full_bytes = NumElementsOrDie(p.shape) * 4;
+    // Dim-0 shards (and tp rank 0 of a replicated parameter) are contiguous in the full
+    // tensor, so their fragments are read in place; the others go through a shard buffer.
+    const bool in_place = p.merge != MergeKind::kShard || p.dim == 0;
     std::array<Tensor, 3> shard;
-    for (int r = 0; r < ck_.tp_; ++r) {
-      UCP_RETURN_IF_ERROR(ReadShard(p, r, shard));
+    std::array<std::byte*, 3> shard_ptr{};
+    if (!in_place || (p.merge == MergeKind::kReplicate && ck_.tp_ > 1)) {
       for (int k = 0; k < 3; ++k) {
-        const std::byte* src = shard[k].data();
-        std::byte* dst = full[k].data();
-        if (p.merge == MergeKind::kReplicate) {
-          if (r == 0) {
-            std::memcpy(dst, src, shard_bytes);
-          } else if (std::memcmp(dst, src, shard_bytes) != 0) {
+        UCP_ASSIGN_OR_RETURN(shard[k], Tensor::Uninitialized(DType::kFp32, p.tp_shape));
+        shard_ptr[k] = shard[k].data();
+      }
+    }
+    for (int r = 0; r < ck_.tp_; ++r) {
+      if (p.merge == MergeKind::kReplicate) {
+        if (r == 0) {
+          UCP_RETURN_IF_ERROR(ReadShard(
+              p, 0, {full[0].data(), full[1].data(), full[2].data()}, shard_bytes));
+          continue;
+        }
+        UCP_RETURN_IF_ERROR(ReadShard(p, r, shard_ptr, shard_bytes));
+        for (int k = 0; k < 3; ++k) {
+          if (std::memcmp(full[k].data(), shard_ptr[k], shard_bytes) != 0) {
             return DataLossError("replicated parameter \"" + p.engine_name + "\": " + kStates[k] +
                                  " on tp rank " + std::to_string(r) + " differs from tp rank 0");
           }
-        } else {
-          // Row o of the shard lands at row o of the full tensor, columns [r*inner, (r+1)*inner)
-          // of the merged dim's run; pad_strip drops what lies past the logical end.
-          const int64_t full_run = inner * ck_.tp_ * 4;
-          for (int64_t o = 0; o < outer; ++o) {
-            const int64_t at = o * full_run + r * inner * 4;
-            int64_t n = inner * 4;
-            if (at >= full_bytes) break;
-            if (at + n > full_bytes) n = full_bytes - at;
-            std::memcpy(dst + at, src + o * inner * 4, n);
-          }
+        }
+        continue;
+      }
+      if (in_place) {
+        // Rows past the logical vocabulary (pad_strip) are not read.
+        const int64_t at = r * shard_bytes;
+        const int64_t limit = std::max<int64_t>(0, std::min(shard_bytes, full_bytes - at));
+        UCP_RETURN_IF_ERROR(ReadShard(
+            p, r, {full[0].data() + at, full[1].data() + at, full[2].data() + at}, limit));
+        continue;
+      }
+      UCP_RETURN_IF_ERROR(ReadShard(p, r, shard_ptr, shard_bytes));
+      for (int k = 0; k < 3; ++k) {
+        // Row o of the shard lands at row o of the full tensor, columns [r*inner, (r+1)*inner)
+        // of the merged dim's run.
+        const int64_t full_run = inner * ck_.tp_ * 4;
+        for (int64_t o = 0; o < outer; ++o) {
+          std::memcpy(full[k].data() + o * full_run + r * inner * 4,
+                      shard_ptr[k] + o * inner * 4, inner * 4);
         }
       }
     }
