@@ -1,0 +1,186 @@
+// The file executor against the in-memory reference (convert/apply.h): same bytes for every
+// target over several models and layout pairs, under a tiny memory budget and many threads;
+// failed checks, bad plans and byte sizes.
+#include "ucp/exec/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "ucp/tensor/cast.h"
+
+#include "tests/testutil/status_matchers.h"
+#include "ucp/convert/apply.h"
+#include "ucp/patterns/model.h"
+
+namespace ucp::exec {
+namespace {
+
+using ::testing::HasSubstr;
+using ::ucp::testing::StatusIs;
+
+class MapSource final : public TensorSource {
+ public:
+  explicit MapSource(const convert::TensorMap& m) : m_(m) {}
+  Status ReadFlatRange(const convert::TensorInfo& t, int64_t begin, int64_t end,
+                       std::span<std::byte> out) const override {
+    auto it = m_.find(t.name);
+    if (it == m_.end()) return NotFoundError("no tensor " + t.name);
+    const int64_t size = DTypeSizeBytes(t.dtype);
+    if (end > it->second.num_elements() || static_cast<int64_t>(out.size()) != (end - begin) * size) {
+      return OutOfRangeError("range outside " + t.name);
+    }
+    std::memcpy(out.data(), it->second.data() + begin * size, out.size());
+    return Status::Ok();
+  }
+
+ private:
+  const convert::TensorMap& m_;
+};
+
+class MapSink final : public TensorSink {
+ public:
+  Status Write(const convert::TensorInfo& t, Tensor data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!out.emplace(t.name, std::move(data)).second) return AlreadyExistsError(t.name);
+    return Status::Ok();
+  }
+  convert::TensorMap out;
+
+ private:
+  std::mutex mu_;
+};
+
+patterns::ResolvedModel Load(const std::string& name) {
+  const char* src = std::getenv("UCP_SOURCE_DIR");
+  const std::string dir = std::string(src ? src : ".") + "/patterns";
+  auto spec = patterns::LoadModel(dir, name);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  auto rules = patterns::LoadRuleSet(dir, spec->family);
+  EXPECT_TRUE(rules.ok()) << rules.status();
+  auto model = patterns::Resolve(*spec, *rules);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *model;
+}
+
+// Random universal tensors, sharded to `from` by the reference executor.
+convert::TensorMap SourceAt(const patterns::ResolvedModel& model, const layout::Layout& from) {
+  auto plan = convert::PlanConversion(model, layout::UniversalLayout(), from);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  convert::TensorMap universal;
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (const auto& t : plan->sources) {
+    Tensor f = *Tensor::Zeros(DType::kFp32, t.shape);
+    for (float& x : f.as<float>()) x = u(rng);
+    Tensor c = *Tensor::Zeros(t.dtype, t.shape);
+    EXPECT_TRUE(CastElements(DType::kFp32, f.view().bytes, t.dtype, c.view().bytes,
+                             f.num_elements()).ok());
+    universal.emplace(t.name, std::move(c));
+  }
+  auto sharded = convert::ApplyPlan(*plan, universal);
+  EXPECT_TRUE(sharded.ok()) << sharded.status();
+  return std::move(*sharded);
+}
+
+struct Case {
+  std::string model, from, to;
+};
+
+class ExecutorMatchesReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ExecutorMatchesReference, SameBytes) {
+  const Case& c = GetParam();
+  patterns::ResolvedModel model = Load(c.model);
+  layout::Layout from = *layout::ParseLayout(c.from), to = *layout::ParseLayout(c.to);
+  convert::TensorMap src = SourceAt(model, from);
+  UCP_ASSERT_OK_AND_ASSIGN(convert::Plan plan, convert::PlanConversion(model, from, to));
+  UCP_ASSERT_OK_AND_ASSIGN(convert::TensorMap expected, convert::ApplyPlan(plan, src));
+  MapSource source(src);
+  MapSink sink;
+  ExecOptions opts;
+  opts.memory_limit_bytes = 4096;  // forces one target at a time most of the time
+  int64_t last = 0;
+  std::mutex mu;
+  opts.progress = [&](int64_t done, int64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    last = std::max(last, done);
+  };
+  UCP_ASSERT_OK_AND_ASSIGN(ExecStats stats, ExecutePlan(plan, source, sink, opts));
+  EXPECT_EQ(stats.targets_written, static_cast<int64_t>(plan.targets.size()));
+  EXPECT_GT(last, 0);
+  ASSERT_EQ(sink.out.size(), expected.size());
+  for (const auto& [name, t] : expected) {
+    ASSERT_TRUE(sink.out.count(name)) << name;
+    EXPECT_TRUE(BitwiseEqual(sink.out.at(name).view(), t.view())) << name;
+  }
+  // One target alone gives the same bytes.
+  UCP_ASSERT_OK_AND_ASSIGN(Tensor one, MaterializeTarget(plan, 0, source));
+  EXPECT_TRUE(BitwiseEqual(one.view(), expected.at(plan.targets[0].name).view()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ExecutorMatchesReference,
+    ::testing::Values(Case{"gpt-tiny", "tp=2,pp=2,dp=2,zero=1", "tp=4,pp=1,dp=2,zero=1"},
+                      Case{"gpt-tiny", "tp=4,pp=1,dp=2,zero=1", "tp=1,pp=4,dp=1,zero=2"},
+                      Case{"gpt-tiny", "tp=2,pp=2,dp=2,zero=1", "universal"},
+                      Case{"llama-tiny", "tp=2,pp=1,dp=2,zero=3", "tp=1,pp=2,dp=1,zero=0"},
+                      Case{"mixtral-tiny", "tp=1,pp=1,dp=2,ep=2,zero=1", "tp=2,pp=1,dp=1"}));
+
+TEST(ExecutorTest, ReplicasThatDifferFailTheCheck) {
+  patterns::ResolvedModel model = Load("gpt-tiny");
+  layout::Layout from = *layout::ParseLayout("tp=2,pp=1,dp=1");
+  convert::TensorMap src = SourceAt(model, from);
+  UCP_ASSERT_OK_AND_ASSIGN(convert::Plan plan,
+                           convert::PlanConversion(model, from, layout::UniversalLayout()));
+  const convert::Op* check = nullptr;
+  for (const auto& op : plan.ops) {
+    if (op.kind == convert::OpKind::kCheckEqual) check = &op;
+  }
+  ASSERT_NE(check, nullptr);
+  Tensor& t = src.at(plan.sources[check->srcs[1].tensor].name);
+  t.data()[check->srcs[1].offset * DTypeSizeBytes(t.dtype())] ^= std::byte{1};
+  MapSource source(src);
+  MapSink sink;
+  EXPECT_THAT(ExecutePlan(plan, source, sink).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("replicated copies differ at element 0")));
+}
+
+TEST(ExecutorTest, BadPlanAndSourceErrors) {
+  convert::Plan plan;
+  convert::TensorInfo t{.name = "t", .dtype = DType::kFp32, .shape = {4}};
+  plan.sources = {t};
+  plan.targets = {t};
+  convert::Op op{.kind = convert::OpKind::kCopy, .param = "p", .state = "fp32", .counts = {4}};
+  op.dst = {0, 1, {1}};
+  op.srcs = {{0, 0, {1}}};
+  plan.ops = {op};
+  convert::TensorMap src;
+  src.emplace("t", *Tensor::Zeros(DType::kFp32, {4}));
+  MapSource source(src);
+  MapSink sink;
+  EXPECT_THAT(ExecutePlan(plan, source, sink).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("box outside tensor \"t\"")));
+  plan.ops[0].dst.offset = 0;
+  convert::TensorMap empty;
+  MapSource none(empty);
+  EXPECT_THAT(ExecutePlan(plan, none, sink).status(),
+              StatusIs(StatusCode::kNotFound, HasSubstr("while reading \"t\"")));
+}
+
+TEST(ExecutorTest, ParseByteSize) {
+  EXPECT_EQ(*ParseByteSize("512M"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("2G"), int64_t{2} << 30);
+  EXPECT_EQ(*ParseByteSize("64k"), 65536);
+  EXPECT_EQ(*ParseByteSize("100"), 100);
+  EXPECT_THAT(ParseByteSize("12X3").status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"12X3\" is not N[K|M|G]")));
+  EXPECT_THAT(ParseByteSize("").status(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("empty")));
+}
+
+}  // namespace
+}  // namespace ucp::exec
