@@ -270,15 +270,16 @@ struct RankFiles {
 };
 
 struct FileNames {
-  std::map<int, std::string> mp;                       // mp rank -> name
-  std::map<std::pair<int, int>, std::string> optim;    // (dp, mp) -> name
+  std::map<int, std::string> mp;                     // mp rank -> name
+  std::map<std::pair<int, int>, std::string> optim;  // (dp, mp) -> name
   std::string optim_prefix;
-  std::map<int, int> layer_files_per_index;            // layer index -> count
+  std::map<int, int> layer_files_per_index;  // layer index -> count
 };
 
 Result<FileNames> ListFiles(const fs::path& dir) {
   static const std::regex mp_re(R"(mp_rank_(\d+)_model_states\.pt)");
-  static const std::regex optim_re(R"((bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
+  static const std::regex optim_re(
+      R"((bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
   static const std::regex layer_re(R"(layer_(\d+)-model_(\d+)-model_states\.pt)");
   static const std::regex zero3_re(R"(zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt)");
   FileNames f;
@@ -362,8 +363,8 @@ bool LooksLikeDeepSpeedCheckpoint(const fs::path& path) {
 
 std::string DeepSpeedCheckpoint::LayoutString() const {
   const std::string zero = optimizer_ == "zero2" ? "2" : "1";
-  return "tp=" + std::to_string(tp_) + ",pp=" + std::to_string(pp_) + ",dp=" +
-         std::to_string(dp_) + ",sp=" + std::to_string(sp_) + ",zero=" + zero;
+  return "tp=" + std::to_string(tp_) + ",pp=" + std::to_string(pp_) + ",dp=" + std::to_string(dp_) +
+         ",sp=" + std::to_string(sp_) + ",zero=" + zero;
 }
 
 std::string DeepSpeedCheckpoint::ModelStatesFile(int pp_rank, int tp_rank) const {
@@ -407,8 +408,10 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   const PyValue& root = mp0.root();
   if (const PyValue* dims = root.Get("checkpoint_parallel_dimensions");
       dims != nullptr && !dims->is_none()) {
-    UCP_ASSIGN_OR_RETURN(int64_t pp, AsInt(dims->Get("pp_degree"), "checkpoint_parallel_dimensions.pp_degree"));
-    UCP_ASSIGN_OR_RETURN(int64_t tp, AsInt(dims->Get("tp_degree"), "checkpoint_parallel_dimensions.tp_degree"));
+    UCP_ASSIGN_OR_RETURN(int64_t pp,
+                         AsInt(dims->Get("pp_degree"), "checkpoint_parallel_dimensions.pp_degree"));
+    UCP_ASSIGN_OR_RETURN(int64_t tp,
+                         AsInt(dims->Get("tp_degree"), "checkpoint_parallel_dimensions.tp_degree"));
     ck.pp_ = static_cast<int>(pp);
     ck.tp_ = static_cast<int>(tp);
   } else if (!files.layer_files_per_index.empty()) {
@@ -424,8 +427,8 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   }
   if (ck.tp_ < 1 || ck.pp_ < 1 || ck.tp_ * ck.pp_ != num_mp) {
     return DataLossError("checkpoint folder " + ck.dir_.string() + ": " + std::to_string(num_mp) +
-                         " mp_rank files do not form tp=" + std::to_string(ck.tp_) + " x pp=" +
-                         std::to_string(ck.pp_));
+                         " mp_rank files do not form tp=" + std::to_string(ck.tp_) +
+                         " x pp=" + std::to_string(ck.pp_));
   }
   // The partition count is the largest dp index + 1, so a missing file is named below.
   const int dp_sp = files.optim.rbegin()->first.first + 1;
@@ -456,9 +459,9 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     }
   }
   if (dp_sp % ck.sp_ != 0) {
-    return DataLossError("checkpoint folder " + ck.dir_.string() + ": " + std::to_string(dp_sp) +
-                         " optimizer partitions per model rank not divisible by sp=" +
-                         std::to_string(ck.sp_));
+    return DataLossError(
+        "checkpoint folder " + ck.dir_.string() + ": " + std::to_string(dp_sp) +
+        " optimizer partitions per model rank not divisible by sp=" + std::to_string(ck.sp_));
   }
   ck.dp_ = dp_sp / ck.sp_;
   const PyValue* ds_config = root.Get("ds_config");
@@ -473,18 +476,20 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   if (const PyValue* it = root.Get("iteration"); it != nullptr && it->kind() == PyKind::kInt) {
     ck.iteration_ = it->int_value();
   } else {
-    UCP_ASSIGN_OR_RETURN(ck.iteration_, AsInt(root.Get("global_steps"), files.mp.at(0) + ": global_steps"));
+    UCP_ASSIGN_OR_RETURN(ck.iteration_,
+                         AsInt(root.Get("global_steps"), files.mp.at(0) + ": global_steps"));
   }
   if (const PyValue* uci = root.Get("universal_checkpoint_info"); uci != nullptr) {
     if (const PyValue* v = uci->Get("original_vocab_size"); v != nullptr) {
-      UCP_ASSIGN_OR_RETURN(ck.original_vocab_, AsInt(v, "universal_checkpoint_info.original_vocab_size"));
+      UCP_ASSIGN_OR_RETURN(ck.original_vocab_,
+                           AsInt(v, "universal_checkpoint_info.original_vocab_size"));
     }
   }
 
   // Parameters: param_shapes of every (pp, tp) rank.
   ck.naming_ = Naming::kPlain;
   bool naming_known = false;
-  std::map<std::string, size_t> index;  // canonical -> params_
+  std::map<std::string, size_t> index;        // canonical -> params_
   std::vector<std::vector<Shape>> tp_shapes;  // per param, per tp rank
   for (int s = 0; s < ck.pp_; ++s) {
     for (int r = 0; r < ck.tp_; ++r) {
@@ -507,13 +512,15 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
           return DataLossError(fname + ": param_shapes[" + std::to_string(g) + "] is not a dict");
         }
         for (const auto& [k, v] : group->entries()) {
-          if (k->kind() != PyKind::kStr) return DataLossError(fname + ": param_shapes key not a str");
+          if (k->kind() != PyKind::kStr)
+            return DataLossError(fname + ": param_shapes key not a str");
           if (!naming_known) {
             ck.naming_ = DetectNaming(k->str());
             naming_known = true;
           }
           UCP_ASSIGN_OR_RETURN(std::string canon, Canonical(k->str(), ck.naming_), fname);
-          UCP_ASSIGN_OR_RETURN(Shape shape, AsShape(v, fname + ": param_shapes[\"" + k->str() + "\"]"));
+          UCP_ASSIGN_OR_RETURN(Shape shape,
+                               AsShape(v, fname + ": param_shapes[\"" + k->str() + "\"]"));
           auto [it, inserted] = index.try_emplace(canon, ck.params_.size());
           if (inserted) {
             UCP_ASSIGN_OR_RETURN(const GptRule* rule, MatchRule(canon), fname);
@@ -545,8 +552,8 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
           per_tp[r] = shape;
           if (shape != p.tp_shape) {
             return DataLossError(fname + ": parameter \"" + k->str() + "\" has shard shape " +
-                                 ShapeString(shape) + " on tp rank " + std::to_string(r) +
-                                 " but " + ShapeString(p.tp_shape) + " on tp rank 0");
+                                 ShapeString(shape) + " on tp rank " + std::to_string(r) + " but " +
+                                 ShapeString(p.tp_shape) + " on tp rank 0");
           }
         }
       }
@@ -589,7 +596,8 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   UCP_ASSIGN_OR_RETURN(const PyValue* osd, of.root().Find("optimizer_state_dict", optim0));
   if (const PyValue* zs = osd->Get("zero_stage"); zs != nullptr) {
     UCP_ASSIGN_OR_RETURN(int64_t stage, ZeroStage(zs, optim0));
-    if (stage == 3) return UnimplementedError(optim0 + ": ZeRO-3 optimizer states are not read yet");
+    if (stage == 3)
+      return UnimplementedError(optim0 + ": ZeRO-3 optimizer states are not read yet");
     if (stage != 1 && stage != 2) {
       return UnimplementedError(optim0 + ": zero_stage " + std::to_string(stage) +
                                 " is not supported (ZeRO-1 and ZeRO-2 are)");
@@ -604,10 +612,12 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
                               std::string(PyKindName(base->kind())) +
                               " (elastic checkpoint), which ucp does not read");
   }
-  UCP_ASSIGN_OR_RETURN(const PyValue* state, base->Find("state", optim0 + ": base_optimizer_state"));
+  UCP_ASSIGN_OR_RETURN(const PyValue* state,
+                       base->Find("state", optim0 + ": base_optimizer_state"));
   const PyValue* s0 = state->Get(int64_t{0});
   if (s0 == nullptr || s0->Get("exp_avg") == nullptr || s0->Get("exp_avg_sq") == nullptr) {
-    return UnimplementedError(optim0 + ": base_optimizer_state.state[0] has no exp_avg / "
+    return UnimplementedError(optim0 +
+                              ": base_optimizer_state.state[0] has no exp_avg / "
                               "exp_avg_sq (only Adam-style optimizers are read)");
   }
   ck.step_ = ck.iteration_;
@@ -615,9 +625,12 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     if (st->kind() == PyKind::kTensor) {
       UCP_ASSIGN_OR_RETURN(Tensor t, of.ReadTensor(st->tensor()), "reading step");
       if (t.num_elements() != 1) return DataLossError(optim0 + ": step is not a scalar");
-      if (t.dtype() == DType::kFp32) ck.step_ = static_cast<int64_t>(t.as<float>()[0]);
-      else if (t.dtype() == DType::kInt64) ck.step_ = t.as<int64_t>()[0];
-      else if (t.dtype() == DType::kFp64) ck.step_ = static_cast<int64_t>(t.as<double>()[0]);
+      if (t.dtype() == DType::kFp32)
+        ck.step_ = static_cast<int64_t>(t.as<float>()[0]);
+      else if (t.dtype() == DType::kInt64)
+        ck.step_ = t.as<int64_t>()[0];
+      else if (t.dtype() == DType::kFp64)
+        ck.step_ = static_cast<int64_t>(t.as<double>()[0]);
     } else {
       UCP_ASSIGN_OR_RETURN(ck.step_, AsInt(st, optim0 + ": step"));
     }
@@ -642,12 +655,12 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   }
 
   // Client state, as JSON where representable.
-  std::string js = "{\"deepspeed\":{\"naming\":\"" + std::string(NamingName(ck.naming_)) + "\",\"tag\":\"" +
-        ck.dir_.filename().string() + "\",\"layout\":\"" + ck.LayoutString() +
-        "\",\"optimizer\":\"" + ck.optimizer_ + "\"}";
-  for (const char* key : {"iteration", "args", "checkpoint_version", "tokens", "global_steps",
-                          "global_samples", "skipped_steps", "ds_version", "ds_config",
-                          "lr_scheduler", "universal_checkpoint_info"}) {
+  std::string js = "{\"deepspeed\":{\"naming\":\"" + std::string(NamingName(ck.naming_)) +
+                   "\",\"tag\":\"" + ck.dir_.filename().string() + "\",\"layout\":\"" +
+                   ck.LayoutString() + "\",\"optimizer\":\"" + ck.optimizer_ + "\"}";
+  for (const char* key :
+       {"iteration", "args", "checkpoint_version", "tokens", "global_steps", "global_samples",
+        "skipped_steps", "ds_version", "ds_config", "lr_scheduler", "universal_checkpoint_info"}) {
     if (const PyValue* v = root.Get(key); v != nullptr) {
       js += ",\"" + std::string(key) + "\":";
       ToJson(v, js, 0);
@@ -690,7 +703,8 @@ class Extractor {
           UCP_ASSIGN_OR_RETURN(const PyValue* state, base->Find("state", name));
           if (fp32->kind() != PyKind::kList || maps->kind() != PyKind::kList ||
               fp32->items().size() != maps->items().size()) {
-            return DataLossError(name + ": single_partition_of_fp32_groups and "
+            return DataLossError(name +
+                                 ": single_partition_of_fp32_groups and "
                                  "param_slice_mappings are not lists of equal length");
           }
           OptimFile of{std::move(f), {}};
@@ -714,11 +728,14 @@ class Extractor {
             const PyValue* m = maps->items()[g];
             for (const auto& [k, v] : m->entries()) {
               if (k->kind() != PyKind::kStr || v->state() == nullptr) {
-                return DataLossError(where + ": param_slice_mappings entry is not name -> "
+                return DataLossError(where +
+                                     ": param_slice_mappings entry is not name -> "
                                      "fragment_address");
               }
-              UCP_ASSIGN_OR_RETURN(int64_t numel, AsInt(v->state()->Get("numel"), where + " numel"));
-              UCP_ASSIGN_OR_RETURN(int64_t start, AsInt(v->state()->Get("start"), where + " start"));
+              UCP_ASSIGN_OR_RETURN(int64_t numel,
+                                   AsInt(v->state()->Get("numel"), where + " numel"));
+              UCP_ASSIGN_OR_RETURN(int64_t start,
+                                   AsInt(v->state()->Get("start"), where + " start"));
               // The fp32 partition may be trimmed (ZeRO) while the Adam states keep padding.
               const int64_t limit = refs[0].num_elements();
               if (start < 0 || numel < 0 || start + numel > limit) {
@@ -752,10 +769,10 @@ class Extractor {
         if (filled + f.numel > numel) break;
         const int64_t n = std::min(f.numel * 4, limit_bytes - filled * 4);
         for (int k = 0; k < 3 && n > 0; ++k) {
-          UCP_RETURN_IF_ERROR(files_[f.file].file.ReadTensorBytes(
-                                  files_[f.file].groups[f.group][k], f.start * 4,
-                                  std::span<std::byte>(dst[k] + filled * 4, n)),
-                              "parameter \"" + p.engine_name + "\"");
+          UCP_RETURN_IF_ERROR(
+              files_[f.file].file.ReadTensorBytes(files_[f.file].groups[f.group][k], f.start * 4,
+                                                  std::span<std::byte>(dst[k] + filled * 4, n)),
+              "parameter \"" + p.engine_name + "\"");
         }
         filled += f.numel;
       }
@@ -768,8 +785,7 @@ class Extractor {
       return DataLossError("parameter \"" + p.engine_name + "\" on pipeline stage " +
                            std::to_string(p.stage) + ", tp rank " + std::to_string(r) +
                            ": fragments hold " + std::to_string(filled) + " of " +
-                           std::to_string(numel) + " elements of shard " +
-                           ShapeString(p.tp_shape));
+                           std::to_string(numel) + " elements of shard " + ShapeString(p.tp_shape));
     }
     return Status::Ok();
   }
@@ -799,8 +815,8 @@ class Extractor {
     for (int r = 0; r < ck_.tp_; ++r) {
       if (p.merge == MergeKind::kReplicate) {
         if (r == 0) {
-          UCP_RETURN_IF_ERROR(ReadShard(
-              p, 0, {full[0].data(), full[1].data(), full[2].data()}, shard_bytes));
+          UCP_RETURN_IF_ERROR(
+              ReadShard(p, 0, {full[0].data(), full[1].data(), full[2].data()}, shard_bytes));
           continue;
         }
         UCP_RETURN_IF_ERROR(ReadShard(p, r, shard_ptr, shard_bytes));
@@ -826,8 +842,8 @@ class Extractor {
         // of the merged dim's run.
         const int64_t full_run = inner * ck_.tp_ * 4;
         for (int64_t o = 0; o < outer; ++o) {
-          std::memcpy(full[k].data() + o * full_run + r * inner * 4,
-                      shard_ptr[k] + o * inner * 4, inner * 4);
+          std::memcpy(full[k].data() + o * full_run + r * inner * 4, shard_ptr[k] + o * inner * 4,
+                      inner * 4);
         }
       }
     }
@@ -835,11 +851,11 @@ class Extractor {
     meta.name = p.name;
     meta.shape = p.shape;
     meta.dtype = ck_.dtype_;
-    meta.pattern_json =
-        p.merge == MergeKind::kReplicate
-            ? "{\"kind\":\"replicate\"}"
-            : std::string("{\"kind\":\"") + (p.merge == MergeKind::kShard ? "shard" : "pad_strip") +
-                  "\",\"dim\":" + std::to_string(p.dim) + "}";
+    meta.pattern_json = p.merge == MergeKind::kReplicate
+                            ? "{\"kind\":\"replicate\"}"
+                            : std::string("{\"kind\":\"") +
+                                  (p.merge == MergeKind::kShard ? "shard" : "pad_strip") +
+                                  "\",\"dim\":" + std::to_string(p.dim) + "}";
     std::vector<io::NamedState> states;
     for (int k = 0; k < 3; ++k) states.emplace_back(kStates[k], full[k].view());
     return writer.WriteParameter(meta, states);
@@ -954,7 +970,8 @@ Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path
     torch::PyValue* d = a.Dict();
     std::optional<TorchFile> src;
     if (!options.model_states_from.empty()) {
-      UCP_ASSIGN_OR_RETURN(DeepSpeedCheckpoint ck, DeepSpeedCheckpoint::Open(options.model_states_from));
+      UCP_ASSIGN_OR_RETURN(DeepSpeedCheckpoint ck,
+                           DeepSpeedCheckpoint::Open(options.model_states_from));
       const std::string name = ck.OptimStatesFile(0, 0, 0);
       UCP_ASSIGN_OR_RETURN(src, TorchFile::Open(ck.dir() / name));
       UCP_ASSIGN_OR_RETURN(const PyValue* osd, src->root().Find("optimizer_state_dict", name));
@@ -989,7 +1006,8 @@ Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path
   }
   // Model-state files: byte copies of the source's, or minimal ones.
   if (!options.model_states_from.empty()) {
-    UCP_ASSIGN_OR_RETURN(DeepSpeedCheckpoint ck, DeepSpeedCheckpoint::Open(options.model_states_from));
+    UCP_ASSIGN_OR_RETURN(DeepSpeedCheckpoint ck,
+                         DeepSpeedCheckpoint::Open(options.model_states_from));
     for (int s = 0; s < ck.pp(); ++s) {
       for (int r = 0; r < ck.tp(); ++r) {
         const std::string name = ck.ModelStatesFile(s, r);
@@ -1017,7 +1035,8 @@ Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path
     }
   }
   fs::rename(tmp, dst, ec);
-  if (ec) return IoError("cannot rename " + tmp.string() + " to " + dst.string() + ": " + ec.message());
+  if (ec)
+    return IoError("cannot rename " + tmp.string() + " to " + dst.string() + ": " + ec.message());
   UCP_RETURN_IF_ERROR(io::WriteFileAtomic(dst.parent_path() / "latest_universal",
                                           std::string_view(dst.filename().string())));
   return Status::Ok();

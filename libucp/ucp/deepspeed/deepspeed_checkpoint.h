@@ -36,9 +36,9 @@ struct DeepSpeedParam {
   Shape shape;              ///< logical shape (TP merged, vocabulary padding removed)
   Shape tp_shape;           ///< one TP rank's shard shape (param_shapes)
   MergeKind merge = MergeKind::kReplicate;
-  int dim = 0;       ///< concatenation dim for kShard / kPadStrip
-  int stage = 0;     ///< the pipeline stage whose copy is read (the first that holds it)
-  int group = 0;     ///< optimizer param group
+  int dim = 0;    ///< concatenation dim for kShard / kPadStrip
+  int stage = 0;  ///< the pipeline stage whose copy is read (the first that holds it)
+  int group = 0;  ///< optimizer param group
 };
 
 struct OpenOptions {
@@ -105,8 +105,8 @@ class DeepSpeedCheckpoint {
 bool LooksLikeDeepSpeedCheckpoint(const std::filesystem::path& path);
 
 struct ExtractOptions {
-  std::string model;  ///< as OpenOptions::model
-  int threads = 2;    ///< parameters extracted at once
+  std::string model;                ///< as OpenOptions::model
+  int threads = 2;                  ///< parameters extracted at once
   io::UniversalWriteOptions write;  ///< its step is replaced by the checkpoint's step
 };
 
@@ -135,8 +135,7 @@ struct DeepSpeedUniversalOptions {
 /// GPTModelPipe naming (the source's naming when client_state_json records one).
 /// Errors: kAlreadyExists (dst exists); kInvalidArgument (a parameter outside the GPT family);
 /// errors of UniversalReader and TorchWriter.
-Status WriteDeepSpeedUniversal(const io::UniversalReader& reader,
-                               const std::filesystem::path& dst,
+Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const std::filesystem::path& dst,
                                const DeepSpeedUniversalOptions& options = {});
 
 }  // namespace ucp::deepspeed

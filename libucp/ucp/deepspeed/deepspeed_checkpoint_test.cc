@@ -35,7 +35,8 @@ struct LayoutCase {
 
 const LayoutCase kLayouts[] = {
     {"megatron_tp2_pp1_dp2_bf16", 2, 1, 2, 1, Naming::kMegatronGpt, DType::kBf16, "bf16_optimizer"},
-    {"megatron_tp1_pp2_dp2_bf16", 1, 2, 2, 1, Naming::kMegatronPipe, DType::kBf16, "bf16_optimizer"},
+    {"megatron_tp1_pp2_dp2_bf16", 1, 2, 2, 1, Naming::kMegatronPipe, DType::kBf16,
+     "bf16_optimizer"},
     {"megatron_tp2_pp2_sp2_fp16_zero1", 2, 2, 1, 2, Naming::kMegatronPipe, DType::kFp16, "zero1"},
     {"deepspeed_tp1_pp1_dp4_fp16_zero2", 1, 1, 4, 1, Naming::kPlain, DType::kFp16, "zero2"},
 };
@@ -174,11 +175,11 @@ TEST(DeepSpeedUniversal, TorchLoadsWhatUcpWrote) {
   EXPECT_THAT(WriteDeepSpeedUniversal(reader, out, options),
               StatusIs(StatusCode::kAlreadyExists, HasSubstr("exists")));
   const std::string cmd = "/usr/bin/python3 " +
-                          (fs::path(UCP_SOURCE_ROOT_DIR) / "libucp/ucp/deepspeed/"
-                                                           "ds_universal_check.py")
+                          (fs::path(UCP_SOURCE_ROOT_DIR) /
+                           "libucp/ucp/deepspeed/"
+                           "ds_universal_check.py")
                               .string() +
-                          " " + out.string() + " " + (DataDir() / "expected.pt").string() +
-                          " 4";
+                          " " + out.string() + " " + (DataDir() / "expected.pt").string() + " 4";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 
