@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
@@ -161,10 +162,14 @@ TEST(DeepSpeedErrors, ExtractRefusesExistingOutput) {
               StatusIs(StatusCode::kAlreadyExists, ::testing::_));
 }
 
-// DeepSpeed's universal layout, checked by real torch (ds_universal_check.py).
-TEST(DeepSpeedUniversal, TorchLoadsWhatUcpWrote) {
+// DeepSpeed's universal layout, checked by real torch (ds_universal_check.py). The TP=1 source
+// saved universal_checkpoint_info without the row-parallel rule; cat_dim must still be 1 for
+// the attention dense and 4h->h weights, since ucp's rules decide.
+class DeepSpeedUniversalTest : public ::testing::TestWithParam<std::pair<const char*, int>> {};
+
+TEST_P(DeepSpeedUniversalTest, TorchLoadsWhatUcpWrote) {
   ucp::testing::TempDir tmp;
-  const fs::path src = DataDir() / "megatron_tp2_pp2_sp2_fp16_zero1";
+  const fs::path src = DataDir() / GetParam().first;
   UCP_ASSERT_OK(ExtractDeepSpeedToUniversal(src, tmp / "ucp"));
   UCP_ASSERT_OK_AND_ASSIGN(io::UniversalReader reader, io::UniversalReader::Open(tmp / "ucp"));
   DeepSpeedUniversalOptions options;
@@ -174,14 +179,20 @@ TEST(DeepSpeedUniversal, TorchLoadsWhatUcpWrote) {
   UCP_ASSERT_OK(WriteDeepSpeedUniversal(reader, out, options));
   EXPECT_THAT(WriteDeepSpeedUniversal(reader, out, options),
               StatusIs(StatusCode::kAlreadyExists, HasSubstr("exists")));
-  const std::string cmd = "/usr/bin/python3 " +
-                          (fs::path(UCP_SOURCE_ROOT_DIR) /
-                           "libucp/ucp/deepspeed/"
-                           "ds_universal_check.py")
-                              .string() +
-                          " " + out.string() + " " + (DataDir() / "expected.pt").string() + " 4";
+  const fs::path script =
+      fs::path(UCP_SOURCE_ROOT_DIR) / "libucp/ucp/deepspeed/ds_universal_check.py";
+  const std::string cmd = "/usr/bin/python3 " + script.string() + " " + out.string() + " " +
+                          (DataDir() / "expected.pt").string() + " " +
+                          std::to_string(GetParam().second);
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
+
+INSTANTIATE_TEST_SUITE_P(Sources, DeepSpeedUniversalTest,
+                         ::testing::Values(std::pair{"megatron_tp2_pp2_sp2_fp16_zero1", 4},
+                                           std::pair{"megatron_tp1_pp2_dp2_bf16", 2}),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param.first);
+                         });
 
 }  // namespace
 }  // namespace ucp::deepspeed
