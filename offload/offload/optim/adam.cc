@@ -9,6 +9,11 @@
 #include <string>
 #include <vector>
 
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #include "offload/optim/adam_kernel.h"
 #include "ucp/base/check.h"
 #include "ucp/base/status_macros.h"
@@ -182,7 +187,7 @@ bool SimdPathAvailable(SimdPath path) {
 #endif
     case SimdPath::kSve:
 #ifdef UCP_OFFLOAD_HAVE_SVE
-      return __builtin_cpu_supports("sve");
+      return (getauxval(AT_HWCAP) & HWCAP_SVE) != 0;  // GCC 12 has no aarch64 cpu_supports
 #else
       return false;
 #endif
