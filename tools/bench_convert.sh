@@ -22,12 +22,16 @@ measure() {  # name, command...
   --out src --threads "$threads" >/dev/null
 echo "checkpoint: $(du -sb src | cut -f1) bytes in $(ls src | wc -l) files ($(nproc) cores)"
 measure cp cp -r src copy
+rm -rf copy && sync
+# ucp fsyncs what it writes; the fair baseline is a durable copy.
+measure cp_sync bash -c "cp -r src copy && sync"
 measure extract "$ucp" extract src uni --threads "$threads"
 measure reshard "$ucp" reshard uni resharded --layout tp=4,pp=1,dp=2,zero=1 --threads "$threads"
 measure convert "$ucp" convert src converted --layout tp=4,pp=1,dp=2,zero=1 --threads "$threads"
 for op in extract reshard convert; do
   w=wall_$op
-  printf '%-10s %.2fx the copy\n' "$op" "$(echo "${!w} / $wall_cp" | bc -l)"
+  printf '%-10s %.2fx cp -r, %.2fx cp -r + sync\n' "$op" "$(echo "${!w} / $wall_cp" | bc -l)" \
+    "$(echo "${!w} / $wall_cp_sync" | bc -l)"
 done
 "$ucp" diff resharded converted >/dev/null && echo "reshard and convert outputs: equal"
 rm -rf "$work"/{src,copy,uni,resharded,converted}

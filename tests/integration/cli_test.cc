@@ -176,6 +176,14 @@ TEST_F(CliTest, CorruptByteFailsVerify) {
   EXPECT_EQ(r.rc, 6);
   EXPECT_THAT(r.err, HasSubstr("rank_00000.h5"));
   ExpectOneLine(r);
+  // Conversions check the source's checksums first: no output from a corrupt source.
+  r = Ucp("convert a b --layout tp=2");
+  EXPECT_EQ(r.rc, 6);
+  EXPECT_THAT(r.err, HasSubstr("rank_00000.h5"));
+  ExpectAbsent("b");
+  r = Ucp("extract a u");
+  EXPECT_EQ(r.rc, 6);
+  ExpectAbsent("u");
 }
 
 TEST_F(CliTest, MissingRankFile) {

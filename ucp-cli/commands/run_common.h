@@ -19,7 +19,8 @@ inline void AddRunOptions(po::options_description& opts) {
   opts.add_options()("threads", po::value<int>()->default_value(0),
                      "worker threads (0: every core)")(
       "memory-limit", po::value<std::string>()->default_value("512M"),
-      "bound on buffers in flight, N[K|M|G]; one tensor larger than it still runs alone");
+      "bound on buffers in flight, N[K|M|G]; one tensor larger than it still runs alone")(
+      "skip-checksums", "do not verify the source's checksums before converting");
 }
 
 /// What a checkpoint subcommand holds while it runs.
@@ -39,6 +40,7 @@ inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, C
   UCP_ASSIGN_OR_RETURN(setup->options.memory_limit_bytes,
                        exec::ParseByteSize(vm["memory-limit"].as<std::string>()),
                        "--memory-limit");
+  setup->options.verify_source_checksums = vm.count("skip-checksums") == 0;
   if (io.is_terminal) {
     auto mu = std::make_shared<std::mutex>();
     std::ostream* err = &io.err;

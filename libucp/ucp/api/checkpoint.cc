@@ -353,6 +353,11 @@ Result<exec::ExecStats> Extract(const CheckpointSource& src, const fs::path& dst
   UCP_ASSIGN_OR_RETURN(convert::Plan plan,
                        convert::PlanConversion(meta.model, meta.layout,
                                                layout::UniversalLayout(), meta.plan_options()));
+  std::error_code ec;
+  if (fs::exists(dst, ec)) {
+    return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
+  }
+  if (options.verify_source_checksums) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
   io::UniversalWriteOptions wo;
   wo.step = meta.step;
   UCP_ASSIGN_OR_RETURN(io::UniversalWriter writer, io::UniversalWriter::Create(dst, wo));
@@ -383,6 +388,7 @@ Result<exec::ExecStats> ToLayout(const CheckpointSource& src, const layout::Layo
   UCP_ASSIGN_OR_RETURN(convert::Plan plan, convert::PlanConversion(meta.model, meta.layout, to,
                                                                    meta.plan_options()),
                        "--layout " + layout::ToString(to));
+  if (options.verify_source_checksums) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
   UCP_ASSIGN_OR_RETURN(dist::DistWriter writer,
                        dist::DistWriter::Create(dst, layout::WorldSize(to)));
   DistSink sink(writer);

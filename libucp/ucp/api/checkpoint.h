@@ -63,6 +63,9 @@ std::filesystem::path UcpDataDir();
 struct RunOptions {
   int64_t memory_limit_bytes = int64_t{512} << 20;
   std::function<void(int64_t, int64_t)> progress;
+  /// Verify every source checksum before converting (the executor's range reads cannot), so a
+  /// corrupt shard fails the run before any output is written.
+  bool verify_source_checksums = true;
 };
 
 /// Loads a preset / model file and resolves it against its family's rules; `dtype` (when not
