@@ -360,7 +360,9 @@ TEST(AdamRollback, SpeculativeStepThenRollbackIsBitwiseIdentity) {
         AdamConfig c;
         c.amsgrad = amsgrad;
         c.weight_decay = 0.05f;
-        const Problem before(n, 77 + n, LowpDType::kBf16, false);
+        Problem nan_grad(n, 77 + n, LowpDType::kBf16, false);
+        if (n > 0) nan_grad.g16[0] = 0x7fc0;  // a NaN gradient: rollback must still be exact
+        const Problem before = nan_grad;
         Problem spec = before;
         Problem plain = before;
         std::vector<float> sp(n), sm(n), sv(n), svmax(n);
