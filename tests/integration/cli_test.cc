@@ -55,8 +55,7 @@ class CliTest : public ::testing::Test {
   // Nothing named `name` or `name.tmp-*` in the temp folder.
   void ExpectAbsent(const std::string& name) {
     for (const auto& e : fs::directory_iterator(tmp_.path())) {
-      EXPECT_NE(e.path().filename().string().rfind(name, 0), 0u)
-          << "left behind: " << e.path();
+      EXPECT_NE(e.path().filename().string().rfind(name, 0), 0u) << "left behind: " << e.path();
     }
   }
 

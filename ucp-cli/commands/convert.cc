@@ -1,4 +1,5 @@
-// `ucp convert`: distributed checkpoint -> distributed at another layout, streaming (no universal copy).
+// `ucp convert`: distributed checkpoint -> distributed at another layout, streaming (no universal
+// copy).
 #include <ostream>
 
 #include "ucp-cli/command.h"
@@ -29,7 +30,8 @@ Status RunConvert(const po::variables_map& vm, CommandIo& io) {
 Command MakeConvertCommand() {
   return {
       .name = "convert",
-      .summary = "distributed checkpoint -> distributed at another layout, streaming (no universal copy)",
+      .summary =
+          "distributed checkpoint -> distributed at another layout, streaming (no universal copy)",
       .usage = "SRC DST --layout L",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {

@@ -32,8 +32,7 @@ Command MakeDiffCommand() {
           [](po::options_description& o, po::positional_options_description& p) {
             o.add_options()("a", po::value<std::string>()->required(), "first checkpoint")(
                 "b", po::value<std::string>()->required(), "second checkpoint")(
-                "atol", po::value<double>()->default_value(0.0),
-                "absolute tolerance (0: bitwise)");
+                "atol", po::value<double>()->default_value(0.0), "absolute tolerance (0: bitwise)");
             AddRunOptions(o);
             p.add("a", 1).add("b", 1);
           },

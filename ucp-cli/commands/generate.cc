@@ -12,15 +12,15 @@ Status RunGenerate(const po::variables_map& vm, CommandIo& io) {
   UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, "generate"));
   UCP_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(vm["layout"].as<std::string>()),
                        "--layout");
-  UCP_ASSIGN_OR_RETURN(auto model, api::LoadResolvedModel(api::UcpDataDir(),
-                                                          vm["model"].as<std::string>(),
-                                                          vm["dtype"].as<std::string>()));
+  UCP_ASSIGN_OR_RETURN(auto model,
+                       api::LoadResolvedModel(api::UcpDataDir(), vm["model"].as<std::string>(),
+                                              vm["dtype"].as<std::string>()));
   const std::string out = vm["out"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats,
-                       api::Generate(model.first, model.second, l,
-                                     vm["seed"].as<uint64_t>(), out, setup->options));
-  io.out << "generated " << out << ": " << model.first.name << " at " << layout::ToString(l)
-         << ", " << stats.targets_written << " tensors, " << Gib(stats.bytes_written) << "\n";
+  UCP_ASSIGN_OR_RETURN(
+      exec::ExecStats stats,
+      api::Generate(model.first, model.second, l, vm["seed"].as<uint64_t>(), out, setup->options));
+  io.out << "generated " << out << ": " << model.first.name << " at " << layout::ToString(l) << ", "
+         << stats.targets_written << " tensors, " << Gib(stats.bytes_written) << "\n";
   return Status::Ok();
 }
 

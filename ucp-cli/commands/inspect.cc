@@ -43,22 +43,21 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   for (const auto& p : m.model.params) numel += NumElementsOrDie(p.shape);
   if (vm.count("json")) {
     io.out << "{\n  \"format\": " << Quote(std::string(api::FormatName(m.format)))
-           << ",\n  \"layout\": " << Quote(layout::ToString(m.layout)) << ",\n  \"step\": "
-           << m.step << ",\n  \"model\": " << Quote(m.spec.name) << ",\n  \"family\": "
-           << Quote(m.spec.family) << ",\n  \"dtype\": "
-           << Quote(std::string(DTypeName(m.spec.dtype))) << ",\n  \"optimizer\": "
-           << Quote(m.optimizer_kind) << ",\n  \"states\": [";
+           << ",\n  \"layout\": " << Quote(layout::ToString(m.layout))
+           << ",\n  \"step\": " << m.step << ",\n  \"model\": " << Quote(m.spec.name)
+           << ",\n  \"family\": " << Quote(m.spec.family)
+           << ",\n  \"dtype\": " << Quote(std::string(DTypeName(m.spec.dtype)))
+           << ",\n  \"optimizer\": " << Quote(m.optimizer_kind) << ",\n  \"states\": [";
     for (size_t i = 0; i < m.optimizer_states.size(); ++i) {
       io.out << (i ? ", " : "") << Quote(m.optimizer_states[i]);
     }
-    io.out << "],\n  \"num_parameters\": " << numel << ",\n  \"stored_tensors\": "
-           << stored.size() << ",\n  \"stored_bytes\": " << stored_bytes
-           << ",\n  \"params\": [";
+    io.out << "],\n  \"num_parameters\": " << numel << ",\n  \"stored_tensors\": " << stored.size()
+           << ",\n  \"stored_bytes\": " << stored_bytes << ",\n  \"params\": [";
     for (size_t i = 0; i < m.model.params.size(); ++i) {
       const auto& p = m.model.params[i];
       io.out << (i ? "," : "") << "\n    {\"name\": " << Quote(p.name)
-             << ", \"shape\": " << ShapeJson(p.shape) << ", \"dtype\": "
-             << Quote(std::string(DTypeName(p.dtype))) << "}";
+             << ", \"shape\": " << ShapeJson(p.shape)
+             << ", \"dtype\": " << Quote(std::string(DTypeName(p.dtype))) << "}";
     }
     io.out << "\n  ]\n}\n";
     return Status::Ok();

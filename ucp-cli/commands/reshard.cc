@@ -3,6 +3,8 @@
 
 #include "ucp-cli/command.h"
 #include "ucp-cli/commands/run_common.h"
+#include "ucp/deepspeed/deepspeed_checkpoint.h"
+#include "ucp/io/universal/universal_checkpoint.h"
 #include "ucp/layout/layout.h"
 
 namespace ucp::cli {
@@ -13,6 +15,26 @@ Status RunReshard(const po::variables_map& vm, CommandIo& io) {
   UCP_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(vm["layout"].as<std::string>()),
                        "--layout");
   const std::string src_path = vm["src"].as<std::string>();
+  const std::string format = vm["format"].as<std::string>();
+  if (format == "deepspeed-universal") {
+    // DeepSpeed's own universal layout, for `--universal-checkpoint` resumes; its loader cuts
+    // the new layout itself, so only tp and pp (the model-state files) come from --layout.
+    UCP_ASSIGN_OR_RETURN(io::UniversalReader reader, io::UniversalReader::Open(src_path), "SRC");
+    deepspeed::DeepSpeedUniversalOptions ds;
+    ds.tp = l.tp;
+    ds.pp = l.pp;
+    ds.model_states_from = vm["model-states-from"].as<std::string>();
+    const std::string dst = vm["dst"].as<std::string>();
+    UCP_RETURN_IF_ERROR(deepspeed::WriteDeepSpeedUniversal(reader, dst, ds),
+                        "while writing DeepSpeed universal checkpoint " + dst);
+    io.out << "wrote DeepSpeed universal checkpoint " << dst << "\n";
+    return Status::Ok();
+  }
+  if (format != "ucp") {
+    return InvalidArgumentError("--format must be ucp or deepspeed-universal, got \"" + format +
+                                "\" (writing DeepSpeed ZeRO checkpoints, --format deepspeed, is "
+                                "not implemented yet)");
+  }
   UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC"));
   if (src->meta().format != api::Format::kUniversal) {
     return InvalidArgumentError("SRC " + src_path + " is " +
@@ -35,7 +57,12 @@ Command MakeReshardCommand() {
           [](po::options_description& o, po::positional_options_description& p) {
             o.add_options()("src", po::value<std::string>()->required(), "source checkpoint")(
                 "dst", po::value<std::string>()->required(), "output folder (must not exist)")(
-                "layout", po::value<std::string>()->required(), "target layout, tp=4,pp=1,dp=2");
+                "layout", po::value<std::string>()->required(), "target layout, tp=4,pp=1,dp=2")(
+                "format", po::value<std::string>()->default_value("ucp"),
+                "ucp (the per-rank format) or deepspeed-universal (zero/<param>/fp32.pt ...)")(
+                "model-states-from", po::value<std::string>()->default_value(""),
+                "deepspeed-universal: the source DeepSpeed tag folder whose "
+                "mp_rank_*_model_states.pt (args, RNG, scheduler) are carried over");
             AddRunOptions(o);
             p.add("src", 1).add("dst", 1);
           },

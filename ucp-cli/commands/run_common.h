@@ -38,8 +38,7 @@ inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, C
   }
   setup->threads = std::make_unique<exec::ScopedThreadLimit>(threads);
   UCP_ASSIGN_OR_RETURN(setup->options.memory_limit_bytes,
-                       exec::ParseByteSize(vm["memory-limit"].as<std::string>()),
-                       "--memory-limit");
+                       exec::ParseByteSize(vm["memory-limit"].as<std::string>()), "--memory-limit");
   setup->options.verify_source_checksums = vm.count("skip-checksums") == 0;
   if (io.is_terminal) {
     auto mu = std::make_shared<std::mutex>();
@@ -48,9 +47,8 @@ inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, C
       std::lock_guard<std::mutex> lock(*mu);
       const int width = 30;
       const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-      *err << "\r" << what << " [" << std::string(filled, '#')
-           << std::string(width - filled, ' ') << "] " << done << "/" << total
-           << (done == total ? "\n" : "") << std::flush;
+      *err << "\r" << what << " [" << std::string(filled, '#') << std::string(width - filled, ' ')
+           << "] " << done << "/" << total << (done == total ? "\n" : "") << std::flush;
     };
   }
   return setup;

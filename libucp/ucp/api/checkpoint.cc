@@ -1,7 +1,6 @@
 // CheckpointSource implementations (universal, distributed, generated) and the operations.
 #include "ucp/api/checkpoint.h"
 
-#include <nlohmann/json.hpp>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -186,7 +186,8 @@ class GeneratedSource final : public CheckpointSource {
   Status ReadFlatRange(const TensorInfo& t, int64_t begin, int64_t end,
                        std::span<std::byte> out) const override {
     const std::string& state = t.state == "model" ? std::string("fp32") : t.state;
-    const uint64_t key = SplitMix64(seed_ ^ Fnv1a(t.param)) ^ (Fnv1a(state) * 0x9e3779b97f4a7c15ull);
+    const uint64_t key =
+        SplitMix64(seed_ ^ Fnv1a(t.param)) ^ (Fnv1a(state) * 0x9e3779b97f4a7c15ull);
     std::vector<float> v(static_cast<size_t>(end - begin));
     for (int64_t i = begin; i < end; ++i) {
       const double u = static_cast<double>(SplitMix64(key + static_cast<uint64_t>(i)) >> 40) /
@@ -341,8 +342,7 @@ Result<std::pair<patterns::ModelSpec, patterns::ResolvedModel>> LoadResolvedMode
   }
   UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules, patterns::LoadRuleSet(data_dir, spec.family),
                        "--model");
-  UCP_ASSIGN_OR_RETURN(patterns::ResolvedModel resolved, patterns::Resolve(spec, rules),
-                       "--model");
+  UCP_ASSIGN_OR_RETURN(patterns::ResolvedModel resolved, patterns::Resolve(spec, rules), "--model");
   UCP_RETURN_IF_ERROR(ApplyDType(spec, resolved, spec.dtype));
   return std::make_pair(std::move(spec), std::move(resolved));
 }
@@ -351,8 +351,8 @@ Result<exec::ExecStats> Extract(const CheckpointSource& src, const fs::path& dst
                                 const RunOptions& options) {
   const CheckpointMeta& meta = src.meta();
   UCP_ASSIGN_OR_RETURN(convert::Plan plan,
-                       convert::PlanConversion(meta.model, meta.layout,
-                                               layout::UniversalLayout(), meta.plan_options()));
+                       convert::PlanConversion(meta.model, meta.layout, layout::UniversalLayout(),
+                                               meta.plan_options()));
   std::error_code ec;
   if (fs::exists(dst, ec)) {
     return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
@@ -385,8 +385,8 @@ Result<exec::ExecStats> ToLayout(const CheckpointSource& src, const layout::Layo
   if (fs::exists(dst, ec)) {
     return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
   }
-  UCP_ASSIGN_OR_RETURN(convert::Plan plan, convert::PlanConversion(meta.model, meta.layout, to,
-                                                                   meta.plan_options()),
+  UCP_ASSIGN_OR_RETURN(convert::Plan plan,
+                       convert::PlanConversion(meta.model, meta.layout, to, meta.plan_options()),
                        "--layout " + layout::ToString(to));
   if (options.verify_source_checksums) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
   UCP_ASSIGN_OR_RETURN(dist::DistWriter writer,
@@ -414,8 +414,8 @@ Result<exec::ExecStats> Generate(const patterns::ModelSpec& spec,
   meta.layout = layout::UniversalLayout();
   meta.spec = spec;
   meta.model = model;
-  meta.optimizer_hyper = {{"lr", 3e-4}, {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8},
-                          {"weight_decay", 0.1}};
+  meta.optimizer_hyper = {
+      {"lr", 3e-4}, {"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.1}};
   GeneratedSource src(std::move(meta), seed);
   return ToLayout(src, to, dst, options);
 }
@@ -436,8 +436,8 @@ Status Verify(const CheckpointSource& src) {
                            " is missing (layout " + layout::ToString(meta.layout) + ")");
     }
     if (it->second->dtype != e.dtype || it->second->shape != e.shape) {
-      return DataLossError("tensor \"" + e.name + "\" of rank " + std::to_string(rank) +
-                           " is " + std::string(DTypeName(it->second->dtype)) +
+      return DataLossError("tensor \"" + e.name + "\" of rank " + std::to_string(rank) + " is " +
+                           std::string(DTypeName(it->second->dtype)) +
                            ShapeToString(it->second->shape) + ", the layout needs " +
                            std::string(DTypeName(e.dtype)) + ShapeToString(e.shape));
     }
@@ -449,8 +449,8 @@ Status Verify(const CheckpointSource& src) {
                          " is not part of the layout " + layout::ToString(meta.layout));
   }
   UCP_ASSIGN_OR_RETURN(convert::Plan plan,
-                       convert::PlanConversion(meta.model, meta.layout,
-                                               layout::UniversalLayout(), meta.plan_options()));
+                       convert::PlanConversion(meta.model, meta.layout, layout::UniversalLayout(),
+                                               meta.plan_options()));
   UCP_RETURN_IF_ERROR(convert::CheckCoverage(plan));
   if (!meta.layout.universal) {
     // Replicated copies must agree: run only the plan's check ops.
@@ -496,8 +496,8 @@ std::string CompareTensors(const TensorInfo& t, const Tensor& a, const Tensor& b
                          std::as_writable_bytes(std::span<double>(&y, 1)), 1);
       if (std::fabs(x - y) <= atol) continue;
     }
-    return "parameter \"" + t.param + "\" state \"" + t.state + "\": element " +
-           std::to_string(i) + ": " + ValueText(t.dtype, pa) + " vs " + ValueText(t.dtype, pb);
+    return "parameter \"" + t.param + "\" state \"" + t.state + "\": element " + std::to_string(i) +
+           ": " + ValueText(t.dtype, pa) + " vs " + ValueText(t.dtype, pb);
   }
   return "";
 }
@@ -508,30 +508,33 @@ Result<DiffResult> Diff(const CheckpointSource& a, const CheckpointSource& b, do
                         const RunOptions& options) {
   const CheckpointMeta& ma = a.meta();
   const CheckpointMeta& mb = b.meta();
-  UCP_ASSIGN_OR_RETURN(convert::Plan pa,
-                       convert::PlanConversion(ma.model, ma.layout, layout::UniversalLayout(),
-                                               ma.plan_options()), "first checkpoint");
-  UCP_ASSIGN_OR_RETURN(convert::Plan pb,
-                       convert::PlanConversion(mb.model, mb.layout, layout::UniversalLayout(),
-                                               mb.plan_options()), "second checkpoint");
+  UCP_ASSIGN_OR_RETURN(
+      convert::Plan pa,
+      convert::PlanConversion(ma.model, ma.layout, layout::UniversalLayout(), ma.plan_options()),
+      "first checkpoint");
+  UCP_ASSIGN_OR_RETURN(
+      convert::Plan pb,
+      convert::PlanConversion(mb.model, mb.layout, layout::UniversalLayout(), mb.plan_options()),
+      "second checkpoint");
   DiffResult result;
   std::map<std::string, int32_t> in_b;
-  for (int32_t i = 0; i < static_cast<int32_t>(pb.targets.size()); ++i) in_b[pb.targets[i].name] = i;
+  for (int32_t i = 0; i < static_cast<int32_t>(pb.targets.size()); ++i)
+    in_b[pb.targets[i].name] = i;
   std::vector<int32_t> pair(pa.targets.size(), -1);
   for (int32_t i = 0; i < static_cast<int32_t>(pa.targets.size()); ++i) {
     const TensorInfo& t = pa.targets[i];
     auto it = in_b.find(t.name);
     if (it == in_b.end()) {
       result.equal = false;
-      result.first_difference = "parameter \"" + t.param + "\" state \"" + t.state +
-                                "\" only in the first checkpoint";
+      result.first_difference =
+          "parameter \"" + t.param + "\" state \"" + t.state + "\" only in the first checkpoint";
       return result;
     }
     const TensorInfo& u = pb.targets[it->second];
     if (u.dtype != t.dtype || u.shape != t.shape) {
       result.equal = false;
-      result.first_difference = "parameter \"" + t.param + "\" state \"" + t.state + "\": " +
-                                std::string(DTypeName(t.dtype)) + ShapeToString(t.shape) +
+      result.first_difference = "parameter \"" + t.param + "\" state \"" + t.state +
+                                "\": " + std::string(DTypeName(t.dtype)) + ShapeToString(t.shape) +
                                 " vs " + std::string(DTypeName(u.dtype)) + ShapeToString(u.shape);
       return result;
     }
@@ -541,28 +544,31 @@ Result<DiffResult> Diff(const CheckpointSource& a, const CheckpointSource& b, do
   if (!in_b.empty()) {
     const TensorInfo& u = pb.targets[in_b.begin()->second];
     result.equal = false;
-    result.first_difference = "parameter \"" + u.param + "\" state \"" + u.state +
-                              "\" only in the second checkpoint";
+    result.first_difference =
+        "parameter \"" + u.param + "\" state \"" + u.state + "\" only in the second checkpoint";
     return result;
   }
   std::vector<std::string> diffs(pa.targets.size());
   std::vector<Status> errors(pa.targets.size());
   std::atomic<int64_t> done{0};
-  tbb::parallel_for(size_t{0}, pa.targets.size(), [&](size_t i) {
-    Result<Tensor> x = exec::MaterializeTarget(pa, static_cast<int32_t>(i), a);
-    if (!x.ok()) {
-      errors[i] = x.status();
-      return;
-    }
-    Result<Tensor> y = exec::MaterializeTarget(pb, pair[i], b);
-    if (!y.ok()) {
-      errors[i] = y.status();
-      return;
-    }
-    diffs[i] = CompareTensors(pa.targets[i], *x, *y, atol);
-    const int64_t d = ++done;
-    if (options.progress) options.progress(d, static_cast<int64_t>(pa.targets.size()));
-  }, tbb::simple_partitioner());
+  tbb::parallel_for(
+      size_t{0}, pa.targets.size(),
+      [&](size_t i) {
+        Result<Tensor> x = exec::MaterializeTarget(pa, static_cast<int32_t>(i), a);
+        if (!x.ok()) {
+          errors[i] = x.status();
+          return;
+        }
+        Result<Tensor> y = exec::MaterializeTarget(pb, pair[i], b);
+        if (!y.ok()) {
+          errors[i] = y.status();
+          return;
+        }
+        diffs[i] = CompareTensors(pa.targets[i], *x, *y, atol);
+        const int64_t d = ++done;
+        if (options.progress) options.progress(d, static_cast<int64_t>(pa.targets.size()));
+      },
+      tbb::simple_partitioner());
   for (size_t i = 0; i < diffs.size(); ++i) {
     UCP_RETURN_IF_ERROR(errors[i]);
     if (!diffs[i].empty()) {

@@ -79,9 +79,9 @@ Result<std::pair<patterns::ModelSpec, patterns::ResolvedModel>> LoadResolvedMode
 /// universal when layout.universal.
 /// Errors: kAlreadyExists (dst exists), kFailedPrecondition (layout cannot hold the model), I/O.
 Result<exec::ExecStats> Generate(const patterns::ModelSpec& spec,
-                                 const patterns::ResolvedModel& model,
-                                 const layout::Layout& layout, uint64_t seed,
-                                 const std::filesystem::path& dst, const RunOptions& options);
+                                 const patterns::ResolvedModel& model, const layout::Layout& layout,
+                                 uint64_t seed, const std::filesystem::path& dst,
+                                 const RunOptions& options);
 
 /// Any source -> universal at dst. Errors: as Open, the plan, the executor and the writer.
 Result<exec::ExecStats> Extract(const CheckpointSource& src, const std::filesystem::path& dst,

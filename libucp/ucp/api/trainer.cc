@@ -74,9 +74,9 @@ Result<RankSaver> RankSaver::Create(const fs::path& dst, const CheckpointMeta& m
 
 Status RankSaver::SaveRank(int64_t rank,
                            std::span<const std::pair<std::string, ConstTensorView>> tensors) {
-  UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> mine,
-                       RankTensors(impl_->meta.model, impl_->meta.layout, rank,
-                                   impl_->meta.plan_options()));
+  UCP_ASSIGN_OR_RETURN(
+      std::vector<TensorInfo> mine,
+      RankTensors(impl_->meta.model, impl_->meta.layout, rank, impl_->meta.plan_options()));
   std::map<std::string, const TensorInfo*> by_name;
   for (const TensorInfo& t : mine) by_name[t.name] = &t;
   for (const auto& [name, view] : tensors) {
@@ -98,8 +98,8 @@ Status RankSaver::SaveRank(int64_t rank,
 Status RankSaver::Commit() {
   for (const TensorInfo& t : impl_->all) {
     if (!impl_->saved.count(std::to_string(t.rank) + "/" + t.name)) {
-      return FailedPreconditionError("tensor \"" + t.name + "\" of rank " +
-                                     std::to_string(t.rank) + " was never saved");
+      return FailedPreconditionError("tensor \"" + t.name + "\" of rank " + std::to_string(t.rank) +
+                                     " was never saved");
     }
   }
   const CheckpointMeta& m = impl_->meta;
@@ -149,8 +149,8 @@ Status RestoreRank(const CheckpointSource& src, const layout::Layout& l, int64_t
       found = true;
     }
     if (!found) {
-      return NotFoundError("tensor \"" + name + "\" is not held by rank " +
-                           std::to_string(rank) + " of " + layout::ToString(l));
+      return NotFoundError("tensor \"" + name + "\" is not held by rank " + std::to_string(rank) +
+                           " of " + layout::ToString(l));
     }
     views[name] = view;
   }

@@ -41,8 +41,7 @@ class RankSaver {
   /// Writes the rank's tensors from the trainer's memory (no copy). Thread-safe.
   /// Errors: kNotFound (a name that is not a tensor of this rank), kInvalidArgument (dtype or
   /// shape differs from the layout's, naming the tensor), kAlreadyExists, kIoError.
-  Status SaveRank(int64_t rank,
-                  std::span<const std::pair<std::string, ConstTensorView>> tensors);
+  Status SaveRank(int64_t rank, std::span<const std::pair<std::string, ConstTensorView>> tensors);
 
   /// Checks that every tensor of the layout was saved and commits.
   /// Errors: kFailedPrecondition naming the first tensor never saved; as DistWriter::Commit.

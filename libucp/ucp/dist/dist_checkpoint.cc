@@ -129,8 +129,7 @@ struct DistReader::Impl {
         if (f.status().code() == StatusCode::kNotFound) {
           return DataLossError("rank file " + p.string() + " is missing");
         }
-        return DataLossError("rank file " + p.string() + " is unreadable: " +
-                             f.status().message());
+        return DataLossError("rank file " + p.string() + " is unreadable: " + f.status().message());
       }
       files[rank] = std::make_unique<io::H5File>(std::move(*f));
     }
@@ -184,8 +183,8 @@ Result<const DistTensor*> DistReader::FindTensor(int64_t rank, std::string_view 
   auto it = std::lower_bound(ts.begin(), ts.end(), name,
                              [](const DistTensor& t, std::string_view n) { return t.name < n; });
   if (it == ts.end() || it->name != name) {
-    return NotFoundError("tensor \"" + std::string(name) + "\" not in " +
-                         RankFileName(rank) + " of the manifest");
+    return NotFoundError("tensor \"" + std::string(name) + "\" not in " + RankFileName(rank) +
+                         " of the manifest");
   }
   return &*it;
 }
@@ -242,8 +241,8 @@ Status DistReader::Verify() const {
     UCP_ASSIGN_OR_RETURN(const io::H5File* f, impl_->File(r.rank));
     Result<std::vector<std::string>> names = f->ListDatasets();
     if (!names.ok()) {
-      return DataLossError(f->path().string() + ": cannot list datasets: " +
-                           names.status().message());
+      return DataLossError(f->path().string() +
+                           ": cannot list datasets: " + names.status().message());
     }
     if (names->size() != r.tensors.size()) {
       return DataLossError(f->path().string() + ": holds " + std::to_string(names->size()) +

@@ -1,10 +1,9 @@
 // nlohmann-json adapter for ucp_layout.json. Exceptions from nlohmann stop in this file.
 #include "ucp/dist/dist_manifest.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
@@ -119,9 +118,9 @@ json ShapeJson(const Shape& s) {
 }
 
 Result<DistManifest> ParseImpl(const json& j, const std::string& file) {
-  UCP_RETURN_IF_ERROR(CheckKeys(j, file, "$",
-                                {"format", "version", "model", "layout", "step", "optimizer",
-                                 "params", "ranks"}));
+  UCP_RETURN_IF_ERROR(
+      CheckKeys(j, file, "$",
+                {"format", "version", "model", "layout", "step", "optimizer", "params", "ranks"}));
   UCP_ASSIGN_OR_RETURN(std::string format, GetString(j, "format", file, "$"));
   if (format != kDistFormatName) {
     return DataLossError(file + ": $.format: expected \"ucp-distributed\", found \"" + format +

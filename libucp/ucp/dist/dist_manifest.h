@@ -45,7 +45,7 @@ struct DistTensor {
 
 struct DistRankFile {
   int64_t rank = 0;
-  std::string file;  ///< "rank_00003.h5"
+  std::string file;                 ///< "rank_00003.h5"
   std::vector<DistTensor> tensors;  ///< sorted by name
 };
 

@@ -147,7 +147,8 @@ void Scatter(const StridedRef& ref, const std::vector<int64_t>& counts,
     if (inner == 1) {
       std::memcpy(base, src, row_len * size);
     } else {
-      for (int64_t i = 0; i < row_len; ++i) std::memcpy(base + i * inner * size, src + i * size, size);
+      for (int64_t i = 0; i < row_len; ++i)
+        std::memcpy(base + i * inner * size, src + i * size, size);
     }
   });
 }
@@ -200,9 +201,8 @@ Status ApplyOp(const Plan& plan, const Op& op, Tensor& dst, const TensorSource& 
       const double n = static_cast<double>(op.srcs.size());
       for (double& x : sum) x /= n;
       UCP_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(box * size));
-      UCP_RETURN_IF_ERROR(
-          CastElements(DType::kFp64, std::as_bytes(std::span<const double>(sum)), dinfo.dtype,
-                       out.bytes(), box));
+      UCP_RETURN_IF_ERROR(CastElements(DType::kFp64, std::as_bytes(std::span<const double>(sum)),
+                                       dinfo.dtype, out.bytes(), box));
       Scatter(op.dst, op.counts, out.bytes(), dst);
       return Status::Ok();
     }
@@ -222,8 +222,8 @@ Status RunCheck(const Plan& plan, const Op& op, const TensorSource& source,
     UCP_RETURN_IF_ERROR(CheckRef(s, op.counts, plan.sources[s.tensor], OpWhat(op)));
   }
   const TensorInfo& first = plan.sources[op.srcs[0].tensor];
-  UCP_ASSIGN_OR_RETURN(HostBuffer ref, Gather(first, op.srcs[0], op.counts, first.dtype, source,
-                                              bytes_read));
+  UCP_ASSIGN_OR_RETURN(HostBuffer ref,
+                       Gather(first, op.srcs[0], op.counts, first.dtype, source, bytes_read));
   const int64_t size = DTypeSizeBytes(first.dtype);
   for (size_t i = 1; i < op.srcs.size(); ++i) {
     const TensorInfo& t = plan.sources[op.srcs[i].tensor];
@@ -301,37 +301,40 @@ Result<ExecStats> ExecutePlan(const Plan& plan, const TensorSource& source, Tens
     failed = true;
   };
   const int64_t total = static_cast<int64_t>(selected.size() + checks.size());
-  tbb::parallel_for(size_t{0}, selected.size() + checks.size(), [&](size_t i) {
-    if (failed) return;
-    if (i >= selected.size()) {
-      const Op& op = *checks[i - selected.size()];
-      int64_t est = 0;
-      for (const StridedRef& s : op.srcs) {
-        est = std::max(est, Span(s, op.counts) * DTypeSizeBytes(plan.sources[s.tensor].dtype));
-      }
-      est *= 3;
-      budget.Acquire(est);
-      Status s = RunCheck(plan, op, source, bytes_read);
-      budget.Release(est);
-      if (!s.ok()) return fail(std::move(s));
-    } else {
-      const int32_t t = selected[i];
-      const TensorInfo& info = plan.targets[t];
-      // The target plus, at worst, one source read of the same size and its cast copy.
-      const int64_t est = 3 * NumElementsOrDie(info.shape) * DTypeSizeBytes(info.dtype);
-      budget.Acquire(est);
-      Result<Tensor> data = Materialize(plan, t, by[t], source, bytes_read);
-      Status s = data.status();
-      if (s.ok()) {
-        bytes_written += data->num_bytes();
-        s = sink.Write(info, std::move(*data));
-      }
-      budget.Release(est);
-      if (!s.ok()) return fail(std::move(s));
-    }
-    const int64_t d = ++done;
-    if (options.progress) options.progress(d, total);
-  }, tbb::simple_partitioner());
+  tbb::parallel_for(
+      size_t{0}, selected.size() + checks.size(),
+      [&](size_t i) {
+        if (failed) return;
+        if (i >= selected.size()) {
+          const Op& op = *checks[i - selected.size()];
+          int64_t est = 0;
+          for (const StridedRef& s : op.srcs) {
+            est = std::max(est, Span(s, op.counts) * DTypeSizeBytes(plan.sources[s.tensor].dtype));
+          }
+          est *= 3;
+          budget.Acquire(est);
+          Status s = RunCheck(plan, op, source, bytes_read);
+          budget.Release(est);
+          if (!s.ok()) return fail(std::move(s));
+        } else {
+          const int32_t t = selected[i];
+          const TensorInfo& info = plan.targets[t];
+          // The target plus, at worst, one source read of the same size and its cast copy.
+          const int64_t est = 3 * NumElementsOrDie(info.shape) * DTypeSizeBytes(info.dtype);
+          budget.Acquire(est);
+          Result<Tensor> data = Materialize(plan, t, by[t], source, bytes_read);
+          Status s = data.status();
+          if (s.ok()) {
+            bytes_written += data->num_bytes();
+            s = sink.Write(info, std::move(*data));
+          }
+          budget.Release(est);
+          if (!s.ok()) return fail(std::move(s));
+        }
+        const int64_t d = ++done;
+        if (options.progress) options.progress(d, total);
+      },
+      tbb::simple_partitioner());
   if (!first_error.ok()) return first_error;
   ExecStats stats;
   stats.targets_written = static_cast<int64_t>(selected.size());
@@ -364,10 +367,20 @@ Result<int64_t> ParseByteSize(std::string_view text) {
   int64_t mult = 1;
   std::string_view digits = text;
   switch (text.back()) {
-    case 'K': case 'k': mult = int64_t{1} << 10; break;
-    case 'M': case 'm': mult = int64_t{1} << 20; break;
-    case 'G': case 'g': mult = int64_t{1} << 30; break;
-    default: break;
+    case 'K':
+    case 'k':
+      mult = int64_t{1} << 10;
+      break;
+    case 'M':
+    case 'm':
+      mult = int64_t{1} << 20;
+      break;
+    case 'G':
+    case 'g':
+      mult = int64_t{1} << 30;
+      break;
+    default:
+      break;
   }
   if (mult != 1) digits.remove_suffix(1);
   if (digits.empty() || digits.size() > 12) {

@@ -11,11 +11,10 @@
 #include <mutex>
 #include <random>
 
-#include "ucp/tensor/cast.h"
-
 #include "tests/testutil/status_matchers.h"
 #include "ucp/convert/apply.h"
 #include "ucp/patterns/model.h"
+#include "ucp/tensor/cast.h"
 
 namespace ucp::exec {
 namespace {
@@ -31,7 +30,8 @@ class MapSource final : public TensorSource {
     auto it = m_.find(t.name);
     if (it == m_.end()) return NotFoundError("no tensor " + t.name);
     const int64_t size = DTypeSizeBytes(t.dtype);
-    if (end > it->second.num_elements() || static_cast<int64_t>(out.size()) != (end - begin) * size) {
+    if (end > it->second.num_elements() ||
+        static_cast<int64_t>(out.size()) != (end - begin) * size) {
       return OutOfRangeError("range outside " + t.name);
     }
     std::memcpy(out.data(), it->second.data() + begin * size, out.size());
@@ -78,8 +78,8 @@ convert::TensorMap SourceAt(const patterns::ResolvedModel& model, const layout::
     Tensor f = *Tensor::Zeros(DType::kFp32, t.shape);
     for (float& x : f.as<float>()) x = u(rng);
     Tensor c = *Tensor::Zeros(t.dtype, t.shape);
-    EXPECT_TRUE(CastElements(DType::kFp32, f.view().bytes, t.dtype, c.view().bytes,
-                             f.num_elements()).ok());
+    EXPECT_TRUE(
+        CastElements(DType::kFp32, f.view().bytes, t.dtype, c.view().bytes, f.num_elements()).ok());
     universal.emplace(t.name, std::move(c));
   }
   auto sharded = convert::ApplyPlan(*plan, universal);
@@ -179,7 +179,8 @@ TEST(ExecutorTest, ParseByteSize) {
   EXPECT_EQ(*ParseByteSize("100"), 100);
   EXPECT_THAT(ParseByteSize("12X3").status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"12X3\" is not N[K|M|G]")));
-  EXPECT_THAT(ParseByteSize("").status(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("empty")));
+  EXPECT_THAT(ParseByteSize("").status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("empty")));
 }
 
 }  // namespace
