@@ -3,6 +3,8 @@
 // cost of a speculative step (snapshot) and of its rollback, and torch's AdamW from
 // tools/bench_torch_adam.py on the same sizes and thread count when python3-torch is installed.
 // Figures go to docs/PERFORMANCE.md ("CPU Adam").
+#include "offload/optim/adam.h"
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
@@ -21,7 +23,6 @@
 #include <string>
 #include <vector>
 
-#include "offload/optim/adam.h"
 #include "offload/optim/cpu_adam.h"
 #include "ucp-cli/command.h"
 #include "ucp/base/status_macros.h"
@@ -49,8 +50,13 @@ Result<size_t> ParseCount(const std::string& s) {
     return InvalidArgumentError("--params '" + s + "' is not a count like 64M");
   }
   const std::string suffix = s.substr(pos);
-  const int shift = suffix.empty() ? 0 : suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : -1;
-  if (shift < 0 || v == 0) return InvalidArgumentError("--params '" + s + "' is not a count like 64M");
+  const int shift = suffix.empty()  ? 0
+                    : suffix == "K" ? 10
+                    : suffix == "M" ? 20
+                    : suffix == "G" ? 30
+                                    : -1;
+  if (shift < 0 || v == 0)
+    return InvalidArgumentError("--params '" + s + "' is not a count like 64M");
   return static_cast<size_t>(v) << shift;
 }
 
@@ -84,7 +90,8 @@ std::string RunTorch(size_t n, int threads, int repeat, const std::string& grad)
       std::filesystem::path(UCP_DATA_DIR) / "tools" / "bench_torch_adam.py";
   if (!std::filesystem::exists(script)) return "";
   // Debian's interpreter, where python3-torch lives (a PATH python3 may be a different one).
-  const std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string python =
+      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   const std::string cmd = python + " " + script.string() + " --params " + std::to_string(n) +
                           " --threads " + std::to_string(threads) + " --repeat " +
                           std::to_string(repeat) + " --grad " + grad + " 2>/dev/null";
@@ -230,7 +237,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     UCP_RETURN_IF_ERROR(status);
     row("rollback (copy back)", rb_s, 24);
     notes << std::setprecision(2) << "  speculative step / plain step time: " << spec_s / s
-          << "x; rollback / plain step time: " << rb_s / s << "x\n" << std::setprecision(1);
+          << "x; rollback / plain step time: " << rb_s / s << "x\n"
+          << std::setprecision(1);
     if (vm["torch"].as<bool>()) {
       // Free nothing: torch allocates its own arrays of the same size in its own process.
       const std::string torch = RunTorch(n, threads, repeat, grad_arg);
@@ -246,8 +254,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
           double mps = 0;
           if (!(f >> name >> mps) || mps <= 0) continue;
           const double ours = static_cast<double>(n) / s / 1e6;
-          notes << "  " << std::left << std::setw(22) << name << std::right << std::setw(12)
-                << mps << "   (" << offload::SimdPathName(path) << " is " << std::setprecision(2)
+          notes << "  " << std::left << std::setw(22) << name << std::right << std::setw(12) << mps
+                << "   (" << offload::SimdPathName(path) << " is " << std::setprecision(2)
                 << ours / mps << "x faster, same run)\n"
                 << std::setprecision(1);
         }
@@ -261,7 +269,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
          << offload::SimdPathName(best) << ", best of before and after): " << probe_gbs
          << " GB/s = " << static_cast<double>(n) / probe_s / 1e6 << " Mparam/s at 28 B/param\n";
   io.out << "  " << std::left << std::setw(22) << "path" << std::right << std::setw(12)
-         << "Mparam/s" << std::setw(10) << "GB/s" << std::setw(12) << "% of probe" << "\n";
+         << "Mparam/s" << std::setw(10) << "GB/s" << std::setw(12) << "% of probe"
+         << "\n";
   for (const Row& r : rows) {
     const double gbs = r.bytes * static_cast<double>(n) / r.seconds / 1e9;
     io.out << "  " << std::left << std::setw(22) << r.name << std::right << std::setw(12)
@@ -276,8 +285,9 @@ Command MakeAdamBench() {
   return {
       .name = "adam",
       .summary = "CPU Adam Mparam/s and GB/s per SIMD path against a same-run bandwidth probe",
-      .usage = "[--params 64M] [--threads T] [--path all|avx512|avx2|portable|...] "
-               "[--grad fp32|bf16|fp16] [--out none|bf16|fp16] [--repeat R] [--torch]",
+      .usage =
+          "[--params 64M] [--threads T] [--path all|avx512|avx2|portable|...] "
+          "[--grad fp32|bf16|fp16] [--out none|bf16|fp16] [--repeat R] [--torch]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("params", po::value<std::string>()->default_value("64M"),
@@ -287,7 +297,7 @@ Command MakeAdamBench() {
                 "grad", po::value<std::string>()->default_value("fp32"), "gradient dtype")(
                 "out", po::value<std::string>()->default_value("none"),
                 "fused low-precision weight copy")("repeat", po::value<int>()->default_value(5),
-                                                  "runs per figure; the best is printed")(
+                                                   "runs per figure; the best is printed")(
                 "torch", po::bool_switch()->default_value(false),
                 "also run tools/bench_torch_adam.py (torch AdamW) on the same sizes");
           },

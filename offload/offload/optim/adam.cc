@@ -154,8 +154,8 @@ std::string_view SimdPathName(SimdPath path) {
 }
 
 Result<SimdPath> ParseSimdPath(std::string_view name) {
-  for (SimdPath p : {SimdPath::kScalarRef, SimdPath::kPortable, SimdPath::kAvx2,
-                     SimdPath::kAvx512, SimdPath::kNeon, SimdPath::kSve}) {
+  for (SimdPath p : {SimdPath::kScalarRef, SimdPath::kPortable, SimdPath::kAvx2, SimdPath::kAvx512,
+                     SimdPath::kNeon, SimdPath::kSve}) {
     if (SimdPathName(p) == name) return p;
   }
   return InvalidArgumentError("simd path '" + std::string(name) +
@@ -251,15 +251,16 @@ Result<AdamKernelArgs> PrepareAdamArgs(const AdamConfig& c, const AdamSpans& sp,
     regions.push_back({"max_exp_avg_sq", sp.max_exp_avg_sq.data(), sp.max_exp_avg_sq.size(),
                        sp.max_exp_avg_sq.size_bytes()});
   }
-  if (has_out) regions.push_back({"out", sp.out.data.data(), sp.out.data.size(), sp.out.data.size_bytes()});
+  if (has_out)
+    regions.push_back({"out", sp.out.data.data(), sp.out.data.size(), sp.out.data.size_bytes()});
   if (snap != nullptr) {
     if (c.amsgrad != !snap->max_exp_avg_sq.empty() && n != 0) {
       return InvalidArgumentError(c.amsgrad
                                       ? "adam snapshot: amsgrad is on but max_exp_avg_sq is empty"
                                       : "adam snapshot: max_exp_avg_sq given but amsgrad is off");
     }
-    regions.push_back({"snapshot.param", snap->param.data(), snap->param.size(),
-                       snap->param.size_bytes()});
+    regions.push_back(
+        {"snapshot.param", snap->param.data(), snap->param.size(), snap->param.size_bytes()});
     regions.push_back({"snapshot.exp_avg", snap->exp_avg.data(), snap->exp_avg.size(),
                        snap->exp_avg.size_bytes()});
     regions.push_back({"snapshot.exp_avg_sq", snap->exp_avg_sq.data(), snap->exp_avg_sq.size(),
@@ -318,8 +319,8 @@ Status CheckSimdPath(SimdPath path) {
       "needs avx2+fma+f16c, avx512 needs avx512f+avx512bw+avx512vl, sve needs an sve cpu)");
 }
 
-void RunAdamKernel(SimdPath path, const AdamConfig& config, int64_t step,
-                   const AdamStepScalars& s, const AdamKernelArgs& a) {
+void RunAdamKernel(SimdPath path, const AdamConfig& config, int64_t step, const AdamStepScalars& s,
+                   const AdamKernelArgs& a) {
   if (a.n == 0) return;
   switch (path) {
     case SimdPath::kScalarRef:

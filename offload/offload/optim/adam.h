@@ -116,10 +116,10 @@ SimdPath BestSimdPath();
 /// all paths use the same constants. `step` is the 1-based number of the step being taken.
 struct AdamStepScalars {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  float l2_weight_decay;    ///< weight_decay when !decoupled, else 0
-  float decay;              ///< 1 - lr * weight_decay when decoupled, else 1
-  float neg_step_size;      ///< -lr / (1 - beta1^t)
-  float inv_sqrt_bias2;     ///< 1 / sqrt(1 - beta2^t)
+  float l2_weight_decay;  ///< weight_decay when !decoupled, else 0
+  float decay;            ///< 1 - lr * weight_decay when decoupled, else 1
+  float neg_step_size;    ///< -lr / (1 - beta1^t)
+  float inv_sqrt_bias2;   ///< 1 / sqrt(1 - beta2^t)
   bool amsgrad;
 };
 

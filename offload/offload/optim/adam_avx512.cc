@@ -16,8 +16,8 @@ inline __m512 LoadGrad16(const void* g, size_t i) {
   if constexpr (kG == LowpDType::kFp32) {
     return _mm512_loadu_ps(static_cast<const float*>(g) + i);
   } else {
-    const __m256i h = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(g) + i));
+    const __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(g) + i));
     if constexpr (kG == LowpDType::kBf16) {
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     } else {

@@ -100,7 +100,8 @@ struct Problem {
   }
   uint64_t Hash() const {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (const auto* x : {&p, &m, &v, &vmax, &sp, &sm, &sv, &svmax}) h = Fnv(h, x->data(), x->size() * 4);
+    for (const auto* x : {&p, &m, &v, &vmax, &sp, &sm, &sv, &svmax})
+      h = Fnv(h, x->data(), x->size() * 4);
     return Fnv(h, out.data(), out.size() * 2);
   }
 };

@@ -46,7 +46,7 @@ inline uint16_t Fp16BitsRne(float f) {
   const uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
-  if (ax < 0x38800000u) {  // below 2^-14: the subnormal grid of 2^-24
+  if (ax < 0x38800000u) {                // below 2^-14: the subnormal grid of 2^-24
     if (ax <= 0x33000000u) return sign;  // at most half of 2^-24: rounds to (even) zero
     const uint32_t e = ax >> 23;
     const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
@@ -161,7 +161,8 @@ inline void DispatchAdam(const AdamKernelArgs& a, F&& f) {
   with_dtype(a.grad_dtype, [&](auto gc) {
     with_dtype(a.out_dtype, [&](auto oc) {
       with_bool(a.amsgrad, [&](auto ac) {
-        with_bool(a.l2, [&](auto lc) { with_bool(a.snapshot, [&](auto sc) { f(gc, oc, ac, lc, sc); }); });
+        with_bool(a.l2,
+                  [&](auto lc) { with_bool(a.snapshot, [&](auto sc) { f(gc, oc, ac, lc, sc); }); });
       });
     });
   });

@@ -61,8 +61,8 @@ AdamKernelArgs SubArgs(const AdamKernelArgs& a, size_t offset, size_t count);
 /// Errors: kFailedPrecondition (not compiled in, or the CPU lacks the features).
 Status CheckSimdPath(SimdPath path);
 /// Runs `path`'s kernel over `a` (the reference takes config and step, the others the scalars).
-void RunAdamKernel(SimdPath path, const AdamConfig& config, int64_t step,
-                   const AdamStepScalars& s, const AdamKernelArgs& a);
+void RunAdamKernel(SimdPath path, const AdamConfig& config, int64_t step, const AdamStepScalars& s,
+                   const AdamKernelArgs& a);
 /// Runs `path`'s bandwidth probe (the reference uses the portable one).
 void RunProbeKernel(SimdPath path, float* p, const float* g, float* m, float* v, size_t n, float s);
 

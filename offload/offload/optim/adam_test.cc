@@ -31,8 +31,8 @@ const size_t kSizes[] = {0, 1, 7, 15, 16, 17, 31, 33, 1023, 1025, (size_t{1} << 
 
 std::vector<SimdPath> FastPaths() {
   std::vector<SimdPath> out;
-  for (SimdPath p : {SimdPath::kPortable, SimdPath::kAvx2, SimdPath::kAvx512, SimdPath::kNeon,
-                     SimdPath::kSve}) {
+  for (SimdPath p :
+       {SimdPath::kPortable, SimdPath::kAvx2, SimdPath::kAvx512, SimdPath::kNeon, SimdPath::kSve}) {
     if (SimdPathAvailable(p)) out.push_back(p);
   }
   return out;
@@ -148,8 +148,8 @@ void ExpectWithinBounds(const AdamConfig& c, int64_t step, const Problem& before
                std::abs(double(got.p[i]) - ref.p[i]) > tol_p;
     if (c.amsgrad) bad = bad || std::abs(double(got.vmax[i]) - ref.vmax[i]) > tol_v;
     if (out_dtype != LowpDType::kFp32) {
-      const uint16_t own = out_dtype == LowpDType::kBf16 ? Bf16FromFloat(got.p[i])
-                                                         : HalfFromFloat(got.p[i]);
+      const uint16_t own =
+          out_dtype == LowpDType::kBf16 ? Bf16FromFloat(got.p[i]) : HalfFromFloat(got.p[i]);
       // Exact: the copy is RNE of the path's own fp32 result. Bounded: that result is within
       // tol_p of the reference, so the copy is within tol_p + one low-precision ulp of it (the
       // codes differ by at most 1 unless the fp32 update cancelled, |p_new| << |p|).
@@ -157,7 +157,8 @@ void ExpectWithinBounds(const AdamConfig& c, int64_t step, const Problem& before
       const double out_value = bf16 ? FloatFromBf16(got.out[i]) : FloatFromHalf(got.out[i]);
       int e = 0;
       std::frexp(ref.p[i], &e);
-      const double lowp_ulp = bf16 ? std::ldexp(1.0, e - 8) : std::max(std::ldexp(1.0, e - 11), 0x1p-24);
+      const double lowp_ulp =
+          bf16 ? std::ldexp(1.0, e - 8) : std::max(std::ldexp(1.0, e - 11), 0x1p-24);
       bad = bad || got.out[i] != own || std::abs(out_value - ref.p[i]) > tol_p + lowp_ulp;
       if (CodeDistance(got.out[i], ref.out[i]) > 1) ++*codes_off_by_more;
     }
@@ -196,8 +197,8 @@ TEST(AdamStep, AllPathsAgainstReferenceAndEachOther) {
           const uint64_t seed = n * 131 + static_cast<uint64_t>(gd) * 7 + static_cast<uint64_t>(od);
           const Problem before(n, seed, gd, cs.zero_state);
           Problem ref = before;
-          UCP_ASSERT_OK(AdamStep(cs.config, cs.step, ref.Spans(cs.config, gd, od),
-                                 SimdPath::kScalarRef));
+          UCP_ASSERT_OK(
+              AdamStep(cs.config, cs.step, ref.Spans(cs.config, gd, od), SimdPath::kScalarRef));
           Problem first = before;
           for (size_t k = 0; k < paths.size(); ++k) {
             SCOPED_TRACE(std::string(SimdPathName(paths[k])));
@@ -318,8 +319,9 @@ TEST(AdamStep, RejectsBadSpans) {
                                             HasSubstr("max_exp_avg_sq given but amsgrad is off")));
   AdamConfig ams;
   ams.amsgrad = true;
-  EXPECT_THAT(AdamStep(ams, 1, s), StatusIs(StatusCode::kInvalidArgument,
-                                            HasSubstr("amsgrad is on but max_exp_avg_sq is empty")));
+  EXPECT_THAT(AdamStep(ams, 1, s),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("amsgrad is on but max_exp_avg_sq is empty")));
   // Nothing was written by the rejected calls.
   const Problem fresh(8, 1, LowpDType::kFp32, false);
   EXPECT_TRUE(SameBits(a.p, fresh.p) && SameBits(a.m, fresh.m) && SameBits(a.v, fresh.v));
@@ -340,8 +342,8 @@ TEST(AdamStep, UnavailablePathIsFailedPrecondition) {
 }
 
 TEST(SimdPath, NamesRoundTripAndBestIsAvailable) {
-  for (SimdPath p : {SimdPath::kScalarRef, SimdPath::kPortable, SimdPath::kAvx2,
-                     SimdPath::kAvx512, SimdPath::kNeon, SimdPath::kSve}) {
+  for (SimdPath p : {SimdPath::kScalarRef, SimdPath::kPortable, SimdPath::kAvx2, SimdPath::kAvx512,
+                     SimdPath::kNeon, SimdPath::kSve}) {
     UCP_ASSERT_OK_AND_ASSIGN(SimdPath q, ParseSimdPath(SimdPathName(p)));
     EXPECT_EQ(p, q);
   }
@@ -414,17 +416,17 @@ TEST(AdamRollback, RejectsMismatchedSnapshot) {
   Problem a(8, 1, LowpDType::kFp32, false);
   std::vector<float> sp(8), sm(7), sv(8);
   AdamSnapshot snap{sp, sm, sv, {}};
-  EXPECT_THAT(AdamRollback(a.Spans(c, LowpDType::kFp32, LowpDType::kFp32), snap),
-              StatusIs(StatusCode::kInvalidArgument,
-                       HasSubstr("exp_avg has 8 elements, its snapshot 7")));
+  EXPECT_THAT(
+      AdamRollback(a.Spans(c, LowpDType::kFp32, LowpDType::kFp32), snap),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("exp_avg has 8 elements, its snapshot 7")));
   EXPECT_THAT(AdamStepSpeculative(c, 1, a.Spans(c, LowpDType::kFp32, LowpDType::kFp32), snap),
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("snapshot.exp_avg has 7 elements, param has 8")));
   std::vector<float> sm8(8);
   AdamSnapshot aliased{sp, sm8, std::span<float>(a.m), {}};
-  EXPECT_THAT(AdamStepSpeculative(c, 1, a.Spans(c, LowpDType::kFp32, LowpDType::kFp32), aliased),
-              StatusIs(StatusCode::kInvalidArgument,
-                       HasSubstr("exp_avg and snapshot.exp_avg_sq overlap")));
+  EXPECT_THAT(
+      AdamStepSpeculative(c, 1, a.Spans(c, LowpDType::kFp32, LowpDType::kFp32), aliased),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("exp_avg and snapshot.exp_avg_sq overlap")));
 }
 
 // The scalar conversions every path's tail uses, against ucp's float_bits.h.

@@ -121,8 +121,7 @@ Status CpuAdam::BandwidthProbe(std::span<float> p, std::span<const float> g, std
   if (g.size() != p.size() || m.size() != p.size() || v.size() != p.size()) {
     return InvalidArgumentError("bandwidth probe: sizes differ (p " + std::to_string(p.size()) +
                                 ", g " + std::to_string(g.size()) + ", m " +
-                                std::to_string(m.size()) + ", v " + std::to_string(v.size()) +
-                                ")");
+                                std::to_string(m.size()) + ", v " + std::to_string(v.size()) + ")");
   }
   // A run-time zero the compiler cannot fold away: every byte is read and written back.
   volatile float zero = 0.0f;

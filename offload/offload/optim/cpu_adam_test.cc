@@ -111,8 +111,8 @@ TEST(CpuAdam, SpeculativeBucketRollsBackBitwise) {
   std::vector<float> sp(n), sm(n), sv(n);
   UCP_ASSERT_OK_AND_ASSIGN(CpuAdam adam, CpuAdam::Create(Config(), 2));
   const std::vector<AdamSpans> bucket = {s.Spans(0, 100), s.Spans(100, n - 100)};
-  const std::vector<AdamSnapshot> snaps = {
-      AdamSnapshot{sp, sm, sv, {}}.Sub(0, 100), AdamSnapshot{sp, sm, sv, {}}.Sub(100, n - 100)};
+  const std::vector<AdamSnapshot> snaps = {AdamSnapshot{sp, sm, sv, {}}.Sub(0, 100),
+                                           AdamSnapshot{sp, sm, sv, {}}.Sub(100, n - 100)};
   UCP_ASSERT_OK(adam.StepBucketSpeculative(2, bucket, snaps));
   State plain = initial;
   UCP_ASSERT_OK(AdamStep(Config(), 2, plain.Spans(0, n)));
@@ -137,9 +137,10 @@ TEST(CpuAdam, BadEntryStepsNothingAndNamesIt) {
   std::vector<float> a(100), b(100), c(99);
   const std::vector<AdamSnapshot> snaps = {{a, b, c, {}}};
   const std::vector<AdamSpans> one = {s.Spans(0, 100)};
-  EXPECT_THAT(adam.RollbackBucket(one, snaps),
-              StatusIs(StatusCode::kInvalidArgument,
-                       HasSubstr("exp_avg_sq has 100 elements, its snapshot 99; in bucket entry 0")));
+  EXPECT_THAT(
+      adam.RollbackBucket(one, snaps),
+      StatusIs(StatusCode::kInvalidArgument,
+               HasSubstr("exp_avg_sq has 100 elements, its snapshot 99; in bucket entry 0")));
   EXPECT_TRUE(s == initial);
 }
 
