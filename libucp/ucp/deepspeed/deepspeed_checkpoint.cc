@@ -2,9 +2,11 @@
 // universal layout writer. See deepspeed_checkpoint.h and docs/deepspeed.md.
 #include "ucp/deepspeed/deepspeed_checkpoint.h"
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -13,6 +15,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "ucp/base/check.h"
@@ -20,6 +23,7 @@
 #include "ucp/io/atomic_file.h"
 #include "ucp/io/torch/torch_file.h"
 #include "ucp/io/torch/torch_writer.h"
+#include "ucp/patterns/model.h"
 
 namespace ucp::deepspeed {
 namespace {
@@ -32,47 +36,123 @@ using torch::TorchFile;
 
 constexpr const char* kStates[3] = {"fp32", "exp_avg", "exp_avg_sq"};
 
-// ucp's GPT-family merge rules over canonical names (one full match per parameter). They mirror
-// the family's rule set (replicate / shard / pad_strip) and are applied whatever the source's
-// universal_checkpoint_info says.
-struct GptRule {
-  const char* match;
-  MergeKind kind;
-  int dim;
-};
-constexpr GptRule kGptRules[] = {
-    {R"(embedding\.word_embeddings\.weight)", MergeKind::kPadStrip, 0},
-    {R"(embedding\.position_embeddings\.weight)", MergeKind::kReplicate, 0},
-    {R"(layers\.\d+\.(input_layernorm|post_attention_layernorm)\.(weight|bias))",
-     MergeKind::kReplicate, 0},
-    {R"(layers\.\d+\.self_attention\.query_key_value\.(weight|bias))", MergeKind::kShard, 0},
-    {R"(layers\.\d+\.self_attention\.dense\.weight)", MergeKind::kShard, 1},
-    {R"(layers\.\d+\.self_attention\.dense\.bias)", MergeKind::kReplicate, 0},
-    {R"(layers\.\d+\.mlp\.dense_h_to_4h\.(weight|bias))", MergeKind::kShard, 0},
-    {R"(layers\.\d+\.mlp\.dense_4h_to_h\.weight)", MergeKind::kShard, 1},
-    {R"(layers\.\d+\.mlp\.dense_4h_to_h\.bias)", MergeKind::kReplicate, 0},
-    {R"(final_layernorm\.(weight|bias))", MergeKind::kReplicate, 0},
-};
+#ifndef UCP_DATA_DIR
+#define UCP_DATA_DIR "."
+#endif
 
-Result<const GptRule*> MatchRule(const std::string& name) {
-  static const std::vector<std::regex> regexes = [] {
-    std::vector<std::regex> r;
-    for (const GptRule& rule : kGptRules) r.emplace_back(rule.match);
-    return r;
-  }();
-  const GptRule* found = nullptr;
-  for (size_t i = 0; i < regexes.size(); ++i) {
-    if (!std::regex_match(name, regexes[i])) continue;
+// The rule-set folder: the option, else env UCP_DATA_DIR + "/patterns", else the source tree's.
+fs::path RuleSetDir(const fs::path& option) {
+  if (!option.empty()) return option;
+  const char* env = std::getenv("UCP_DATA_DIR");
+  return fs::path(env != nullptr && *env != '\0' ? env : UCP_DATA_DIR) / "patterns";
+}
+
+// The rule of `rules` whose regex fully matches `name`; none or two is an error naming it.
+Result<const patterns::Rule*> MatchRule(const patterns::RuleSet& rules, const std::string& name) {
+  const patterns::Rule* found = nullptr;
+  for (const patterns::Rule& rule : rules.rules) {
+    if (!std::regex_match(name, *rule.re)) continue;
     if (found != nullptr) {
-      return InvalidArgumentError("parameter \"" + name + "\" matches two rules of family gpt: " +
-                                  found->match + " and " + kGptRules[i].match);
+      return InvalidArgumentError("parameter \"" + name + "\" matches two rules of family " +
+                                  rules.family + ": " + found->match + " and " + rule.match);
     }
-    found = &kGptRules[i];
+    found = &rule;
   }
   if (found == nullptr) {
-    return InvalidArgumentError("parameter \"" + name + "\" matches no rule of family gpt");
+    return InvalidArgumentError("parameter \"" + name + "\" matches no rule of family " +
+                                rules.family);
   }
   return found;
+}
+
+// The merge the extractor does for a rule kind; kinds it cannot honour are refused by name.
+Result<std::pair<MergeKind, int>> MergeOf(const patterns::Rule& rule, const std::string& name) {
+  auto unimplemented = [&](const std::string& what) {
+    return UnimplementedError("parameter \"" + name + "\": rule kind " +
+                              std::string(patterns::RuleKindName(rule.kind)) + " (" + rule.match +
+                              ")" + (what.empty() ? "" : " " + what) +
+                              " is not merged from DeepSpeed checkpoints");
+  };
+  if (rule.axis != patterns::Axis::kTp) return unimplemented("on axis ep");
+  switch (rule.kind) {
+    case patterns::RuleKind::kReplicate:
+      return std::pair{MergeKind::kReplicate, 0};
+    case patterns::RuleKind::kShard:
+      return std::pair{MergeKind::kShard, rule.dim};
+    case patterns::RuleKind::kPadStrip:
+      if (rule.dim != 0) return unimplemented("on dim " + std::to_string(rule.dim));
+      return std::pair{MergeKind::kPadStrip, 0};
+    case patterns::RuleKind::kFuse:
+      // Megatron splits an interleaved_groups tensor (QKV: per group [q | k | v] rows) over tp by
+      // whole groups, so the dim-0 concatenation of the TP slices already is the full tensor in
+      // the rule's interleaved order: no reordering, a plain dim-0 shard merge. A concat-ordered
+      // fuse would need each slice's parts regrouped, which the extractor does not do.
+      if (rule.order != patterns::FuseOrder::kInterleavedGroups) {
+        return unimplemented("with order concat");
+      }
+      if (rule.dim != 0) return unimplemented("on dim " + std::to_string(rule.dim));
+      return std::pair{MergeKind::kShard, 0};
+    case patterns::RuleKind::kAverage:
+      break;
+  }
+  return unimplemented("");
+}
+
+// The rule set for `model` (a family or a preset), or, when it is empty, the one rule set in
+// `dir` that gives every name in `names` exactly one rule.
+Result<patterns::RuleSet> SelectRuleSet(const fs::path& dir, const std::string& model,
+                                        const std::vector<std::string>& names) {
+  auto check = [&](const patterns::RuleSet& rules) -> Status {
+    for (const std::string& n : names) {
+      UCP_RETURN_IF_ERROR(MatchRule(rules, n).status(),
+                          "rule set " + (dir / (rules.family + ".json")).string());
+    }
+    return Status::Ok();
+  };
+  if (!model.empty()) {
+    std::string family = model;
+    std::error_code ec;
+    if (!fs::is_regular_file(dir / (model + ".json"), ec)) {
+      UCP_ASSIGN_OR_RETURN(patterns::ModelSpec spec, patterns::LoadModel(dir, model));
+      family = spec.family;
+    }
+    UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules, patterns::LoadRuleSet(dir, family),
+                         "model \"" + model + "\"");
+    UCP_RETURN_IF_ERROR(check(rules), "model \"" + model + "\"");
+    return rules;
+  }
+  std::vector<std::string> families;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file() && it->path().extension() == ".json") {
+      families.push_back(it->path().stem().string());
+    }
+  }
+  if (ec) return NotFoundError("cannot list rule sets in " + dir.string() + ": " + ec.message());
+  std::sort(families.begin(), families.end());
+  if (families.empty()) return NotFoundError("no rule set (<family>.json) in " + dir.string());
+  std::vector<patterns::RuleSet> fits;
+  Status best = Status::Ok();
+  size_t best_matched = 0;
+  for (const std::string& f : families) {
+    UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules, patterns::LoadRuleSet(dir, f));
+    size_t matched = 0;
+    for (const std::string& n : names) matched += MatchRule(rules, n).ok() ? 1 : 0;
+    if (matched == names.size()) {
+      fits.push_back(std::move(rules));
+    } else if (best.ok() || matched > best_matched) {
+      // The error of the family that fits most names (the first such) is the one reported.
+      best = check(rules);
+      best_matched = matched;
+    }
+  }
+  if (fits.size() > 1) {
+    return InvalidArgumentError("parameter names fit the rule sets of families " + fits[0].family +
+                                " and " + fits[1].family + " in " + dir.string() +
+                                "; choose one with the model option");
+  }
+  if (fits.empty()) return best;
+  return std::move(fits[0]);
 }
 
 bool AllDigits(std::string_view s) {
@@ -384,13 +464,6 @@ std::string DeepSpeedCheckpoint::OptimStatesFile(int pp_rank, int tp_rank, int d
 
 Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
                                                       const OpenOptions& options) {
-  static const char* kKnownModels[] = {"", "gpt", "gpt-tiny", "gpt2", "gpt2-small"};
-  if (std::find(std::begin(kKnownModels), std::end(kKnownModels), options.model) ==
-      std::end(kKnownModels)) {
-    return InvalidArgumentError("model \"" + options.model +
-                                "\" is not a gpt-family model; the DeepSpeed reader knows gpt, "
-                                "gpt-tiny, gpt2, gpt2-small");
-  }
   DeepSpeedCheckpoint ck;
   UCP_ASSIGN_OR_RETURN(ck.dir_, ResolveTagDir(path));
   UCP_ASSIGN_OR_RETURN(FileNames files, ListFiles(ck.dir_));
@@ -523,12 +596,9 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
                                AsShape(v, fname + ": param_shapes[\"" + k->str() + "\"]"));
           auto [it, inserted] = index.try_emplace(canon, ck.params_.size());
           if (inserted) {
-            UCP_ASSIGN_OR_RETURN(const GptRule* rule, MatchRule(canon), fname);
             DeepSpeedParam p;
             p.name = canon;
             p.engine_name = k->str();
-            p.merge = rule->kind;
-            p.dim = rule->dim;
             p.stage = s;
             p.group = static_cast<int>(g);
             p.tp_shape = shape;
@@ -557,6 +627,20 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
           }
         }
       }
+    }
+  }
+  // Merge rules: the family's rule set, one full-match rule per canonical name.
+  {
+    std::vector<std::string> names;
+    for (const DeepSpeedParam& p : ck.params_) names.push_back(p.name);
+    UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules,
+                         SelectRuleSet(RuleSetDir(options.data_dir), options.model, names),
+                         ck.dir_.string());
+    ck.family_ = rules.family;
+    for (DeepSpeedParam& p : ck.params_) {
+      UCP_ASSIGN_OR_RETURN(const patterns::Rule* rule, MatchRule(rules, p.name));
+      UCP_ASSIGN_OR_RETURN(std::tie(p.merge, p.dim), MergeOf(*rule, p.name), ck.dir_.string());
+      p.rule = rule->match;
     }
   }
   // Logical shapes.
@@ -869,8 +953,9 @@ class Extractor {
 
 Status ExtractDeepSpeedToUniversal(const fs::path& src, const fs::path& dst,
                                    const ExtractOptions& options) {
-  UCP_ASSIGN_OR_RETURN(DeepSpeedCheckpoint ck,
-                       DeepSpeedCheckpoint::Open(src, OpenOptions{options.model}));
+  UCP_ASSIGN_OR_RETURN(
+      DeepSpeedCheckpoint ck,
+      DeepSpeedCheckpoint::Open(src, OpenOptions{options.model, options.data_dir}));
   Extractor ex(ck);
   UCP_RETURN_IF_ERROR(ex.OpenAll());
   io::UniversalWriteOptions wo = options.write;
@@ -905,7 +990,7 @@ Status ExtractDeepSpeedToUniversal(const fs::path& src, const fs::path& dst,
              {"weight_decay", ck.hyper()[4]}};
   m.optimizer_states = {"exp_avg", "exp_avg_sq"};
   m.source_layout = ck.LayoutString();
-  m.source_model = options.model.empty() ? "gpt" : options.model;
+  m.source_model = options.model.empty() ? ck.family() : options.model;
   m.source_framework = ck.naming() == Naming::kPlain ? "deepspeed" : "megatron-deepspeed";
   m.client_state_json = ck.client_state_json();
   return writer.Commit(m);
@@ -915,14 +1000,14 @@ Status ExtractDeepSpeedToUniversal(const fs::path& src, const fs::path& dst,
 
 namespace {
 
-Status WriteStateFile(const fs::path& path, Tensor t, const GptRule& rule) {
+Status WriteStateFile(const fs::path& path, Tensor t, MergeKind merge, int dim) {
   torch::TorchWriter w;
   torch::PyArena& a = w.arena();
   torch::PyValue* d = a.Dict();
   UCP_ASSIGN_OR_RETURN(const PyValue* tv, w.AddOwnedTensor(std::move(t)));
   d->SetItem(a.Str("param"), tv);
-  if (rule.kind != MergeKind::kReplicate) d->SetItem(a.Str("cat_dim"), a.Int(rule.dim));
-  if (rule.kind == MergeKind::kPadStrip) d->SetItem(a.Str("vocab_tensor"), a.Bool(true));
+  if (merge != MergeKind::kReplicate) d->SetItem(a.Str("cat_dim"), a.Int(dim));
+  if (merge == MergeKind::kPadStrip) d->SetItem(a.Str("vocab_tensor"), a.Bool(true));
   return w.Write(path, *d);
 }
 
@@ -942,8 +1027,15 @@ Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path
     const int64_t l = LayerOf(p.name);
     if (l >= 0 && l != INT64_MAX) layers = std::max(layers, l + 1);
   }
+  std::vector<std::string> names;
+  for (const auto& p : m.params) names.push_back(p.name);
+  UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules,
+                       SelectRuleSet(RuleSetDir(options.data_dir),
+                                     options.model.empty() ? m.source_model : options.model, names),
+                       reader.dir().string());
   for (const auto& p : m.params) {
-    UCP_ASSIGN_OR_RETURN(const GptRule* rule, MatchRule(p.name), reader.dir().string());
+    UCP_ASSIGN_OR_RETURN(const patterns::Rule* rule, MatchRule(rules, p.name));
+    UCP_ASSIGN_OR_RETURN(auto merge, MergeOf(*rule, p.name), reader.dir().string());
     const std::string engine = PipeName(p.name, layers);
     const fs::path pdir = tmp / "zero" / engine;
     fs::create_directories(pdir, ec);
@@ -954,7 +1046,8 @@ Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path
         return InvalidArgumentError("parameter \"" + p.name + "\" state " + s + " is " +
                                     std::string(DTypeName(t.dtype())) + ", not fp32");
       }
-      UCP_RETURN_IF_ERROR(WriteStateFile(pdir / (std::string(s) + ".pt"), std::move(t), *rule));
+      UCP_RETURN_IF_ERROR(
+          WriteStateFile(pdir / (std::string(s) + ".pt"), std::move(t), merge.first, merge.second));
     }
     torch::TorchWriter w;
     UCP_ASSIGN_OR_RETURN(Tensor step, Tensor::Uninitialized(DType::kFp32, Shape{}));

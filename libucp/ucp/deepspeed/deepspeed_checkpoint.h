@@ -4,7 +4,8 @@
 // checkpoint. Fragments are read as byte ranges of the flat fp32 / Adam partitions, so memory
 // is bounded by the parameters in flight, not by the files. TP slices are merged by ucp's own
 // rules for the model family, never by the `universal_checkpoint_info` the source saved
-// (which is wrong for TP=1 sources, section 9).
+// (which is wrong for TP=1 sources, section 9): the rules are those of the family's rule set,
+// patterns/<family>.json, read through ucp/patterns.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,10 @@ enum class Naming : uint8_t {
 };
 std::string_view NamingName(Naming n);
 
-/// How TP slices of a parameter combine (ucp's rule kinds for the GPT family).
+/// How TP slices of a parameter combine; mapped from the kind of the parameter's rule in the
+/// family's rule set (patterns/<family>.json): replicate -> kReplicate, shard dim d -> kShard
+/// along d, pad_strip dim 0 -> kPadStrip, fuse dim 0 in interleaved_groups order (Megatron's
+/// per-head QKV) -> kShard along 0. Other kinds are kUnimplemented at Open.
 enum class MergeKind : uint8_t { kReplicate, kShard, kPadStrip };
 
 struct DeepSpeedParam {
@@ -35,6 +39,7 @@ struct DeepSpeedParam {
   std::string engine_name;  ///< the name in the files
   Shape shape;              ///< logical shape (TP merged, vocabulary padding removed)
   Shape tp_shape;           ///< one TP rank's shard shape (param_shapes)
+  std::string rule;         ///< the `match` of its rule in the family's rule set
   MergeKind merge = MergeKind::kReplicate;
   int dim = 0;    ///< concatenation dim for kShard / kPadStrip
   int stage = 0;  ///< the pipeline stage whose copy is read (the first that holds it)
@@ -42,9 +47,13 @@ struct DeepSpeedParam {
 };
 
 struct OpenOptions {
-  /// A model family or preset name ("gpt", "gpt-tiny", "gpt2-small"); "" recognises the family
-  /// from the parameter names.
+  /// A family ("gpt": `<data_dir>/gpt.json`) or a preset (`<data_dir>/models/gpt-tiny.json`,
+  /// whose family is used); "" recognises the family from the parameter names: the one rule
+  /// set in data_dir that gives every parameter exactly one rule.
   std::string model;
+  /// The folder holding the rule sets and models/; "" is env UCP_DATA_DIR + "/patterns" when
+  /// set, else the source tree's patterns/ (as `ucp plan --data-dir`).
+  std::filesystem::path data_dir;
 };
 
 class DeepSpeedCheckpoint {
@@ -52,10 +61,13 @@ class DeepSpeedCheckpoint {
   /// Opens the tag folder (holding mp_rank_*_model_states.pt and *zero_pp_rank_*_optim_states.pt)
   /// or its parent holding `latest`. Reads every mp_rank file's pickle (not the weights).
   /// Errors: kNotFound (no such folder, no `latest` tag folder, no mp_rank or optim files, a
-  /// rank file missing from the grid, a key missing); kDataLoss (file counts that do not form a
-  /// tp x pp x dp grid, param_shapes that differ between replicas, a bad pickle);
-  /// kInvalidArgument (a parameter name outside the model family, an unknown model);
-  /// kUnimplemented (ZeRO-3, elastic checkpoints, an optimizer without exp_avg / exp_avg_sq).
+  /// rank file missing from the grid, a key missing, no such model or rule set); kDataLoss
+  /// (file counts that do not form a tp x pp x dp grid, param_shapes that differ between
+  /// replicas, a bad pickle); kInvalidArgument (a parameter matched by no rule or by two of the
+  /// family's rule set, names that no rule set or two fit, a bad rule set);
+  /// kUnimplemented (ZeRO-3, elastic checkpoints, an optimizer without exp_avg / exp_avg_sq, a
+  /// rule kind the extractor cannot merge: average, fuse other than dim-0 interleaved_groups,
+  /// pad_strip off dim 0, axis ep).
   static Result<DeepSpeedCheckpoint> Open(const std::filesystem::path& path,
                                           const OpenOptions& options = {});
 
@@ -73,6 +85,8 @@ class DeepSpeedCheckpoint {
   /// "bf16_optimizer", "zero1" or "zero2".
   const std::string& optimizer() const { return optimizer_; }
   int64_t original_vocab_size() const { return original_vocab_; }
+  /// The family whose rule set gave the merge rules ("gpt").
+  const std::string& family() const { return family_; }
   /// Parameters in canonical order (embedding, layers by index, final norm).
   const std::vector<DeepSpeedParam>& params() const { return params_; }
   /// iteration, args, ds_version, ... of rank 0's model states as a JSON object.
@@ -96,6 +110,7 @@ class DeepSpeedCheckpoint {
   std::string optimizer_;
   std::string optim_prefix_;
   int64_t original_vocab_ = 0;
+  std::string family_;
   std::vector<DeepSpeedParam> params_;
   std::string client_state_json_;
   std::vector<double> hyper_;  // lr, beta1, beta2, eps, weight_decay
@@ -106,6 +121,7 @@ bool LooksLikeDeepSpeedCheckpoint(const std::filesystem::path& path);
 
 struct ExtractOptions {
   std::string model;                ///< as OpenOptions::model
+  std::filesystem::path data_dir;   ///< as OpenOptions::data_dir
   int threads = 2;                  ///< parameters extracted at once
   io::UniversalWriteOptions write;  ///< its step is replaced by the checkpoint's step
 };
@@ -126,6 +142,10 @@ struct DeepSpeedUniversalOptions {
   std::filesystem::path model_states_from;
   int tp = 1;  ///< the layout the model-state files describe when written from scratch
   int pp = 1;
+  /// The family or preset whose rule set gives cat_dim; "" is the manifest's source_model
+  /// (recognised from the names when that is empty too).
+  std::string model;
+  std::filesystem::path data_dir;  ///< as OpenOptions::data_dir
 };
 
 /// Writes DeepSpeed's universal layout at `dst` (a new folder): zero/<engine name>/{fp32,
@@ -133,7 +153,7 @@ struct DeepSpeedUniversalOptions {
 /// zero/<engine name>/step.pt, zero/optimizer_state.pt, mp_rank_XX_model_states.pt and
 /// dirname(dst)/latest_universal naming basename(dst). Names use Megatron-DeepSpeed
 /// GPTModelPipe naming (the source's naming when client_state_json records one).
-/// Errors: kAlreadyExists (dst exists); kInvalidArgument (a parameter outside the GPT family);
+/// Errors: kAlreadyExists (dst exists); those of Open for the rule set and its matching;
 /// errors of UniversalReader and TorchWriter.
 Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const std::filesystem::path& dst,
                                const DeepSpeedUniversalOptions& options = {});

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -57,6 +59,7 @@ TEST_P(LayoutTest, OpenReportsTopology) {
   EXPECT_EQ(ck.optimizer(), c.optimizer);
   EXPECT_EQ(ck.step(), 7);
   EXPECT_EQ(ck.iteration(), 7);
+  EXPECT_EQ(ck.family(), "gpt");  // recognised from the names: only patterns/gpt.json fits
   ASSERT_EQ(ck.params().size(), 28u);
   EXPECT_EQ(ck.params().front().name, "embedding.word_embeddings.weight");
   EXPECT_EQ(ck.params().back().name, "final_layernorm.bias");
@@ -148,11 +151,120 @@ TEST(DeepSpeedErrors, ParameterOutsideTheFamily) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("matches no rule of family gpt")));
 }
 
-TEST(DeepSpeedErrors, UnknownModel) {
+// --model picks the rule set: mixtral's has no rule for GPT's learned position embeddings.
+TEST(DeepSpeedErrors, ModelOfAnotherFamily) {
   EXPECT_THAT(DeepSpeedCheckpoint::Open(DataDir() / "megatron_tp2_pp1_dp2_bf16",
                                         OpenOptions{"mixtral-tiny"})
                   .status(),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"mixtral-tiny\"")));
+              StatusIs(StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("matches no rule of family mixtral"),
+                                        HasSubstr("model \"mixtral-tiny\""))));
+  EXPECT_THAT(
+      DeepSpeedCheckpoint::Open(DataDir() / "megatron_tp2_pp1_dp2_bf16", OpenOptions{"nope"})
+          .status(),
+      StatusIs(StatusCode::kNotFound, HasSubstr("nope.json")));
+}
+
+// A data dir holding patterns/gpt.json with `from` replaced by `to` in the first rule whose text
+// follows `anchor` (the whole file when `anchor` is empty).
+fs::path EditedRuleSetDir(const ucp::testing::TempDir& tmp, const std::string& anchor,
+                          const std::string& from, const std::string& to) {
+  std::ifstream in(fs::path(UCP_SOURCE_ROOT_DIR) / "patterns" / "gpt.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  const size_t at = text.find(anchor);
+  const size_t pos = at == std::string::npos ? at : text.find(from, at);
+  EXPECT_NE(pos, std::string::npos) << "gpt.json no longer holds " << anchor << " ... " << from;
+  if (pos != std::string::npos) text.replace(pos, from.size(), to);
+  const fs::path dir = tmp / "patterns";
+  fs::create_directories(dir);
+  std::ofstream(dir / "gpt.json") << text;
+  return dir;
+}
+
+// The merge rules come from the rule set in the data dir: a trimmed copy of gpt.json lacking the
+// row-parallel bias rule for dense_4h_to_h leaves that parameter without a rule.
+TEST(DeepSpeedRules, ParameterWithoutRuleIsNamed) {
+  ucp::testing::TempDir tmp;
+  const fs::path dir =
+      EditedRuleSetDir(tmp, "", R"(|layers\\.\\d+\\.mlp\\.dense_4h_to_h\\.bias")", "\"");
+  const fs::path src = DataDir() / "megatron_tp2_pp1_dp2_bf16";
+  for (const char* model : {"", "gpt"}) {
+    SCOPED_TRACE(model);
+    EXPECT_THAT(DeepSpeedCheckpoint::Open(src, OpenOptions{model, dir}).status(),
+                StatusIs(StatusCode::kInvalidArgument,
+                         HasSubstr("parameter \"layers.0.mlp.dense_4h_to_h.bias\" matches no "
+                                   "rule of family gpt")));
+  }
+  ExtractOptions options;
+  options.data_dir = dir;
+  EXPECT_THAT(ExtractDeepSpeedToUniversal(src, tmp / "out", options),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("\"layers.0.mlp.dense_4h_to_h.bias\" matches no rule")));
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+TEST(DeepSpeedRules, ParameterMatchingTwoRulesIsNamed) {
+  ucp::testing::TempDir tmp;
+  const fs::path dir =
+      EditedRuleSetDir(tmp, R"("match": "embedding\\.position)",
+                       R"(embedding\\.position_embeddings\\.weight)", R"(embedding\\..*)");
+  EXPECT_THAT(
+      DeepSpeedCheckpoint::Open(DataDir() / "megatron_tp2_pp1_dp2_bf16", OpenOptions{"gpt", dir})
+          .status(),
+      StatusIs(StatusCode::kInvalidArgument,
+               HasSubstr("parameter \"embedding.word_embeddings.weight\" matches two rules")));
+}
+
+// A fuse rule in concat order would need each TP slice's parts regrouped: refused, not defaulted.
+TEST(DeepSpeedRules, FuseInConcatOrderIsUnimplemented) {
+  ucp::testing::TempDir tmp;
+  const fs::path dir = EditedRuleSetDir(
+      tmp, "query_key_value",
+      R"("order": "interleaved_groups", "groups": "heads", "group_name": "query groups",)",
+      R"("order": "concat",)");
+  EXPECT_THAT(
+      DeepSpeedCheckpoint::Open(DataDir() / "megatron_tp2_pp1_dp2_bf16", OpenOptions{"", dir})
+          .status(),
+      StatusIs(StatusCode::kUnimplemented,
+               ::testing::AllOf(HasSubstr("parameter \"layers.0.self_attention."
+                                          "query_key_value."),
+                                HasSubstr("rule kind fuse"), HasSubstr("order concat"))));
+}
+
+// The rule set decides the merge: calling the column-parallel h->4h weight replicated makes
+// the reader keep one shard's shape and the extractor compare the (different) TP slices.
+TEST(DeepSpeedRules, RuleSetDecidesTheMerge) {
+  ucp::testing::TempDir tmp;
+  const fs::path dir =
+      EditedRuleSetDir(tmp, R"x(mlp\\.dense_h_to_4h\\.(weight|bias)")x",
+                       R"("kind": "shard", "dim": 0, "axis": "tp")", R"("kind": "replicate")");
+  const fs::path src = DataDir() / "megatron_tp2_pp1_dp2_bf16";
+  UCP_ASSERT_OK_AND_ASSIGN(DeepSpeedCheckpoint ck,
+                           DeepSpeedCheckpoint::Open(src, OpenOptions{"", dir}));
+  UCP_ASSERT_OK_AND_ASSIGN(DeepSpeedCheckpoint stock, DeepSpeedCheckpoint::Open(src));
+  ASSERT_EQ(ck.params().size(), stock.params().size());
+  int changed = 0;
+  for (size_t i = 0; i < ck.params().size(); ++i) {
+    const DeepSpeedParam& p = ck.params()[i];
+    if (p.name.find("dense_h_to_4h") == std::string::npos) {
+      EXPECT_EQ(p.merge, stock.params()[i].merge) << p.name;
+      continue;
+    }
+    ++changed;
+    EXPECT_EQ(stock.params()[i].merge, MergeKind::kShard) << p.name;
+    EXPECT_EQ(p.merge, MergeKind::kReplicate) << p.name;
+    EXPECT_EQ(p.shape, p.tp_shape) << p.name;
+    EXPECT_EQ(p.rule, R"(layers\.\d+\.mlp\.dense_h_to_4h\.(weight|bias))");
+  }
+  EXPECT_EQ(changed, 4);  // weight and bias of 2 layers
+  ExtractOptions options;
+  options.data_dir = dir;
+  EXPECT_THAT(
+      ExtractDeepSpeedToUniversal(src, tmp / "out", options),
+      StatusIs(StatusCode::kDataLoss,
+               ::testing::AllOf(HasSubstr("dense_h_to_4h"), HasSubstr("differs from tp rank 0"))));
 }
 
 TEST(DeepSpeedErrors, ExtractRefusesExistingOutput) {
