@@ -26,7 +26,7 @@ void PrintTopHelp(std::ostream& os) {
   }
   os << "\nexit codes: 0 ok, 2 usage, 3 invalid argument, 4 not found, 5 failed precondition,\n"
         "6 data loss (corrupt input), 7 unimplemented, 8 i/o error, 9 resource exhausted,\n"
-        "11 already exists, 1 difference found (diff, verify); see docs/errors.md\n";
+        "11 already exists, 1 difference found (diff); see docs/errors.md\n";
 }
 
 int Run(int argc, char** argv) {
