@@ -26,57 +26,16 @@ Plain DeepSpeed naming uses the canonical names as the engine's parameter names.
 
 import argparse
 import collections
-import dataclasses
-import enum
 import os
 import random
 import sys
-import types
 
 import numpy as np
 import torch
 
 
-def _module(name):
-    parts = name.split(".")
-    for i in range(1, len(parts) + 1):
-        sub = ".".join(parts[:i])
-        if sub not in sys.modules:
-            sys.modules[sub] = types.ModuleType(sub)
-            if i > 1:
-                setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], sys.modules[sub])
-    return sys.modules[name]
-
-
-def _define(module_name, cls):
-    cls.__module__ = module_name
-    setattr(_module(module_name), cls.__name__, cls)
-    return cls
-
-
-# Stand-ins under DeepSpeed's real module names, so the pickles name the same globals.
-class LossScaler:
-    def __init__(self, scale):
-        self.cur_scale = scale
-        self.dynamic = False
-
-
-class ZeroStageEnum(int, enum.Enum):
-    disabled = 0
-    optimizer_states = 1
-    gradients = 2
-    weights = 3
-
-
-@dataclasses.dataclass
-class fragment_address:  # noqa: N801 (DeepSpeed's spelling)
-    numel: int
-    start: int
-
-
-_define("deepspeed.runtime.fp16.loss_scaler", LossScaler)
-_define("deepspeed.runtime.zero.config", ZeroStageEnum)
-_define("deepspeed.utils.tensor_fragment", fragment_address)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixture_standins import LossScaler, ModelType, ZeroStageEnum, fragment_address  # noqa: E402,F401
 
 LAYER_PARAMS = [  # (suffix, shape expr, kind): kind col = dim 0, row = dim 1, rep = replicated
     ("input_layernorm.weight", ("h",), "rep"),
