@@ -164,10 +164,9 @@ class Emitter {
     Op(v.size() == 1 ? 0x85 : v.size() == 2 ? 0x86 : v.size() == 3 ? 0x87 : 't');
   }
 
-  // The argument tuple of _rebuild_tensor_v2(storage, offset, size, stride, requires_grad,
-  // OrderedDict()), or of v3 (UntypedStorage plus a dtype) for dtypes with no storage class (fp8).
-  Status RebuildArgs(const TensorRef& t, const StorageRef& s, bool requires_grad) {
-    Op('(');
+  // The persistent id ('storage', <storage class>, key, location, numel) and BINPERSID ('Q') that
+  // stand for a storage in the pickle; its bytes are the data/<key> record.
+  Status PersistentStorage(const StorageRef& s) {
     Op('(');
     Str("storage");
     UCP_RETURN_IF_ERROR(s.dtype ? GlobalOf(StorageClassForDType(*s.dtype))
@@ -177,6 +176,14 @@ class Emitter {
     Int(s.numel);
     Op('t');
     Op('Q');
+    return Status::Ok();
+  }
+
+  // The argument tuple of _rebuild_tensor_v2(storage, offset, size, stride, requires_grad,
+  // OrderedDict()), or of v3 (UntypedStorage plus a dtype) for dtypes with no storage class (fp8).
+  Status RebuildArgs(const TensorRef& t, const StorageRef& s, bool requires_grad) {
+    Op('(');
+    UCP_RETURN_IF_ERROR(PersistentStorage(s));
     Int(t.storage_offset);
     Ints(t.size);
     Ints(t.stride);
@@ -326,19 +333,8 @@ class Emitter {
       }
       case PyKind::kTensor:
         return Tensor(v, depth);
-      case PyKind::kStorage: {
-        const StorageRef& s = v.storage();
-        Op('(');
-        Str("storage");
-        UCP_RETURN_IF_ERROR(s.dtype ? GlobalOf(StorageClassForDType(*s.dtype))
-                                    : Global("torch", "UntypedStorage"));
-        Str(s.key);
-        Str(s.location.empty() ? "cpu" : s.location);
-        Int(s.numel);
-        Op('t');
-        Op('Q');
-        return Status::Ok();
-      }
+      case PyKind::kStorage:
+        return PersistentStorage(v.storage());
       case PyKind::kGlobal:
         return Global(v.global_module(), v.global_name());
       case PyKind::kObject: {
