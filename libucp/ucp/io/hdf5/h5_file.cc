@@ -907,6 +907,81 @@ Status H5File::WriteDataset(std::string_view name, const ConstTensorView& data,
   return Status::Ok();
 }
 
+Result<int64_t> H5File::CreateDirectDataset(std::string_view name, DType dtype,
+                                            const Shape& shape) {
+  UCP_RETURN_IF_ERROR(ValidateObjectName(name, "dataset"));
+  if (shape.size() > static_cast<size_t>(kMaxRank)) {
+    return InvalidArgumentError(impl_->Where(name) + " has rank " + std::to_string(shape.size()) +
+                                ", more than " + std::to_string(kMaxRank));
+  }
+  UCP_ASSIGN_OR_RETURN(int64_t n, NumElements(shape), impl_->Where(name));
+  Hdf5Lock lock;
+  if (!impl_->writable) {
+    return FailedPreconditionError("cannot write " + impl_->Where(name) + ": file is read-only");
+  }
+  if (LinkExists(impl_->file.get(), name)) {
+    return AlreadyExistsError(impl_->Where(name) + " already exists");
+  }
+  UCP_RETURN_IF_ERROR(impl_->EnsureParentGroups(name));
+  UCP_ASSIGN_OR_RETURN(Handle type, StorageType(dtype));
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  UCP_ASSIGN_OR_RETURN(
+      Handle space,
+      Wrap(shape.empty() ? H5Screate(H5S_SCALAR)
+                         : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+           H5Sclose, StatusCode::kInternal, "H5Screate"));
+  UCP_ASSIGN_OR_RETURN(Handle dcpl, Wrap(H5Pcreate(H5P_DATASET_CREATE), H5Pclose,
+                                         StatusCode::kInternal, "H5Pcreate"));
+  UCP_RETURN_IF_ERROR(Check(H5Pset_obj_track_times(dcpl.get(), false), StatusCode::kInternal,
+                            "H5Pset_obj_track_times"));
+  UCP_RETURN_IF_ERROR(
+      Check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), StatusCode::kInternal, "H5Pset_layout"));
+  // Early allocation gives the dataset its final place in the file now; no fill, since every
+  // byte is written afterwards.
+  UCP_RETURN_IF_ERROR(Check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY),
+                            StatusCode::kInternal, "H5Pset_alloc_time"));
+  UCP_RETURN_IF_ERROR(Check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER),
+                            StatusCode::kInternal, "H5Pset_fill_time"));
+  std::string n_str(name);
+  UCP_ASSIGN_OR_RETURN(Handle dset,
+                       Wrap(H5Dcreate2(impl_->file.get(), n_str.c_str(), type.get(), space.get(),
+                                       H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                            H5Dclose, StatusCode::kIoError, "cannot create " + impl_->Where(name)));
+  UCP_RETURN_IF_ERROR(WriteStringAttribute(name, kDTypeAttribute, DTypeName(dtype)));
+  if (n == 0) return int64_t{-1};
+  const haddr_t addr = H5Dget_offset(dset.get());
+  if (addr == HADDR_UNDEF) {
+    return H5Error(StatusCode::kIoError, "no storage was allocated for " + impl_->Where(name));
+  }
+  return static_cast<int64_t>(addr);
+}
+
+Result<int64_t> H5File::DirectOffset(std::string_view name) const {
+  Hdf5Lock lock;
+  UCP_ASSIGN_OR_RETURN(Handle dset, impl_->OpenDataset(name));
+  UCP_ASSIGN_OR_RETURN(DatasetMeta meta, impl_->Meta(dset.get(), name));
+  const int64_t n = NumElementsOrDie(meta.shape);
+  if (n == 0 || !meta.chunk_shape.empty()) return int64_t{-1};
+  UCP_ASSIGN_OR_RETURN(Handle dcpl, Wrap(H5Dget_create_plist(dset.get()), H5Pclose,
+                                         StatusCode::kDataLoss, "H5Dget_create_plist"));
+  if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS || H5Pget_nfilters(dcpl.get()) != 0 ||
+      H5Pget_external_count(dcpl.get()) != 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return int64_t{-1};
+  }
+  const haddr_t addr = H5Dget_offset(dset.get());
+  if (addr == HADDR_UNDEF) {
+    H5Eclear2(H5E_DEFAULT);
+    return int64_t{-1};
+  }
+  const hsize_t stored = H5Dget_storage_size(dset.get());
+  if (stored != static_cast<hsize_t>(n * DTypeSizeBytes(meta.dtype))) {
+    return DataLossError(impl_->Where(name) + " stores " + std::to_string(stored) + " bytes for " +
+                         std::to_string(n) + " elements of " + std::string(DTypeName(meta.dtype)));
+  }
+  return static_cast<int64_t>(addr);
+}
+
 Result<DatasetMeta> H5File::DatasetInfo(std::string_view name) const {
   Hdf5Lock lock;
   UCP_ASSIGN_OR_RETURN(Handle dset, impl_->OpenDataset(name));

@@ -68,6 +68,20 @@ class H5File {
   Status WriteDataset(std::string_view name, const ConstTensorView& data,
                       const DatasetOptions& options = {});
 
+  /// Creates dataset `name` (as WriteDataset, uncompressed and contiguous) with its storage
+  /// allocated now and never filled, for its bytes to be written later straight into the file
+  /// (io/raw_file.h) once this H5File is closed. Returns the byte offset of the dataset's first
+  /// element in the file, or -1 for an empty dataset (nothing to write).
+  /// Errors: kInvalidArgument (bad name or rank), kAlreadyExists, kIoError.
+  Result<int64_t> CreateDirectDataset(std::string_view name, DType dtype, const Shape& shape);
+
+  /// Where a dataset's bytes are when they can be read straight from the file: the byte offset
+  /// of a contiguous, unfiltered dataset whose storage is allocated and holds exactly
+  /// elements * dtype size bytes; -1 for any other (chunked or compressed, external, empty or
+  /// not yet allocated), which ReadFlatRange reads instead.
+  /// Errors: as DatasetInfo.
+  Result<int64_t> DirectOffset(std::string_view name) const;
+
   /// The dtype, shape and storage of dataset `name`.
   /// Errors: kNotFound (no such dataset), kDataLoss (dtype attribute inconsistent with the stored
   /// type, unreadable metadata), kUnimplemented (a type ucp cannot map, e.g. uint16 without a

@@ -5,15 +5,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <thread>
+#include <tuple>
 
 #include "tests/testutil/gen.h"
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
 #include "ucp/io/hdf5/byte_shuffle.h"
+#include "ucp/io/raw_file.h"
 
 namespace ucp::io {
 namespace {
@@ -238,6 +241,71 @@ TEST(ByteShuffle, TransposesBytesAndInverts) {
   for (size_t i = 0; i < in.size(); ++i) EXPECT_EQ(static_cast<int>(sh[i]), want[i]) << i;
   ByteUnshuffle(sh, back, 4);
   EXPECT_EQ(back, in);
+}
+
+// Direct datasets: HDF5 writes the metadata and reserves the bytes; the contents are written
+// later with pwrite at the reported offset, and HDF5 (and DirectOffset) read them back.
+TEST(H5File, DirectDatasetsWrittenThroughRawFileReadBackBitwise) {
+  TempDir dir;
+  Gen gen(3);
+  const fs::path path = dir / "direct.h5";
+  std::vector<std::tuple<std::string, Tensor, int64_t>> written;
+  {
+    UCP_ASSERT_OK_AND_ASSIGN(H5File f, H5File::Create(path));
+    for (DType d : kAllDTypes) {
+      for (size_t s = 0; s < kShapes.size(); ++s) {
+        std::string name = "d/" + std::string(DTypeName(d)) + "_" + std::to_string(s);
+        Tensor t = gen.RandomTensor(d, kShapes[s]);
+        UCP_ASSERT_OK_AND_ASSIGN(int64_t offset, f.CreateDirectDataset(name, d, kShapes[s]));
+        EXPECT_EQ(offset < 0, t.num_elements() == 0) << name;
+        written.emplace_back(name, std::move(t), offset);
+      }
+    }
+    UCP_ASSERT_OK(f.Close());
+  }
+  {
+    UCP_ASSERT_OK_AND_ASSIGN(RawFile raw, RawFile::OpenForWrite(path));
+    for (const auto& [name, t, offset] : written) {
+      if (offset >= 0) {
+        EXPECT_GE(raw.size_bytes(), offset + t.num_bytes()) << name;
+        UCP_ASSERT_OK(raw.WriteAt(offset, t.view().bytes));
+      }
+    }
+    UCP_ASSERT_OK(raw.Close());
+  }
+  UCP_ASSERT_OK_AND_ASSIGN(H5File r, H5File::Open(path));
+  for (const auto& [name, t, offset] : written) {
+    SCOPED_TRACE(name);
+    UCP_ASSERT_OK_AND_ASSIGN(Tensor back, r.ReadDataset(name));
+    EXPECT_TRUE(BitwiseEqual(back.view(), t.view()));
+    UCP_ASSERT_OK_AND_ASSIGN(int64_t found, r.DirectOffset(name));
+    EXPECT_EQ(found, offset);
+  }
+}
+
+TEST(H5File, DirectOffsetIsMinusOneForCompressedDatasets) {
+  TempDir dir;
+  Gen gen(4);
+  const fs::path path = dir / "c.h5";
+  Tensor t = gen.RandomTensor(DType::kFp32, {100, 10});
+  {
+    UCP_ASSERT_OK_AND_ASSIGN(H5File f, H5File::Create(path));
+    UCP_ASSERT_OK(f.WriteDataset("z", t.view(), {.compression_level = 3, .chunk_bytes = 4096}));
+    UCP_ASSERT_OK(f.WriteDataset("plain", t.view()));
+    UCP_ASSERT_OK(f.Close());
+  }
+  UCP_ASSERT_OK_AND_ASSIGN(H5File r, H5File::Open(path));
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t z, r.DirectOffset("z"));
+  EXPECT_EQ(z, -1);
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t plain, r.DirectOffset("plain"));
+  ASSERT_GE(plain, 0);
+  UCP_ASSERT_OK_AND_ASSIGN(RawFile raw, RawFile::OpenForRead(path));
+  std::vector<std::byte> back(t.num_bytes());
+  UCP_ASSERT_OK(raw.ReadAt(plain, back));
+  EXPECT_EQ(std::memcmp(back.data(), t.data(), back.size()), 0);
+  EXPECT_THAT(raw.ReadAt(raw.size_bytes() - 4, std::span<std::byte>(back.data(), 8)),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("truncated")));
+  EXPECT_THAT(r.DirectOffset("nope"), StatusIs(StatusCode::kNotFound, HasSubstr("nope")));
 }
 
 }  // namespace

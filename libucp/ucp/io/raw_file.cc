@@ -1,0 +1,154 @@
+// RawFile over open(2), pread(2), pwrite(2), fsync(2).
+#include "ucp/io/raw_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <utility>
+
+namespace ucp::io {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string RangeText(int64_t offset, size_t n) {
+  return "bytes [" + std::to_string(offset) + ", " +
+         std::to_string(offset + static_cast<int64_t>(n)) + ")";
+}
+
+Result<RawFile> OpenWith(const fs::path& path, int flags, const char* what,
+                         RawFile (*make)(int, fs::path, int64_t)) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) return NotFoundError("file " + path.string() + " does not exist");
+    return ErrnoError(std::string("open ") + what + " " + path.string(), e);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return ErrnoError("fstat " + path.string(), e);
+  }
+  return make(fd, path, static_cast<int64_t>(st.st_size));
+}
+
+}  // namespace
+
+Result<RawFile> RawFile::OpenForRead(const fs::path& path) {
+  return OpenWith(path, O_RDONLY, "for reading",
+                  [](int fd, fs::path p, int64_t n) { return RawFile(fd, std::move(p), n); });
+}
+
+Result<RawFile> RawFile::OpenForWrite(const fs::path& path) {
+  return OpenWith(path, O_WRONLY, "for writing",
+                  [](int fd, fs::path p, int64_t n) { return RawFile(fd, std::move(p), n); });
+}
+
+RawFile::RawFile(RawFile&& o) noexcept
+    : fd_(o.fd_), path_(std::move(o.path_)), size_bytes_(o.size_bytes_) {
+  o.fd_ = -1;
+}
+
+RawFile& RawFile::operator=(RawFile&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    size_bytes_ = o.size_bytes_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+RawFile::~RawFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status RawFile::ReadAt(int64_t offset, std::span<std::byte> out) const {
+  if (fd_ < 0) return FailedPreconditionError("file " + path_.string() + " is closed");
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done,
+                              static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("read " + RangeText(offset, out.size()) + " of " + path_.string(), errno);
+    }
+    if (n == 0) {
+      return DataLossError("file " + path_.string() + " ends at byte " +
+                           std::to_string(offset + static_cast<int64_t>(done)) + " inside " +
+                           RangeText(offset, out.size()) + ": truncated");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status RawFile::WriteAt(int64_t offset, std::span<const std::byte> data) {
+  if (fd_ < 0) return FailedPreconditionError("file " + path_.string() + " is closed");
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::pwrite(fd_, data.data() + done, data.size() - done,
+                               static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write " + RangeText(offset, data.size()) + " of " + path_.string(), errno);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status RawFile::Sync() {
+  if (fd_ < 0) return FailedPreconditionError("file " + path_.string() + " is closed");
+  if (::fsync(fd_) != 0) return ErrnoError("fsync " + path_.string(), errno);
+  return Status::Ok();
+}
+
+Status RawFile::StartWriteback() {
+  if (fd_ < 0) return FailedPreconditionError("file " + path_.string() + " is closed");
+  if (::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE) != 0) {
+    return ErrnoError("sync_file_range " + path_.string(), errno);
+  }
+  return Status::Ok();
+}
+
+Status RawFile::Close() {
+  if (fd_ < 0) return FailedPreconditionError("file " + path_.string() + " is already closed");
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) return ErrnoError("close " + path_.string(), errno);
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<const RawFile>> RawFileCache::Get(const fs::path& path) {
+  const std::string key = path.string();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->second;
+    }
+  }
+  // Opened outside the lock; two threads racing for the same file both open it, one is kept.
+  Result<RawFile> opened = RawFile::OpenForRead(path);
+  if (!opened.ok()) return opened.status();
+  auto file = std::make_shared<const RawFile>(std::move(*opened));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  if (it != index_.end()) return it->second->second;
+  lru_.emplace_front(key, file);
+  index_[key] = lru_.begin();
+  while (lru_.size() > capacity_) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+  return file;
+}
+
+}  // namespace ucp::io

@@ -1,0 +1,84 @@
+// RawFile: positional reads and writes (pread / pwrite) on one open file. This is the data path
+// of ucp's HDF5 formats: a file's metadata (groups, datasets, attributes) is written and parsed
+// through io/hdf5, which also reports where each contiguous dataset's bytes start; the bytes
+// themselves then move straight between the file and the caller's buffer, from many threads at
+// once, with no HDF5 call, no global lock and no intermediate copy (docs/adr/0004).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+
+#include "ucp/base/result.h"
+#include "ucp/base/status.h"
+
+namespace ucp::io {
+
+class RawFile {
+ public:
+  /// Opens an existing file for reading.
+  /// Errors: kNotFound (no such file), kIoError.
+  static Result<RawFile> OpenForRead(const std::filesystem::path& path);
+  /// Opens an existing file for writing in place (it is neither created nor truncated).
+  /// Errors: kNotFound, kIoError.
+  static Result<RawFile> OpenForWrite(const std::filesystem::path& path);
+
+  RawFile(RawFile&& o) noexcept;
+  RawFile& operator=(RawFile&& o) noexcept;
+  RawFile(const RawFile&) = delete;
+  RawFile& operator=(const RawFile&) = delete;
+  ~RawFile();
+
+  const std::filesystem::path& path() const { return path_; }
+  /// The file's size when it was opened, in bytes.
+  int64_t size_bytes() const { return size_bytes_; }
+
+  /// Reads exactly out.size() bytes at `offset`. Thread-safe.
+  /// Errors: kDataLoss when the range reaches past the end of the file (a truncated file),
+  /// naming the file and the byte range; kIoError.
+  Status ReadAt(int64_t offset, std::span<std::byte> out) const;
+  /// Writes all of `data` at `offset`. Thread-safe for disjoint ranges.
+  /// Errors: kIoError naming the file and the byte range.
+  Status WriteAt(int64_t offset, std::span<const std::byte> data);
+  /// fsync. Errors: kIoError.
+  Status Sync();
+  /// Starts writing the file's dirty pages to disk without waiting (sync_file_range), so that a
+  /// later fsync of many finished files finds little left to do. Errors: kIoError.
+  Status StartWriteback();
+  /// Closes now, reporting what close(2) reports. Later calls fail.
+  /// Errors: kIoError, kFailedPrecondition (already closed).
+  Status Close();
+
+ private:
+  RawFile(int fd, std::filesystem::path path, int64_t size_bytes)
+      : fd_(fd), path_(std::move(path)), size_bytes_(size_bytes) {}
+  int fd_ = -1;
+  std::filesystem::path path_;
+  int64_t size_bytes_ = 0;
+};
+
+/// Files open for reading, shared by the threads of a reader, at most `capacity` at once (the
+/// least recently used is closed first; a reader still holding it keeps it open until done).
+/// Keeps per-read opens out of hot loops without running into the descriptor limit on
+/// checkpoints of thousands of files. Thread-safe.
+class RawFileCache {
+ public:
+  explicit RawFileCache(size_t capacity = 256) : capacity_(capacity) {}
+  /// Errors: as RawFile::OpenForRead.
+  Result<std::shared_ptr<const RawFile>> Get(const std::filesystem::path& path);
+
+ private:
+  using Entry = std::pair<std::string, std::shared_ptr<const RawFile>>;
+  size_t capacity_;
+  std::mutex mu_;
+  std::list<Entry> lru_;  // most recent first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+};
+
+}  // namespace ucp::io
