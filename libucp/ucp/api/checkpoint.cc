@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -216,61 +217,72 @@ class GeneratedSource final : public CheckpointSource {
   uint64_t seed_;
 };
 
+// The per-rank tensors of a plan's targets, as DistWriter declarations (plan order).
+std::vector<dist::DistTensorDecl> Declarations(const convert::Plan& plan) {
+  std::vector<dist::DistTensorDecl> out;
+  out.reserve(plan.targets.size());
+  for (const TensorInfo& t : plan.targets) out.push_back({t.rank, t.name, t.dtype, t.shape});
+  return out;
+}
+
 class DistSink final : public exec::TensorSink {
  public:
   explicit DistSink(dist::DistWriter& w) : w_(w) {}
-  Status Write(const TensorInfo& t, Tensor data) override {
-    return w_.WriteTensor(t.rank, t.name, data.view());
+  Status WriteRange(const TensorInfo& t, int64_t begin, int64_t,
+                    std::span<const std::byte> data) override {
+    return w_.WriteRange(t.rank, t.name, begin, data);
   }
 
  private:
   dist::DistWriter& w_;
 };
 
-// Collects the states of each parameter and writes its file once all have arrived, so at most
-// the parameters in flight are buffered.
+// Streams each target state into its parameter's file; a parameter's file is begun (with all
+// the states the plan writes for it, in plan order) when the first of them starts.
 class UniversalSink final : public exec::TensorSink {
  public:
   UniversalSink(io::UniversalWriter& w, const convert::Plan& plan,
                 const patterns::ResolvedModel& model)
       : w_(w) {
-    for (const TensorInfo& t : plan.targets) expected_[t.param]++;
-    for (const auto& p : model.params) params_[p.name] = &p;
+    for (const auto& p : model.params) params_[p.name].param = &p;
+    for (const TensorInfo& t : plan.targets) params_[t.param].states.push_back({t.state, t.dtype});
   }
-  Status Write(const TensorInfo& t, Tensor data) override {
-    std::vector<std::pair<std::string, Tensor>> ready;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto& pending = pending_[t.param];
-      pending.emplace_back(t.state, std::move(data));
-      if (static_cast<int>(pending.size()) < expected_[t.param]) return Status::Ok();
-      ready = std::move(pending);
-      pending_.erase(t.param);
-    }
-    std::sort(ready.begin(), ready.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
+  Status Begin(const TensorInfo& t) override {
     auto it = params_.find(t.param);
-    if (it == params_.end()) return InternalError("plan target of unknown parameter " + t.param);
-    io::UniversalParamInfo info;
-    info.name = t.param;
-    info.shape = it->second->shape;
-    info.dtype = it->second->dtype;
-    std::vector<io::NamedState> states;
-    for (auto& [name, tensor] : ready) states.emplace_back(name, tensor.view());
-    return w_.WriteParameter(info, states);
+    if (it == params_.end() || it->second.param == nullptr) {
+      return InternalError("plan target of unknown parameter " + t.param);
+    }
+    Entry& e = it->second;
+    std::call_once(e.once, [&] {
+      io::UniversalParamInfo info;
+      info.name = t.param;
+      info.shape = e.param->shape;
+      info.dtype = e.param->dtype;
+      e.begin_status = w_.BeginParameter(info, e.states);
+    });
+    return e.begin_status;
+  }
+  Status WriteRange(const TensorInfo& t, int64_t begin, int64_t,
+                    std::span<const std::byte> data) override {
+    return w_.WriteStateRange(t.param, t.state, begin, data);
   }
 
  private:
+  struct Entry {
+    const patterns::ResolvedParam* param = nullptr;
+    std::vector<io::StateDecl> states;
+    std::once_flag once;
+    Status begin_status;
+  };
   io::UniversalWriter& w_;
-  std::mutex mu_;
-  std::map<std::string, int> expected_;
-  std::map<std::string, const patterns::ResolvedParam*> params_;
-  std::map<std::string, std::vector<std::pair<std::string, Tensor>>> pending_;
+  std::map<std::string, Entry> params_;
 };
 
 class DiscardSink final : public exec::TensorSink {
  public:
-  Status Write(const TensorInfo&, Tensor) override { return Status::Ok(); }
+  Status WriteRange(const TensorInfo&, int64_t, int64_t, std::span<const std::byte>) override {
+    return Status::Ok();
+  }
 };
 
 exec::ExecOptions ExecOpts(const RunOptions& o) {
@@ -390,7 +402,7 @@ Result<exec::ExecStats> ToLayout(const CheckpointSource& src, const layout::Layo
                        "--layout " + layout::ToString(to));
   if (options.verify_source_checksums) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
   UCP_ASSIGN_OR_RETURN(dist::DistWriter writer,
-                       dist::DistWriter::Create(dst, layout::WorldSize(to)));
+                       dist::DistWriter::Create(dst, layout::WorldSize(to), Declarations(plan)));
   DistSink sink(writer);
   UCP_ASSIGN_OR_RETURN(exec::ExecStats stats,
                        exec::ExecutePlan(plan, src, sink, ExecOpts(options)));
@@ -479,11 +491,13 @@ std::string ValueText(DType dtype, const std::byte* p) {
   return os.str();
 }
 
-// "" when equal, else the first difference.
-std::string CompareTensors(const TensorInfo& t, const Tensor& a, const Tensor& b, double atol) {
+// "" when the elements of `a` and `b` (elements [first, first + n) of tensor t) are equal,
+// else the first difference.
+std::string CompareRange(const TensorInfo& t, int64_t first, std::span<const std::byte> a,
+                         std::span<const std::byte> b, double atol) {
   const int64_t size = DTypeSizeBytes(t.dtype);
-  const int64_t n = a.num_elements();
-  if (std::memcmp(a.data(), b.data(), a.num_bytes()) == 0) return "";
+  const int64_t n = static_cast<int64_t>(a.size()) / size;
+  if (std::memcmp(a.data(), b.data(), a.size()) == 0) return "";
   for (int64_t i = 0; i < n; ++i) {
     const std::byte* pa = a.data() + i * size;
     const std::byte* pb = b.data() + i * size;
@@ -496,8 +510,9 @@ std::string CompareTensors(const TensorInfo& t, const Tensor& a, const Tensor& b
                          std::as_writable_bytes(std::span<double>(&y, 1)), 1);
       if (std::fabs(x - y) <= atol) continue;
     }
-    return "parameter \"" + t.param + "\" state \"" + t.state + "\": element " + std::to_string(i) +
-           ": " + ValueText(t.dtype, pa) + " vs " + ValueText(t.dtype, pb);
+    return "parameter \"" + t.param + "\" state \"" + t.state + "\": element " +
+           std::to_string(first + i) + ": " + ValueText(t.dtype, pa) + " vs " +
+           ValueText(t.dtype, pb);
   }
   return "";
 }
@@ -548,23 +563,28 @@ Result<DiffResult> Diff(const CheckpointSource& a, const CheckpointSource& b, do
         "parameter \"" + u.param + "\" state \"" + u.state + "\" only in the second checkpoint";
     return result;
   }
+  // Each pair of tensors is built and compared window by window: memory stays a few windows
+  // per thread whatever the tensors' sizes.
+  const exec::PlanIndex ia(pa), ib(pb);
+  const int64_t window_bytes =
+      std::clamp<int64_t>(options.memory_limit_bytes / 8, int64_t{64} << 10, int64_t{16} << 20);
   std::vector<std::string> diffs(pa.targets.size());
   std::vector<Status> errors(pa.targets.size());
   std::atomic<int64_t> done{0};
   tbb::parallel_for(
       size_t{0}, pa.targets.size(),
       [&](size_t i) {
-        Result<Tensor> x = exec::MaterializeTarget(pa, static_cast<int32_t>(i), a);
-        if (!x.ok()) {
-          errors[i] = x.status();
-          return;
-        }
-        Result<Tensor> y = exec::MaterializeTarget(pb, pair[i], b);
-        if (!y.ok()) {
-          errors[i] = y.status();
-          return;
-        }
-        diffs[i] = CompareTensors(pa.targets[i], *x, *y, atol);
+        const TensorInfo& t = pa.targets[i];
+        std::vector<std::byte> other;
+        errors[i] = exec::StreamTarget(
+            ia, static_cast<int32_t>(i), a, window_bytes,
+            [&](int64_t begin, int64_t end, std::span<const std::byte> x) -> Status {
+              if (!diffs[i].empty()) return Status::Ok();
+              other.resize(x.size());
+              UCP_RETURN_IF_ERROR(exec::BuildTargetRange(ib, pair[i], b, begin, end, other));
+              diffs[i] = CompareRange(t, begin, x, other, atol);
+              return Status::Ok();
+            });
         const int64_t d = ++done;
         if (options.progress) options.progress(d, static_cast<int64_t>(pa.targets.size()));
       },

@@ -66,8 +66,11 @@ Result<RankSaver> RankSaver::Create(const fs::path& dst, const CheckpointMeta& m
   impl->meta = meta;
   UCP_ASSIGN_OR_RETURN(impl->all,
                        convert::DescribeLayout(meta.model, meta.layout, meta.plan_options()));
-  UCP_ASSIGN_OR_RETURN(dist::DistWriter w,
-                       dist::DistWriter::Create(dst, layout::WorldSize(meta.layout)));
+  std::vector<dist::DistTensorDecl> decls;
+  for (const TensorInfo& t : impl->all) decls.push_back({t.rank, t.name, t.dtype, t.shape});
+  UCP_ASSIGN_OR_RETURN(
+      dist::DistWriter w,
+      dist::DistWriter::Create(dst, layout::WorldSize(meta.layout), std::move(decls)));
   impl->writer = std::make_unique<dist::DistWriter>(std::move(w));
   return RankSaver(std::move(impl));
 }
@@ -120,10 +123,12 @@ namespace {
 class ViewSink final : public exec::TensorSink {
  public:
   explicit ViewSink(std::map<std::string, TensorView> views) : views_(std::move(views)) {}
-  Status Write(const TensorInfo& t, Tensor data) override {
+  Status WriteRange(const TensorInfo& t, int64_t begin, int64_t,
+                    std::span<const std::byte> data) override {
     auto it = views_.find(t.name);
     if (it == views_.end()) return InternalError("unrequested target " + t.name);
-    std::memcpy(it->second.bytes.data(), data.data(), data.num_bytes());
+    std::memcpy(it->second.bytes.data() + begin * DTypeSizeBytes(t.dtype), data.data(),
+                data.size());
     return Status::Ok();
   }
 

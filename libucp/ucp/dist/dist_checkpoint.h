@@ -1,7 +1,9 @@
 // The distributed (per-rank) checkpoint: a folder with ucp_layout.json and one HDF5 file per
 // rank holding the datasets the plan names for that rank (convert/plan.h). The writer builds it
 // under a `.tmp-` sibling and renames it into place on Commit; the reader validates the
-// manifest, finds every rank file and verifies checksums on full reads.
+// manifest, finds every rank file and verifies checksums on full reads. Each rank file is
+// created with all its datasets at once (in declaration order, so equal input gives equal
+// bytes) and the contents stream in with pwrite at the datasets' offsets; reads are preads.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ucp/base/result.h"
 #include "ucp/dist/dist_manifest.h"
@@ -17,26 +20,46 @@
 
 namespace ucp::dist {
 
+/// A tensor the writer will receive: its rank file, dataset name, dtype and shape.
+struct DistTensorDecl {
+  int64_t rank = 0;
+  std::string name;
+  DType dtype = DType::kFp32;
+  Shape shape;
+};
+
 class DistWriter {
  public:
-  /// Starts a checkpoint at `dst` (must not exist) for `world_size` ranks; parents are created.
-  /// Errors: kAlreadyExists (dst exists), kInvalidArgument (world_size < 1), kIoError.
-  static Result<DistWriter> Create(const std::filesystem::path& dst, int64_t world_size);
+  /// Starts a checkpoint at `dst` (must not exist; parents are created) for `world_size` ranks
+  /// holding exactly `tensors`. A rank's file is created, with all its datasets in the order
+  /// given, at its first write (or at Commit).
+  /// Errors: kAlreadyExists (dst exists), kInvalidArgument (world_size < 1, a rank outside it, a
+  /// name declared twice on a rank), kIoError.
+  static Result<DistWriter> Create(const std::filesystem::path& dst, int64_t world_size,
+                                   std::vector<DistTensorDecl> tensors);
 
   DistWriter(DistWriter&&) noexcept;
   DistWriter& operator=(DistWriter&&) noexcept;
   /// Without a successful Commit, removes the temporary folder: nothing appears at dst.
   ~DistWriter();
 
-  /// Writes dataset `name` into rank `rank`'s file and records its checksum. Thread-safe.
-  /// Errors: kOutOfRange (rank), kAlreadyExists (name written before on that rank),
-  /// kInvalidArgument (view size), kFailedPrecondition (after Commit), kIoError.
+  /// Writes elements [begin_elem, begin_elem + n) of a declared tensor (n from data's size).
+  /// The ranges of one tensor arrive in order, each where the last ended, from one thread at a
+  /// time (the checksum is computed as they come); a rank's file is fsynced and closed once all
+  /// its tensors are complete. Thread-safe across tensors.
+  /// Errors: kOutOfRange (rank), kNotFound (not declared), kInvalidArgument (out of order, past
+  /// the end), kAlreadyExists (already complete), kFailedPrecondition (after Commit), kIoError.
+  Status WriteRange(int64_t rank, std::string_view name, int64_t begin_elem,
+                    std::span<const std::byte> data);
+  /// A whole declared tensor from a view of the caller's memory (dtype and shape must match the
+  /// declaration).
+  /// Errors: as WriteRange, kInvalidArgument (view differs from the declaration).
   Status WriteTensor(int64_t rank, std::string_view name, const ConstTensorView& data);
 
-  /// Closes the rank files, writes ucp_layout.json from `header` (its `ranks` must be empty;
-  /// they are filled from what was written), fsyncs, renames to dst.
+  /// Checks that every declared tensor is complete, writes ucp_layout.json from `header` (its
+  /// `ranks` must be empty; they are filled from what was written), fsyncs, renames to dst.
   /// Errors: kInvalidArgument (header.ranks not empty), kAlreadyExists, kFailedPrecondition
-  /// (called twice), kIoError.
+  /// (called twice; a tensor incomplete, naming it), kIoError.
   Status Commit(const DistManifest& header);
 
   const std::filesystem::path& temp_dir() const;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
@@ -41,12 +42,24 @@ TEST(DistTest, RoundTripBitwise) {
   Tensor a = Iota(DType::kBf16, {2, 3});
   Tensor b = Iota(DType::kFp32, {5});
   {
-    UCP_ASSERT_OK_AND_ASSIGN(DistWriter w, DistWriter::Create(dst, 2));
+    UCP_ASSERT_OK_AND_ASSIGN(
+        DistWriter w, DistWriter::Create(dst, 2,
+                                         {{0, "pp0.tp0/model/w", DType::kBf16, {2, 3}},
+                                          {1, "pp0.tp1/model/w", DType::kBf16, {2, 3}},
+                                          {1, "pp0.tp1/zero/g0.f0/fp32", DType::kFp32, {5}}}));
     UCP_ASSERT_OK(w.WriteTensor(0, "pp0.tp0/model/w", a.view()));
     UCP_ASSERT_OK(w.WriteTensor(1, "pp0.tp1/model/w", a.view()));
-    UCP_ASSERT_OK(w.WriteTensor(1, "pp0.tp1/zero/g0.f0/fp32", b.view()));
+    // Streamed in two pieces.
+    UCP_ASSERT_OK(w.WriteRange(1, "pp0.tp1/zero/g0.f0/fp32", 0, b.view().bytes.first(8)));
+    EXPECT_THAT(w.WriteRange(1, "pp0.tp1/zero/g0.f0/fp32", 3, b.view().bytes.subspan(12)),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("2 were written so far")));
+    UCP_ASSERT_OK(w.WriteRange(1, "pp0.tp1/zero/g0.f0/fp32", 2, b.view().bytes.subspan(8)));
     EXPECT_THAT(w.WriteTensor(1, "pp0.tp1/model/w", a.view()),
-                StatusIs(StatusCode::kAlreadyExists, HasSubstr("written twice on rank 1")));
+                StatusIs(StatusCode::kAlreadyExists, HasSubstr("already complete")));
+    EXPECT_THAT(w.WriteTensor(1, "pp0.tp1/model/x", a.view()),
+                StatusIs(StatusCode::kNotFound, HasSubstr("not declared on rank 1")));
+    EXPECT_THAT(w.WriteTensor(0, "pp0.tp0/model/w", b.view()),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("was declared bf16[2, 3]")));
     EXPECT_FALSE(fs::exists(dst));
     UCP_ASSERT_OK(w.Commit(Header()));
   }
@@ -67,13 +80,18 @@ TEST(DistTest, UncommittedLeavesNothing) {
   ucp::testing::TempDir tmp;
   const fs::path dst = tmp / "ckpt";
   {
-    UCP_ASSERT_OK_AND_ASSIGN(DistWriter w, DistWriter::Create(dst, 1));
+    UCP_ASSERT_OK_AND_ASSIGN(
+        DistWriter w,
+        DistWriter::Create(dst, 1, {{0, "x", DType::kFp32, {3}}, {0, "y", DType::kFp32, {3}}}));
     Tensor a = Iota(DType::kFp32, {3});
     UCP_ASSERT_OK(w.WriteTensor(0, "x", a.view()));
+    EXPECT_THAT(w.Commit(Header()),
+                StatusIs(StatusCode::kFailedPrecondition,
+                         HasSubstr("tensor \"y\" of rank 0 is incomplete: 0 of 3 elements")));
   }
   EXPECT_TRUE(fs::is_empty(tmp.path()));
   fs::create_directory(dst);
-  EXPECT_THAT(DistWriter::Create(dst, 1).status(),
+  EXPECT_THAT(DistWriter::Create(dst, 1, {}).status(),
               StatusIs(StatusCode::kAlreadyExists, HasSubstr("refusing to overwrite")));
   EXPECT_THAT(DistReader::Open(dst).status(),
               StatusIs(StatusCode::kNotFound, HasSubstr("not a complete distributed checkpoint")));
@@ -84,7 +102,8 @@ TEST(DistTest, CorruptionDetected) {
   const fs::path dst = tmp / "ckpt";
   Tensor a = Iota(DType::kFp32, {1024});
   {
-    UCP_ASSERT_OK_AND_ASSIGN(DistWriter w, DistWriter::Create(dst, 2));
+    UCP_ASSERT_OK_AND_ASSIGN(DistWriter w,
+                             DistWriter::Create(dst, 2, {{0, "x", DType::kFp32, {1024}}}));
     UCP_ASSERT_OK(w.WriteTensor(0, "x", a.view()));
     UCP_ASSERT_OK(w.Commit(Header()));
   }
@@ -111,6 +130,32 @@ TEST(DistTest, CorruptionDetected) {
   fs::remove(dst / "rank_00001.h5");
   EXPECT_THAT(DistReader::Open(dst).status(),
               StatusIs(StatusCode::kDataLoss, HasSubstr("rank_00001.h5 is missing")));
+}
+
+// Equal input gives equal bytes, whatever order the tensors are written in.
+TEST(DistTest, DeterministicBytes) {
+  ucp::testing::TempDir tmp;
+  std::vector<DistTensorDecl> decls;
+  std::vector<Tensor> data;
+  for (int i = 0; i < 6; ++i) {
+    decls.push_back({i % 2, "t" + std::to_string(i), DType::kFp32, {7 + i, 3}});
+    data.push_back(Iota(DType::kFp32, {7 + i, 3}));
+  }
+  for (const char* name : {"a", "b"}) {
+    UCP_ASSERT_OK_AND_ASSIGN(DistWriter w, DistWriter::Create(tmp / name, 2, decls));
+    for (int k = 0; k < 6; ++k) {
+      const int i = std::string(name) == "a" ? k : 5 - k;
+      UCP_ASSERT_OK(w.WriteTensor(decls[i].rank, decls[i].name, data[i].view()));
+    }
+    UCP_ASSERT_OK(w.Commit(Header()));
+  }
+  for (const char* f : {"rank_00000.h5", "rank_00001.h5", "ucp_layout.json"}) {
+    std::ifstream x(tmp / "a" / f, std::ios::binary), y(tmp / "b" / f, std::ios::binary);
+    std::string xs((std::istreambuf_iterator<char>(x)), {}),
+        ys((std::istreambuf_iterator<char>(y)), {});
+    EXPECT_FALSE(xs.empty());
+    EXPECT_EQ(xs, ys) << f;
+  }
 }
 
 TEST(DistTest, StrictManifest) {

@@ -1,16 +1,19 @@
-// Executor: box gather / scatter over flat ranges, a byte budget, and oneTBB over targets.
+// Executor: ops clipped to windows of a target, gathers that read a row or a flat span at a
+// time, per-thread reusable buffers, a byte budget, and oneTBB over targets.
 #include "ucp/exec/executor.h"
 
 #include <sys/resource.h>
+#include <tbb/enumerable_thread_specific.h>
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <map>
 #include <mutex>
+#include <set>
 
 #include "ucp/base/status_macros.h"
 #include "ucp/tensor/cast.h"
@@ -24,6 +27,16 @@ using convert::StridedRef;
 using convert::TensorInfo;
 
 namespace {
+
+constexpr int64_t kMinWindowBytes = int64_t{64} << 10;
+constexpr int64_t kMaxWindowBytes = int64_t{32} << 20;
+// A gather reads a source span in one call when the box fills at least half of it and the span
+// fits this bound; otherwise row by row. Page-cache copies cost less than a syscall per short row.
+constexpr int64_t kSpanReadBytes = int64_t{4} << 20;
+// Rows at least this long are read on their own even inside a dense span.
+constexpr int64_t kLongRowBytes = int64_t{64} << 10;
+// Elements per block when a check or an average works through a box.
+constexpr int64_t kBlockElems = int64_t{1} << 18;
 
 // Counts the bytes alive in buffers and blocks a new buffer while the budget is spent. One
 // request larger than the budget runs when nothing else is in flight, so progress is assured.
@@ -53,26 +66,141 @@ class ByteBudget {
   std::condition_variable cv_;
 };
 
-int64_t Span(const StridedRef& ref, const std::vector<int64_t>& counts) {
+// Reusable memory of one worker thread, grown on demand: page faults and zeroing happen once per
+// thread, not once per tensor.
+struct Scratch {
+  HostBuffer window;  // the target window being built
+  HostBuffer read;    // raw source bytes
+  HostBuffer cast;    // cast or packed rows
+  HostBuffer accum;   // fp64 sums of an average
+  HostBuffer other;   // the second box of a check
+
+  static Result<std::span<std::byte>> Get(HostBuffer& b, int64_t bytes) {
+    if (b.num_bytes() < bytes) {
+      b = HostBuffer();  // free first, so the peak is not old + new
+      UCP_ASSIGN_OR_RETURN(b, HostBuffer::Allocate(bytes));
+    }
+    return std::span<std::byte>(b.data(), static_cast<size_t>(bytes));
+  }
+};
+
+// An op, or a part of one: a box of `counts` elements, where it goes and where it comes from.
+struct Box {
+  std::vector<int64_t> counts;
+  StridedRef dst;
+  std::vector<StridedRef> srcs;
+};
+
+int64_t SpanOf(const std::vector<int64_t>& counts, const std::vector<int64_t>& strides,
+               size_t from_dim = 0) {
   int64_t hi = 0;
-  for (size_t k = 0; k < counts.size(); ++k) hi += (counts[k] - 1) * ref.strides[k];
+  for (size_t k = from_dim; k < counts.size(); ++k) hi += (counts[k] - 1) * strides[k];
   return hi + 1;
 }
 
-// Calls fn(outer_index, src_elem_offset_delta) for each row of the box: rows are the last dim.
+int64_t Elements(const std::vector<int64_t>& counts) {
+  int64_t n = 1;
+  for (int64_t c : counts) n *= c;
+  return n;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+
+// The box without its first dimension, at index i of it.
+Box Row(const Box& b, int64_t i) {
+  Box r;
+  r.counts.assign(b.counts.begin() + 1, b.counts.end());
+  r.dst.tensor = b.dst.tensor;
+  r.dst.offset = b.dst.offset;
+  if (!b.dst.strides.empty()) {  // a check op has no destination
+    r.dst.offset += i * b.dst.strides[0];
+    r.dst.strides.assign(b.dst.strides.begin() + 1, b.dst.strides.end());
+  }
+  for (const StridedRef& s : b.srcs) {
+    StridedRef t;
+    t.tensor = s.tensor;
+    t.offset = s.offset + i * s.strides[0];
+    t.strides.assign(s.strides.begin() + 1, s.strides.end());
+    r.srcs.push_back(std::move(t));
+  }
+  return r;
+}
+
+// Indices [i0, i1) of the box's first dimension.
+Box Rows(const Box& b, int64_t i0, int64_t i1) {
+  Box r = b;
+  r.counts[0] = i1 - i0;
+  if (!b.dst.strides.empty()) r.dst.offset += i0 * b.dst.strides[0];
+  for (size_t k = 0; k < r.srcs.size(); ++k) r.srcs[k].offset += i0 * b.srcs[k].strides[0];
+  return r;
+}
+
+// Appends to `out` the parts of box `b` whose destination elements lie in [a, e): every element
+// of b in the window lands in exactly one part, and every part lies inside the window.
+void Clip(const Box& b, int64_t a, int64_t e, std::vector<Box>& out) {
+  const int64_t lo = b.dst.offset;
+  if (b.counts.empty()) {
+    if (lo >= a && lo < e) out.push_back(b);
+    return;
+  }
+  if (Elements(b.counts) == 0) return;
+  const int64_t hi = lo + SpanOf(b.counts, b.dst.strides);
+  if (hi <= a || lo >= e) return;
+  if (lo >= a && hi <= e) {
+    out.push_back(b);
+    return;
+  }
+  const int64_t c0 = b.counts[0];
+  const int64_t d0 = b.dst.strides[0];
+  if (b.counts.size() == 1) {
+    if (d0 <= 0) {  // every element at the same place: only a degenerate single element
+      if (c0 == 1 && lo >= a && lo < e) out.push_back(b);
+      return;
+    }
+    const int64_t i0 = CeilDiv(a - lo, d0);
+    const int64_t i1 = std::min(c0, CeilDiv(e - lo, d0));
+    if (i0 < i1) out.push_back(Rows(b, i0, i1));
+    return;
+  }
+  const int64_t rest = SpanOf(b.counts, b.dst.strides, 1);
+  if (d0 < rest) {
+    // Rows interleave in the destination (no plan makes these): clip each row on its own.
+    for (int64_t i = 0; i < c0; ++i) Clip(Row(b, i), a, e, out);
+    return;
+  }
+  // Rows are ordered and disjoint: whole rows inside the window form one run; at most the rows
+  // holding a and e - 1 are cut.
+  const int64_t first_full = std::min(c0, CeilDiv(a - lo, d0));
+  const int64_t last_full = e - lo - rest < 0 ? 0 : std::min(c0, (e - lo - rest) / d0 + 1);
+  if (first_full < last_full) out.push_back(Rows(b, first_full, last_full));
+  std::set<int64_t> cut;
+  if (a > lo) cut.insert(std::min(c0 - 1, (a - lo) / d0));
+  if (e - 1 >= lo) cut.insert(std::min(c0 - 1, (e - 1 - lo) / d0));
+  for (int64_t i : cut) {
+    if (i >= first_full && i < last_full) continue;
+    Clip(Row(b, i), a, e, out);
+  }
+}
+
+// Calls fn(row, src_offset, dst_offset) for every row (the last dimension) of a box with one
+// source, in row-major order.
 template <typename Fn>
-void ForEachRow(const std::vector<int64_t>& counts, const std::vector<int64_t>& strides, Fn fn) {
+void ForEachRow(const std::vector<int64_t>& counts, const StridedRef& src, const StridedRef& dst,
+                Fn fn) {
   const size_t nd = counts.size();
   if (nd <= 1) {
-    fn(int64_t{0}, int64_t{0});
+    fn(int64_t{0}, src.offset, dst.offset);
     return;
   }
   std::vector<int64_t> idx(nd - 1, 0);
   int64_t row = 0;
   while (true) {
-    int64_t off = 0;
-    for (size_t k = 0; k + 1 < nd; ++k) off += idx[k] * strides[k];
-    fn(row++, off);
+    int64_t so = src.offset, dof = dst.offset;
+    for (size_t k = 0; k + 1 < nd; ++k) {
+      so += idx[k] * src.strides[k];
+      dof += idx[k] * dst.strides[k];
+    }
+    fn(row++, so, dof);
     size_t k = nd - 1;
     while (k > 0) {
       --k;
@@ -92,77 +220,243 @@ Status CheckRef(const StridedRef& ref, const std::vector<int64_t>& counts, const
   for (int64_t s : ref.strides) {
     if (s < 0) return InvalidArgumentError(what + ": negative stride in \"" + t.name + "\"");
   }
+  for (int64_t c : counts) {
+    if (c < 0) return InvalidArgumentError(what + ": negative box extent");
+  }
   const int64_t n = NumElementsOrDie(t.shape);
-  if (ref.offset < 0 || ref.offset + Span(ref, counts) > n) {
+  if (Elements(counts) > 0 && (ref.offset < 0 || ref.offset + SpanOf(counts, ref.strides) > n)) {
     return InvalidArgumentError(what + ": box outside tensor \"" + t.name + "\" (" +
                                 std::to_string(n) + " elements)");
   }
   return Status::Ok();
 }
 
-// Reads the box `ref` x `counts` of source tensor `t` and returns it contiguous, cast to
-// `out_dtype`.
-Result<HostBuffer> Gather(const TensorInfo& t, const StridedRef& ref,
-                          const std::vector<int64_t>& counts, DType out_dtype,
-                          const TensorSource& source, std::atomic<int64_t>& bytes_read) {
-  const int64_t box = NumElementsOrDie(counts);
-  const int64_t span = Span(ref, counts);
-  const int64_t in_size = DTypeSizeBytes(t.dtype);
-  const int64_t out_size = DTypeSizeBytes(out_dtype);
-  UCP_ASSIGN_OR_RETURN(HostBuffer raw, HostBuffer::Allocate(span * in_size));
-  UCP_RETURN_IF_ERROR(source.ReadFlatRange(t, ref.offset, ref.offset + span, raw.bytes()),
-                      "while reading \"" + t.name + "\"");
-  bytes_read += span * in_size;
-  const int64_t row_len = counts.empty() ? 1 : counts.back();
-  const int64_t inner = counts.empty() ? 1 : ref.strides.back();
-  if (box == span && out_dtype == t.dtype) return raw;  // the box is the whole range
-  UCP_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(box * out_size));
-  Status status;
-  ForEachRow(counts, ref.strides, [&](int64_t row, int64_t off) {
-    if (!status.ok()) return;
-    std::byte* dst = out.data() + row * row_len * out_size;
-    if (inner == 1 || row_len == 1) {
-      status = CastElements(t.dtype, raw.bytes().subspan(off * in_size, row_len * in_size),
-                            out_dtype, {dst, static_cast<size_t>(row_len * out_size)}, row_len);
-      return;
-    }
-    for (int64_t i = 0; i < row_len && status.ok(); ++i) {
-      status = CastElements(t.dtype, raw.bytes().subspan((off + i * inner) * in_size, in_size),
-                            out_dtype, {dst + i * out_size, static_cast<size_t>(out_size)}, 1);
-    }
-  });
-  UCP_RETURN_IF_ERROR(status, "while casting \"" + t.name + "\"");
-  return out;
-}
-
-// Writes the contiguous `box` bytes (in the target's dtype) into the box `ref` of `dst`.
-void Scatter(const StridedRef& ref, const std::vector<int64_t>& counts,
-             std::span<const std::byte> box, Tensor& dst) {
-  const int64_t size = DTypeSizeBytes(dst.dtype());
-  const int64_t row_len = counts.empty() ? 1 : counts.back();
-  const int64_t inner = counts.empty() ? 1 : ref.strides.back();
-  ForEachRow(counts, ref.strides, [&](int64_t row, int64_t off) {
-    const std::byte* src = box.data() + row * row_len * size;
-    std::byte* base = dst.data() + (ref.offset + off) * size;
-    if (inner == 1) {
-      std::memcpy(base, src, row_len * size);
-    } else {
-      for (int64_t i = 0; i < row_len; ++i)
-        std::memcpy(base + i * inner * size, src + i * size, size);
-    }
-  });
-}
-
 std::string OpWhat(const Op& op) {
   return "parameter \"" + op.param + "\" state \"" + op.state + "\"";
 }
 
-Status ApplyOp(const Plan& plan, const Op& op, Tensor& dst, const TensorSource& source,
-               std::atomic<int64_t>& bytes_read) {
-  const TensorInfo& dinfo = plan.targets[op.dst.tensor];
-  const int64_t box = NumElementsOrDie(op.counts);
-  if (box == 0) return Status::Ok();
-  UCP_RETURN_IF_ERROR(CheckRef(op.dst, op.counts, dinfo, OpWhat(op)));
+// Where a gathered box goes: `bytes` seen as a tensor of `dtype` whose element 0 is at
+// destination offset `base` (so a box element at destination offset o is at o - base).
+struct Dest {
+  std::span<std::byte> bytes;
+  DType dtype;
+  int64_t base = 0;
+};
+
+struct Reader {
+  const Plan& plan;
+  const TensorSource& source;
+  std::atomic<int64_t>& bytes_read;
+
+  Status Read(const TensorInfo& t, int64_t begin, int64_t end, std::span<std::byte> out) const {
+    UCP_RETURN_IF_ERROR(source.ReadFlatRange(t, begin, end, out),
+                        "while reading \"" + t.name + "\"");
+    bytes_read += static_cast<int64_t>(out.size());
+    return Status::Ok();
+  }
+
+  // Copies the box of source `s` (its srcs[k]) into `dest` at b.dst, casting to dest.dtype.
+  Status Gather(const Box& b, size_t k, Dest dest, Scratch& scratch) const {
+    const StridedRef& sref = b.srcs[k];
+    const TensorInfo& t = plan.sources[sref.tensor];
+    const int64_t in_size = DTypeSizeBytes(t.dtype);
+    const int64_t out_size = DTypeSizeBytes(dest.dtype);
+    const bool same = t.dtype == dest.dtype;
+    const int64_t box = Elements(b.counts);
+    if (box == 0) return Status::Ok();
+    const int64_t row_len = b.counts.empty() ? 1 : b.counts.back();
+    const int64_t s_inner = b.counts.empty() ? 1 : sref.strides.back();
+    const int64_t d_inner = b.counts.empty() ? 1 : b.dst.strides.back();
+    const bool s_rows = s_inner == 1 || row_len == 1;
+    const bool d_rows = d_inner == 1 || row_len == 1;
+    auto dst_at = [&](int64_t off) { return dest.bytes.data() + (off - dest.base) * out_size; };
+
+    // Puts `n` contiguous source elements (raw, in t.dtype) at a destination row.
+    auto put_row = [&](const std::byte* raw, int64_t n, int64_t dst_off) -> Status {
+      if (d_rows) {
+        std::span<std::byte> out(dst_at(dst_off), static_cast<size_t>(n * out_size));
+        if (same) {
+          std::memcpy(out.data(), raw, out.size());
+          return Status::Ok();
+        }
+        return CastElements(t.dtype, {raw, static_cast<size_t>(n * in_size)}, dest.dtype, out, n);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        std::span<std::byte> out(dst_at(dst_off + i * d_inner), static_cast<size_t>(out_size));
+        UCP_RETURN_IF_ERROR(CastElements(t.dtype, {raw + i * in_size, static_cast<size_t>(in_size)},
+                                         dest.dtype, out, 1));
+      }
+      return Status::Ok();
+    };
+
+    const int64_t span = SpanOf(b.counts, sref.strides);
+    if (span == box && s_rows) {
+      // One flat source range. When the destination is flat too and no cast is needed, read
+      // straight into it.
+      const int64_t dspan = SpanOf(b.counts, b.dst.strides);
+      bool dst_flat = dspan == box && d_rows;
+      for (size_t d = 0; dst_flat && d + 1 < b.counts.size(); ++d) {
+        dst_flat = b.dst.strides[d] == SpanOf(b.counts, b.dst.strides, d + 1) &&
+                   sref.strides[d] == SpanOf(b.counts, sref.strides, d + 1);
+      }
+      if (dst_flat && same) {
+        return Read(t, sref.offset, sref.offset + box,
+                    {dst_at(b.dst.offset), static_cast<size_t>(box * out_size)});
+      }
+      if (dst_flat) {
+        UCP_ASSIGN_OR_RETURN(std::span<std::byte> raw, Scratch::Get(scratch.read, box * in_size));
+        UCP_RETURN_IF_ERROR(Read(t, sref.offset, sref.offset + box, raw));
+        return CastElements(t.dtype, raw, dest.dtype,
+                            {dst_at(b.dst.offset), static_cast<size_t>(box * out_size)}, box);
+      }
+    }
+    if (!s_rows) {
+      // Strided rows in the source (no plan makes these): element by element.
+      UCP_ASSIGN_OR_RETURN(std::span<std::byte> one, Scratch::Get(scratch.read, in_size));
+      Status st;
+      ForEachRow(b.counts, sref, b.dst, [&](int64_t, int64_t so, int64_t dof) {
+        for (int64_t i = 0; i < row_len && st.ok(); ++i) {
+          st = Read(t, so + i * s_inner, so + i * s_inner + 1, one);
+          if (st.ok()) st = put_row(one.data(), 1, dof + i * d_inner);
+        }
+      });
+      return st;
+    }
+    const int64_t row_bytes = row_len * in_size;
+    const bool dense = span * in_size <= kSpanReadBytes && 2 * box >= span;
+    if (b.counts.size() >= 2 && dense && row_bytes < kLongRowBytes) {
+      // A short-rowed, dense box: its whole source span in one read, rows picked from it.
+      UCP_ASSIGN_OR_RETURN(std::span<std::byte> raw, Scratch::Get(scratch.read, span * in_size));
+      UCP_RETURN_IF_ERROR(Read(t, sref.offset, sref.offset + span, raw));
+      Status st;
+      ForEachRow(b.counts, sref, b.dst, [&](int64_t, int64_t so, int64_t dof) {
+        if (st.ok()) st = put_row(raw.data() + (so - sref.offset) * in_size, row_len, dof);
+      });
+      return st;
+    }
+    if (b.counts.size() >= 2 && span * in_size > kSpanReadBytes && row_bytes < kLongRowBytes &&
+        b.counts[0] > 1) {
+      // Too large a span for one read: work through it in blocks of the first dimension.
+      const int64_t per_row = std::max<int64_t>(1, sref.strides[0]) * in_size;
+      const int64_t rows = std::max<int64_t>(1, kSpanReadBytes / per_row);
+      if (rows < b.counts[0]) {
+        for (int64_t i = 0; i < b.counts[0]; i += rows) {
+          UCP_RETURN_IF_ERROR(
+              Gather(Rows(b, i, std::min(b.counts[0], i + rows)), k, dest, scratch));
+        }
+        return Status::Ok();
+      }
+    }
+    // Row by row: straight into the destination when it is a plain copy.
+    Status st;
+    ForEachRow(b.counts, sref, b.dst, [&](int64_t, int64_t so, int64_t dof) {
+      if (!st.ok()) return;
+      if (same && d_rows) {
+        st = Read(t, so, so + row_len, {dst_at(dof), static_cast<size_t>(row_bytes)});
+        return;
+      }
+      Result<std::span<std::byte>> raw = Scratch::Get(scratch.read, row_bytes);
+      if (!raw.ok()) {
+        st = raw.status();
+        return;
+      }
+      st = Read(t, so, so + row_len, *raw);
+      if (st.ok()) st = put_row(raw->data(), row_len, dof);
+    });
+    return st;
+  }
+};
+
+// The same box with its destination made packed and zero-based (for checks and averages).
+Box Packed(const Box& b) {
+  Box p = b;
+  p.dst.offset = 0;
+  p.dst.strides.assign(b.counts.size(), 1);
+  for (size_t d = b.counts.size(); d-- > 1;) {
+    p.dst.strides[d - 1] = p.dst.strides[d] * b.counts[d];
+  }
+  return p;
+}
+
+// Splits a box along its first dimension into parts of at most about kBlockElems elements.
+template <typename Fn>
+Status ForEachBlock(const Box& b, Fn fn) {
+  const int64_t n = Elements(b.counts);
+  if (n == 0) return Status::Ok();
+  if (b.counts.empty() || n <= kBlockElems || b.counts[0] == 1) return fn(b);
+  const int64_t per = std::max<int64_t>(1, n / b.counts[0]);
+  const int64_t rows = std::max<int64_t>(1, kBlockElems / per);
+  for (int64_t i = 0; i < b.counts[0]; i += rows) {
+    UCP_RETURN_IF_ERROR(fn(Rows(b, i, std::min(b.counts[0], i + rows))));
+  }
+  return Status::Ok();
+}
+
+Status ApplyPart(const Reader& r, const Op& op, const Box& part, Dest dest, Scratch& scratch) {
+  const int64_t out_size = DTypeSizeBytes(dest.dtype);
+  switch (op.kind) {
+    case OpKind::kFill: {
+      const int64_t row_len = part.counts.empty() ? 1 : part.counts.back();
+      const int64_t inner = part.counts.empty() ? 1 : part.dst.strides.back();
+      StridedRef none;
+      none.strides.assign(part.counts.size(), 0);
+      ForEachRow(part.counts, none, part.dst, [&](int64_t, int64_t, int64_t dof) {
+        std::byte* p = dest.bytes.data() + (dof - dest.base) * out_size;
+        if (inner == 1 || row_len == 1) {
+          std::memset(p, 0, static_cast<size_t>(row_len * out_size));
+        } else {
+          for (int64_t i = 0; i < row_len; ++i) std::memset(p + i * inner * out_size, 0, out_size);
+        }
+      });
+      return Status::Ok();
+    }
+    case OpKind::kCopy:
+      if (op.srcs.size() != 1) return InvalidArgumentError(OpWhat(op) + ": copy needs 1 source");
+      return r.Gather(part, 0, dest, scratch);
+    case OpKind::kAverage: {
+      if (!IsFloating(dest.dtype)) {
+        return UnimplementedError(OpWhat(op) + ": average of non-floating dtype " +
+                                  std::string(DTypeName(dest.dtype)));
+      }
+      if (op.srcs.empty()) return InvalidArgumentError(OpWhat(op) + ": average needs sources");
+      return ForEachBlock(part, [&](const Box& blk) -> Status {
+        const int64_t n = Elements(blk.counts);
+        const Box packed = Packed(blk);
+        UCP_ASSIGN_OR_RETURN(std::span<std::byte> acc, Scratch::Get(scratch.accum, n * 8));
+        UCP_ASSIGN_OR_RETURN(std::span<std::byte> one, Scratch::Get(scratch.cast, n * 8));
+        double* sum = reinterpret_cast<double*>(acc.data());
+        const double* v = reinterpret_cast<const double*>(one.data());
+        // Summed from +0.0 in source order, as the reference executor (convert/apply.h) does.
+        std::fill(sum, sum + n, 0.0);
+        for (size_t k = 0; k < packed.srcs.size(); ++k) {
+          UCP_RETURN_IF_ERROR(r.Gather(packed, k, {one, DType::kFp64, 0}, scratch));
+          for (int64_t i = 0; i < n; ++i) sum[i] += v[i];
+        }
+        const double count = static_cast<double>(packed.srcs.size());
+        for (int64_t i = 0; i < n; ++i) sum[i] /= count;
+        // Scatter the packed means to the destination, cast once.
+        StridedRef src_packed = packed.dst;
+        std::span<const std::byte> means(acc.data(), static_cast<size_t>(n * 8));
+        Status st;
+        const int64_t row_len = blk.counts.empty() ? 1 : blk.counts.back();
+        const int64_t inner = blk.counts.empty() ? 1 : blk.dst.strides.back();
+        ForEachRow(blk.counts, src_packed, blk.dst, [&](int64_t, int64_t so, int64_t dof) {
+          for (int64_t i = 0; i < row_len && st.ok(); ++i) {
+            std::span<std::byte> out(dest.bytes.data() + (dof + i * inner - dest.base) * out_size,
+                                     static_cast<size_t>(out_size));
+            st = CastElements(DType::kFp64, means.subspan((so + i) * 8, 8), dest.dtype, out, 1);
+          }
+        });
+        return st;
+      });
+    }
+    case OpKind::kCheckEqual:
+      return InternalError("check op given to ApplyPart");
+  }
+  return InternalError("unknown op kind");
+}
+
+Status ValidateOp(const Plan& plan, const Op& op) {
   for (const StridedRef& s : op.srcs) {
     if (s.tensor < 0 || s.tensor >= static_cast<int32_t>(plan.sources.size())) {
       return InvalidArgumentError(OpWhat(op) + ": source index " + std::to_string(s.tensor) +
@@ -170,126 +464,193 @@ Status ApplyOp(const Plan& plan, const Op& op, Tensor& dst, const TensorSource& 
     }
     UCP_RETURN_IF_ERROR(CheckRef(s, op.counts, plan.sources[s.tensor], OpWhat(op)));
   }
-  const int64_t size = DTypeSizeBytes(dinfo.dtype);
-  switch (op.kind) {
-    case OpKind::kFill: {
-      UCP_ASSIGN_OR_RETURN(HostBuffer zeros, HostBuffer::Allocate(box * size, true));
-      Scatter(op.dst, op.counts, zeros.bytes(), dst);
-      return Status::Ok();
-    }
-    case OpKind::kCopy: {
-      if (op.srcs.size() != 1) return InvalidArgumentError(OpWhat(op) + ": copy needs 1 source");
-      const StridedRef& s = op.srcs[0];
-      UCP_ASSIGN_OR_RETURN(HostBuffer data, Gather(plan.sources[s.tensor], s, op.counts,
-                                                   dinfo.dtype, source, bytes_read));
-      Scatter(op.dst, op.counts, data.bytes(), dst);
-      return Status::Ok();
-    }
-    case OpKind::kAverage: {
-      if (!IsFloating(dinfo.dtype)) {
-        return UnimplementedError(OpWhat(op) + ": average of non-floating dtype " +
-                                  std::string(DTypeName(dinfo.dtype)));
-      }
-      if (op.srcs.empty()) return InvalidArgumentError(OpWhat(op) + ": average needs sources");
-      std::vector<double> sum(box, 0.0);
-      for (const StridedRef& s : op.srcs) {
-        UCP_ASSIGN_OR_RETURN(HostBuffer data, Gather(plan.sources[s.tensor], s, op.counts,
-                                                     DType::kFp64, source, bytes_read));
-        auto v = data.as<double>();
-        for (int64_t i = 0; i < box; ++i) sum[i] += v[i];
-      }
-      const double n = static_cast<double>(op.srcs.size());
-      for (double& x : sum) x /= n;
-      UCP_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(box * size));
-      UCP_RETURN_IF_ERROR(CastElements(DType::kFp64, std::as_bytes(std::span<const double>(sum)),
-                                       dinfo.dtype, out.bytes(), box));
-      Scatter(op.dst, op.counts, out.bytes(), dst);
-      return Status::Ok();
-    }
-    case OpKind::kCheckEqual:
-      return InternalError("check op given to ApplyOp");
-  }
-  return InternalError("unknown op kind");
-}
-
-Status RunCheck(const Plan& plan, const Op& op, const TensorSource& source,
-                std::atomic<int64_t>& bytes_read) {
-  if (op.srcs.size() < 2 || NumElementsOrDie(op.counts) == 0) return Status::Ok();
-  for (const StridedRef& s : op.srcs) {
-    if (s.tensor < 0 || s.tensor >= static_cast<int32_t>(plan.sources.size())) {
-      return InvalidArgumentError(OpWhat(op) + ": source index outside the plan");
-    }
-    UCP_RETURN_IF_ERROR(CheckRef(s, op.counts, plan.sources[s.tensor], OpWhat(op)));
-  }
-  const TensorInfo& first = plan.sources[op.srcs[0].tensor];
-  UCP_ASSIGN_OR_RETURN(HostBuffer ref,
-                       Gather(first, op.srcs[0], op.counts, first.dtype, source, bytes_read));
-  const int64_t size = DTypeSizeBytes(first.dtype);
-  for (size_t i = 1; i < op.srcs.size(); ++i) {
-    const TensorInfo& t = plan.sources[op.srcs[i].tensor];
-    UCP_ASSIGN_OR_RETURN(HostBuffer other,
-                         Gather(t, op.srcs[i], op.counts, first.dtype, source, bytes_read));
-    if (std::memcmp(ref.data(), other.data(), ref.num_bytes()) != 0) {
-      int64_t e = 0;
-      while (std::memcmp(ref.data() + e * size, other.data() + e * size, size) == 0) ++e;
-      return DataLossError(OpWhat(op) + ": replicated copies differ at element " +
-                           std::to_string(e) + " of the box (\"" + first.name + "\" vs \"" +
-                           t.name + "\")");
-    }
+  if (op.kind != OpKind::kCheckEqual) {
+    UCP_RETURN_IF_ERROR(CheckRef(op.dst, op.counts, plan.targets[op.dst.tensor], OpWhat(op)));
   }
   return Status::Ok();
 }
 
-std::vector<std::vector<const Op*>> OpsByTarget(const Plan& plan, std::vector<const Op*>& checks) {
-  std::vector<std::vector<const Op*>> by(plan.targets.size());
-  for (const Op& op : plan.ops) {
-    if (op.kind == OpKind::kCheckEqual) {
-      checks.push_back(&op);
-    } else if (op.dst.tensor >= 0 && op.dst.tensor < static_cast<int32_t>(by.size())) {
-      by[op.dst.tensor].push_back(&op);
+Box BoxOf(const Op& op) { return Box{op.counts, op.dst, op.srcs}; }
+
+// Builds elements [a, e) of `target` into `out` (in the target's dtype).
+Status BuildWindow(const Reader& r, const PlanIndex& index, int32_t target, int64_t a, int64_t e,
+                   std::span<std::byte> out, Scratch& scratch) {
+  const TensorInfo& t = index.plan().targets[target];
+  std::vector<Box> parts;
+  int64_t covered = 0;
+  for (const Op* op : index.OpsOf(target)) {
+    parts.clear();
+    Clip(BoxOf(*op), a, e, parts);
+    for (const Box& part : parts) {
+      UCP_RETURN_IF_ERROR(ApplyPart(r, *op, part, {out, t.dtype, a}, scratch));
+      covered += Elements(part.counts);
     }
   }
-  return by;
+  if (covered != e - a) {
+    return InternalError("the plan writes " + std::to_string(covered) + " of elements [" +
+                         std::to_string(a) + ", " + std::to_string(e) + ") of target \"" + t.name +
+                         "\"");
+  }
+  return Status::Ok();
 }
 
-Result<Tensor> Materialize(const Plan& plan, int32_t target, const std::vector<const Op*>& ops,
-                           const TensorSource& source, std::atomic<int64_t>& bytes_read) {
+int64_t WindowElems(const TensorInfo& t, int64_t window_bytes) {
+  return std::max<int64_t>(1, window_bytes / DTypeSizeBytes(t.dtype));
+}
+
+Status Stream(const Reader& r, const PlanIndex& index, int32_t target, int64_t window_bytes,
+              Scratch& scratch,
+              const std::function<Status(int64_t, int64_t, std::span<const std::byte>)>& fn) {
+  const Plan& plan = index.plan();
   const TensorInfo& t = plan.targets[target];
-  UCP_ASSIGN_OR_RETURN(Tensor out, Tensor::Zeros(t.dtype, t.shape), "for \"" + t.name + "\"");
-  for (const Op* op : ops) UCP_RETURN_IF_ERROR(ApplyOp(plan, *op, out, source, bytes_read));
-  return out;
+  for (const Op* op : index.OpsOf(target)) UCP_RETURN_IF_ERROR(ValidateOp(plan, *op));
+  const int64_t n = NumElementsOrDie(t.shape);
+  const int64_t size = DTypeSizeBytes(t.dtype);
+  const int64_t w = WindowElems(t, window_bytes);
+  for (int64_t a = 0; a < n; a += w) {
+    const int64_t e = std::min(n, a + w);
+    UCP_ASSIGN_OR_RETURN(std::span<std::byte> out, Scratch::Get(scratch.window, (e - a) * size));
+    UCP_RETURN_IF_ERROR(BuildWindow(r, index, target, a, e, out, scratch));
+    UCP_RETURN_IF_ERROR(fn(a, e, out));
+  }
+  return Status::Ok();
+}
+
+Status RunCheck(const Reader& r, const Op& op, Scratch& scratch) {
+  if (op.srcs.size() < 2) return Status::Ok();
+  UCP_RETURN_IF_ERROR(ValidateOp(r.plan, op));
+  const TensorInfo& first = r.plan.sources[op.srcs[0].tensor];
+  const int64_t size = DTypeSizeBytes(first.dtype);
+  Box whole = BoxOf(op);
+  int64_t done = 0;
+  return ForEachBlock(whole, [&](const Box& blk) -> Status {
+    const int64_t n = Elements(blk.counts);
+    const Box packed = Packed(blk);
+    UCP_ASSIGN_OR_RETURN(std::span<std::byte> ref, Scratch::Get(scratch.cast, n * size));
+    UCP_ASSIGN_OR_RETURN(std::span<std::byte> other, Scratch::Get(scratch.other, n * size));
+    UCP_RETURN_IF_ERROR(r.Gather(packed, 0, {ref, first.dtype, 0}, scratch));
+    for (size_t i = 1; i < packed.srcs.size(); ++i) {
+      const TensorInfo& t = r.plan.sources[packed.srcs[i].tensor];
+      UCP_RETURN_IF_ERROR(r.Gather(packed, i, {other, first.dtype, 0}, scratch));
+      if (std::memcmp(ref.data(), other.data(), ref.size()) != 0) {
+        int64_t el = 0;
+        while (std::memcmp(ref.data() + el * size, other.data() + el * size, size) == 0) ++el;
+        return DataLossError(OpWhat(op) + ": replicated copies differ at element " +
+                             std::to_string(done + el) + " of the box (\"" + first.name +
+                             "\" vs \"" + t.name + "\")");
+      }
+    }
+    done += n;
+    return Status::Ok();
+  });
+}
+
+int64_t DefaultWindowBytes(const ExecOptions& o) {
+  if (o.window_bytes > 0) return o.window_bytes;
+  const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
+  if (o.memory_limit_bytes <= 0) return kMaxWindowBytes;
+  return std::clamp(o.memory_limit_bytes / (4 * threads), kMinWindowBytes, kMaxWindowBytes);
 }
 
 }  // namespace
+
+PlanIndex::PlanIndex(const Plan& plan) : plan_(plan), by_target_(plan.targets.size()) {
+  for (const Op& op : plan.ops) {
+    if (op.kind == OpKind::kCheckEqual) {
+      checks_.push_back(&op);
+    } else if (op.dst.tensor >= 0 && op.dst.tensor < static_cast<int32_t>(by_target_.size())) {
+      by_target_[op.dst.tensor].push_back(&op);
+    }
+  }
+}
+
+Status StreamTarget(const PlanIndex& index, int32_t target, const TensorSource& source,
+                    int64_t window_bytes,
+                    const std::function<Status(int64_t, int64_t, std::span<const std::byte>)>& fn) {
+  if (target < 0 || target >= static_cast<int32_t>(index.plan().targets.size())) {
+    return OutOfRangeError("target " + std::to_string(target) + " outside the plan's " +
+                           std::to_string(index.plan().targets.size()));
+  }
+  std::atomic<int64_t> bytes_read{0};
+  Reader r{index.plan(), source, bytes_read};
+  Scratch scratch;
+  return Stream(r, index, target, window_bytes, scratch, fn);
+}
+
+Status BuildTargetRange(const PlanIndex& index, int32_t target, const TensorSource& source,
+                        int64_t begin, int64_t end, std::span<std::byte> out) {
+  const Plan& plan = index.plan();
+  if (target < 0 || target >= static_cast<int32_t>(plan.targets.size())) {
+    return OutOfRangeError("target " + std::to_string(target) + " outside the plan's " +
+                           std::to_string(plan.targets.size()));
+  }
+  const TensorInfo& t = plan.targets[target];
+  const int64_t n = NumElementsOrDie(t.shape);
+  if (begin < 0 || end < begin || end > n) {
+    return OutOfRangeError("range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                           ") outside target \"" + t.name + "\" of " + std::to_string(n) +
+                           " elements");
+  }
+  if (static_cast<int64_t>(out.size()) != (end - begin) * DTypeSizeBytes(t.dtype)) {
+    return InvalidArgumentError("output for target \"" + t.name + "\" has the wrong size");
+  }
+  for (const Op* op : index.OpsOf(target)) UCP_RETURN_IF_ERROR(ValidateOp(plan, *op));
+  std::atomic<int64_t> bytes_read{0};
+  Reader r{plan, source, bytes_read};
+  Scratch scratch;
+  return BuildWindow(r, index, target, begin, end, out, scratch);
+}
 
 Result<Tensor> MaterializeTarget(const Plan& plan, int32_t target, const TensorSource& source) {
   if (target < 0 || target >= static_cast<int32_t>(plan.targets.size())) {
     return OutOfRangeError("target " + std::to_string(target) + " outside the plan's " +
                            std::to_string(plan.targets.size()));
   }
-  std::vector<const Op*> checks;
-  auto by = OpsByTarget(plan, checks);
+  const PlanIndex index(plan);
+  const TensorInfo& t = plan.targets[target];
+  UCP_ASSIGN_OR_RETURN(Tensor out, Tensor::Uninitialized(t.dtype, t.shape),
+                       "for \"" + t.name + "\"");
   std::atomic<int64_t> bytes_read{0};
-  return Materialize(plan, target, by[target], source, bytes_read);
+  Reader r{plan, source, bytes_read};
+  Scratch scratch;
+  for (const Op* op : index.OpsOf(target)) UCP_RETURN_IF_ERROR(ValidateOp(plan, *op));
+  // The whole tensor is one window, built in place.
+  const int64_t n = out.num_elements();
+  UCP_RETURN_IF_ERROR(BuildWindow(r, index, target, 0, n, out.view().bytes, scratch));
+  return out;
 }
 
 Result<ExecStats> ExecutePlan(const Plan& plan, const TensorSource& source, TensorSink& sink,
                               const ExecOptions& options) {
-  std::vector<const Op*> checks;
-  auto by = OpsByTarget(plan, checks);
+  const PlanIndex index(plan);
+  std::vector<const Op*> checks = index.checks();
   std::vector<int32_t> selected = options.targets;
   if (selected.empty()) {
     for (int32_t i = 0; i < static_cast<int32_t>(plan.targets.size()); ++i) selected.push_back(i);
   }
+  for (int32_t t : selected) {
+    if (t < 0 || t >= static_cast<int32_t>(plan.targets.size())) {
+      return OutOfRangeError("target " + std::to_string(t) + " outside the plan's " +
+                             std::to_string(plan.targets.size()));
+    }
+  }
   if (!options.targets.empty()) {
     // Only the checks of parameters the selected targets serve.
-    std::map<std::string, bool> params;
+    std::set<std::string> params;
     for (int32_t t : selected) {
-      for (const Op* op : by[t]) params[op->param] = true;
+      for (const Op* op : index.OpsOf(t)) params.insert(op->param);
     }
     std::erase_if(checks, [&](const Op* op) { return !params.count(op->param); });
   }
   if (!options.run_checks) checks.clear();
+  // Largest targets first, so a big one does not start last and run alone.
+  std::stable_sort(selected.begin(), selected.end(), [&](int32_t x, int32_t y) {
+    const TensorInfo& a = plan.targets[x];
+    const TensorInfo& b = plan.targets[y];
+    return NumElementsOrDie(a.shape) * DTypeSizeBytes(a.dtype) >
+           NumElementsOrDie(b.shape) * DTypeSizeBytes(b.dtype);
+  });
+  const int64_t window_bytes = DefaultWindowBytes(options);
   ByteBudget budget(options.memory_limit_bytes);
   std::atomic<int64_t> bytes_read{0}, bytes_written{0}, done{0};
   std::atomic<bool> failed{false};
@@ -300,36 +661,39 @@ Result<ExecStats> ExecutePlan(const Plan& plan, const TensorSource& source, Tens
     if (first_error.ok()) first_error = std::move(s);
     failed = true;
   };
+  Reader reader{plan, source, bytes_read};
+  tbb::enumerable_thread_specific<Scratch> scratch;
   const int64_t total = static_cast<int64_t>(selected.size() + checks.size());
   tbb::parallel_for(
       size_t{0}, selected.size() + checks.size(),
       [&](size_t i) {
         if (failed) return;
+        Scratch& s = scratch.local();
         if (i >= selected.size()) {
           const Op& op = *checks[i - selected.size()];
-          int64_t est = 0;
-          for (const StridedRef& s : op.srcs) {
-            est = std::max(est, Span(s, op.counts) * DTypeSizeBytes(plan.sources[s.tensor].dtype));
-          }
-          est *= 3;
+          const int64_t est = 3 * kBlockElems * 8;
           budget.Acquire(est);
-          Status s = RunCheck(plan, op, source, bytes_read);
+          Status st = RunCheck(reader, op, s);
           budget.Release(est);
-          if (!s.ok()) return fail(std::move(s));
+          if (!st.ok()) return fail(std::move(st));
         } else {
           const int32_t t = selected[i];
           const TensorInfo& info = plan.targets[t];
-          // The target plus, at worst, one source read of the same size and its cast copy.
-          const int64_t est = 3 * NumElementsOrDie(info.shape) * DTypeSizeBytes(info.dtype);
+          const int64_t bytes = NumElementsOrDie(info.shape) * DTypeSizeBytes(info.dtype);
+          // The window plus, at worst, as much again in read scratch.
+          const int64_t est = 2 * std::min(bytes, window_bytes) + 1;
           budget.Acquire(est);
-          Result<Tensor> data = Materialize(plan, t, by[t], source, bytes_read);
-          Status s = data.status();
-          if (s.ok()) {
-            bytes_written += data->num_bytes();
-            s = sink.Write(info, std::move(*data));
+          Status st = sink.Begin(info);
+          if (st.ok()) {
+            st = Stream(reader, index, t, window_bytes, s,
+                        [&](int64_t a, int64_t e, std::span<const std::byte> data) {
+                          bytes_written += static_cast<int64_t>(data.size());
+                          return sink.WriteRange(info, a, e, data);
+                        });
           }
+          if (st.ok()) st = sink.Finish(info);
           budget.Release(est);
-          if (!s.ok()) return fail(std::move(s));
+          if (!st.ok()) return fail(std::move(st));
         }
         const int64_t d = ++done;
         if (options.progress) options.progress(d, total);

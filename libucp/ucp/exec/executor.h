@@ -1,8 +1,9 @@
 // The file executor: runs a convert::Plan between any tensor source and any tensor sink (the
 // per-rank format, the universal format, a trainer's memory). Target tensors are processed in
-// parallel with oneTBB; each op reads only the flat element range its box spans (HDF5
-// hyperslabs underneath), and a byte budget bounds the buffers alive at once, so peak memory is
-// a few of the largest target tensors, not the checkpoint.
+// parallel with oneTBB, each in windows of at most a few MiB that are built from the ops
+// clipped to the window and streamed to the sink in order; each op reads only the elements its
+// box needs (a row at a time, or its flat span when that is cheaper), so peak memory is a few
+// windows per thread, whatever the size of the tensors or the checkpoint.
 #pragma once
 
 #include <cstdint>
@@ -28,19 +29,36 @@ class TensorSource {
                                std::span<std::byte> out) const = 0;
 };
 
-/// Where finished target tensors go. Must be safe to call from many threads.
+/// Where target tensors go, streamed window by window. Must be safe to call from many threads
+/// for different tensors. The calls for one tensor come from one thread at a time and in order:
+/// Begin, then WriteRange for consecutive element ranges that cover [0, elements) in increasing
+/// order (none for an empty tensor), then Finish; a sink may hash or append as data arrives.
 class TensorSink {
  public:
   virtual ~TensorSink() = default;
-  /// Takes one complete target tensor (dtype and shape as in `tensor`).
   /// Errors: whatever the format reports.
-  virtual Status Write(const convert::TensorInfo& tensor, Tensor data) = 0;
+  virtual Status Begin(const convert::TensorInfo& tensor) {
+    (void)tensor;
+    return Status::Ok();
+  }
+  /// Elements [begin, end) of the tensor's row-major flattening, in tensor.dtype.
+  /// Errors: whatever the format reports.
+  virtual Status WriteRange(const convert::TensorInfo& tensor, int64_t begin, int64_t end,
+                            std::span<const std::byte> data) = 0;
+  /// Errors: whatever the format reports.
+  virtual Status Finish(const convert::TensorInfo& tensor) {
+    (void)tensor;
+    return Status::Ok();
+  }
 };
 
 struct ExecOptions {
-  /// Upper bound on the bytes of buffers in flight (targets plus source reads); 0: unbounded.
-  /// A single tensor larger than the budget still runs, alone.
+  /// Upper bound on the bytes of buffers in flight (windows, read scratch); 0: unbounded. Sets
+  /// the window size (a quarter of the budget per thread, between 64 KiB and 32 MiB) and holds
+  /// back new targets while spent.
   int64_t memory_limit_bytes = int64_t{512} << 20;
+  /// Bytes per window; 0 derives it from memory_limit_bytes and the thread count.
+  int64_t window_bytes = 0;
   /// Only these target indices (empty: all). Check ops always run for the params they touch.
   std::vector<int32_t> targets;
   /// Run kCheckEqual ops (replicated copies agree bitwise).
@@ -56,16 +74,48 @@ struct ExecStats {
   int64_t peak_in_flight_bytes = 0;
 };
 
-/// Builds target tensor `target` of `plan` from `source` (zero-initialised, then every op whose
-/// dst is `target`, in plan order).
-/// Errors: as TensorSource, kInvalidArgument (op out of its tensor's bounds: a plan bug
-/// surfaced as an error), kUnimplemented (average of a non-floating dtype), cast errors.
+/// A plan with its ops indexed by target: what the window builder works from. Building it
+/// reads every op once.
+class PlanIndex {
+ public:
+  explicit PlanIndex(const convert::Plan& plan);
+  const convert::Plan& plan() const { return plan_; }
+  /// The copy, fill and average ops writing `target`, in plan order.
+  const std::vector<const convert::Op*>& OpsOf(int32_t target) const { return by_target_[target]; }
+  /// The kCheckEqual ops.
+  const std::vector<const convert::Op*>& checks() const { return checks_; }
+
+ private:
+  const convert::Plan& plan_;
+  std::vector<std::vector<const convert::Op*>> by_target_;
+  std::vector<const convert::Op*> checks_;
+};
+
+/// Builds target `target` window by window: calls fn(begin, end, bytes) for consecutive element
+/// ranges covering the target in order, each at most max(window_bytes, one element) long. The
+/// bytes are valid during the call only.
+/// Errors: as TensorSource, fn's, kInvalidArgument (an op outside its tensor's bounds: a plan bug
+/// surfaced as an error), kInternal (ops that leave part of the target unwritten), kUnimplemented
+/// (average of a non-floating dtype), cast errors.
+Status StreamTarget(const PlanIndex& index, int32_t target, const TensorSource& source,
+                    int64_t window_bytes,
+                    const std::function<Status(int64_t, int64_t, std::span<const std::byte>)>& fn);
+
+/// Builds elements [begin, end) of target `target` into `out` (exactly that many elements of
+/// the target's dtype).
+/// Errors: kOutOfRange (no such target or range), kInvalidArgument (size of out), as
+/// StreamTarget.
+Status BuildTargetRange(const PlanIndex& index, int32_t target, const TensorSource& source,
+                        int64_t begin, int64_t end, std::span<std::byte> out);
+
+/// Builds target tensor `target` of `plan` whole, in memory (tests, small tensors).
+/// Errors: kOutOfRange (no such target), as StreamTarget.
 Result<Tensor> MaterializeTarget(const convert::Plan& plan, int32_t target,
                                  const TensorSource& source);
 
-/// Runs the plan: every (selected) target is materialised and handed to `sink`; check ops are
-/// verified. Stops at the first error (no further targets are started).
-/// Errors: as MaterializeTarget and the sink; kDataLoss "parameter \"X\" state \"S\":
+/// Runs the plan: every (selected) target is streamed to `sink`; check ops are verified. Stops
+/// at the first error (no further targets are started).
+/// Errors: as StreamTarget and the sink; kDataLoss "parameter \"X\" state \"S\":
 /// replicated copies differ at element E" for a failed check.
 Result<ExecStats> ExecutePlan(const convert::Plan& plan, const TensorSource& source,
                               TensorSink& sink, const ExecOptions& options = {});

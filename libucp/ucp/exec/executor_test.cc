@@ -42,17 +42,57 @@ class MapSource final : public TensorSource {
   const convert::TensorMap& m_;
 };
 
+// Collects targets, checking the sink contract: Begin, then consecutive ranges covering the
+// tensor in order, then Finish.
 class MapSink final : public TensorSink {
  public:
-  Status Write(const convert::TensorInfo& t, Tensor data) override {
+  Status Begin(const convert::TensorInfo& t) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!out.emplace(t.name, std::move(data)).second) return AlreadyExistsError(t.name);
+    Result<Tensor> z = Tensor::Zeros(t.dtype, t.shape);
+    if (!z.ok()) return z.status();
+    if (!pending_.emplace(t.name, Pending{std::move(*z), 0}).second || out.count(t.name)) {
+      return AlreadyExistsError(t.name);
+    }
+    return Status::Ok();
+  }
+  Status WriteRange(const convert::TensorInfo& t, int64_t begin, int64_t end,
+                    std::span<const std::byte> data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(t.name);
+    if (it == pending_.end()) return FailedPreconditionError("range before Begin: " + t.name);
+    Pending& p = it->second;
+    const int64_t size = DTypeSizeBytes(t.dtype);
+    if (begin != p.next || end <= begin ||
+        static_cast<int64_t>(data.size()) != (end - begin) * size) {
+      return InvalidArgumentError("range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                  ") out of order for " + t.name);
+    }
+    std::memcpy(p.tensor.data() + begin * size, data.data(), data.size());
+    p.next = end;
+    ++ranges;
+    return Status::Ok();
+  }
+  Status Finish(const convert::TensorInfo& t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(t.name);
+    if (it == pending_.end()) return FailedPreconditionError("Finish before Begin: " + t.name);
+    if (it->second.next != it->second.tensor.num_elements()) {
+      return FailedPreconditionError("Finish of incomplete " + t.name);
+    }
+    out.emplace(t.name, std::move(it->second.tensor));
+    pending_.erase(it);
     return Status::Ok();
   }
   convert::TensorMap out;
+  int64_t ranges = 0;
 
  private:
+  struct Pending {
+    Tensor tensor;
+    int64_t next = 0;
+  };
   std::mutex mu_;
+  std::map<std::string, Pending> pending_;
 };
 
 patterns::ResolvedModel Load(const std::string& name) {
@@ -89,6 +129,7 @@ convert::TensorMap SourceAt(const patterns::ResolvedModel& model, const layout::
 
 struct Case {
   std::string model, from, to;
+  int64_t window_bytes = 0;  // 0: the default; small values cut every tensor into many windows
 };
 
 class ExecutorMatchesReference : public ::testing::TestWithParam<Case> {};
@@ -104,6 +145,7 @@ TEST_P(ExecutorMatchesReference, SameBytes) {
   MapSink sink;
   ExecOptions opts;
   opts.memory_limit_bytes = 4096;  // forces one target at a time most of the time
+  opts.window_bytes = c.window_bytes;
   int64_t last = 0;
   std::mutex mu;
   opts.progress = [&](int64_t done, int64_t) {
@@ -118,9 +160,28 @@ TEST_P(ExecutorMatchesReference, SameBytes) {
     ASSERT_TRUE(sink.out.count(name)) << name;
     EXPECT_TRUE(BitwiseEqual(sink.out.at(name).view(), t.view())) << name;
   }
+  if (c.window_bytes > 0) {
+    EXPECT_GT(sink.ranges, static_cast<int64_t>(plan.targets.size()));
+  }
   // One target alone gives the same bytes.
   UCP_ASSERT_OK_AND_ASSIGN(Tensor one, MaterializeTarget(plan, 0, source));
   EXPECT_TRUE(BitwiseEqual(one.view(), expected.at(plan.targets[0].name).view()));
+  // So does any range of any target.
+  const PlanIndex index(plan);
+  std::mt19937_64 rng(11);
+  for (int k = 0; k < 50; ++k) {
+    const int32_t i = static_cast<int32_t>(rng() % plan.targets.size());
+    const Tensor& want = expected.at(plan.targets[i].name);
+    const int64_t n = want.num_elements();
+    if (n == 0) continue;
+    const int64_t b = static_cast<int64_t>(rng() % n);
+    const int64_t e = b + 1 + static_cast<int64_t>(rng() % (n - b));
+    const int64_t size = DTypeSizeBytes(want.dtype());
+    std::vector<std::byte> got(static_cast<size_t>((e - b) * size));
+    UCP_ASSERT_OK(BuildTargetRange(index, i, source, b, e, got));
+    EXPECT_EQ(std::memcmp(got.data(), want.data() + b * size, got.size()), 0)
+        << plan.targets[i].name << " [" << b << ", " << e << ")";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -129,7 +190,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt-tiny", "tp=4,pp=1,dp=2,zero=1", "tp=1,pp=4,dp=1,zero=2"},
                       Case{"gpt-tiny", "tp=2,pp=2,dp=2,zero=1", "universal"},
                       Case{"llama-tiny", "tp=2,pp=1,dp=2,zero=3", "tp=1,pp=2,dp=1,zero=0"},
-                      Case{"mixtral-tiny", "tp=1,pp=1,dp=2,ep=2,zero=1", "tp=2,pp=1,dp=1"}));
+                      Case{"mixtral-tiny", "tp=1,pp=1,dp=2,ep=2,zero=1", "tp=2,pp=1,dp=1"},
+                      // Windows of a few elements: every op is clipped, rows are cut.
+                      Case{"gpt-tiny", "tp=2,pp=2,dp=2,zero=1", "tp=4,pp=1,dp=2,zero=1", 100},
+                      Case{"gpt-tiny", "tp=4,pp=1,dp=2,zero=1", "universal", 36},
+                      Case{"llama-tiny", "universal", "tp=4,pp=2,dp=1,zero=1", 4096},
+                      Case{"llama-tiny", "tp=2,pp=1,dp=2,zero=3", "tp=1,pp=2,dp=1,zero=0", 100},
+                      Case{"mixtral-tiny", "tp=1,pp=1,dp=2,ep=2,zero=1", "tp=2,pp=1,dp=1", 52}));
 
 TEST(ExecutorTest, ReplicasThatDifferFailTheCheck) {
   patterns::ResolvedModel model = Load("gpt-tiny");
@@ -168,8 +235,52 @@ TEST(ExecutorTest, BadPlanAndSourceErrors) {
   plan.ops[0].dst.offset = 0;
   convert::TensorMap empty;
   MapSource none(empty);
-  EXPECT_THAT(ExecutePlan(plan, none, sink).status(),
+  MapSink fresh;
+  EXPECT_THAT(ExecutePlan(plan, none, fresh).status(),
               StatusIs(StatusCode::kNotFound, HasSubstr("while reading \"t\"")));
+}
+
+// A check over a box larger than one block (256 Ki elements) runs block by block and still
+// names the first differing element of the whole box.
+TEST(ExecutorTest, LargeCheckBoxesAreComparedInBlocks) {
+  convert::Plan plan;
+  const int64_t rows = 700, cols = 1000;
+  convert::TensorInfo a{.name = "a", .dtype = DType::kFp32, .shape = {rows, cols}};
+  convert::TensorInfo b{.name = "b", .dtype = DType::kFp32, .shape = {rows, cols}};
+  plan.sources = {a, b};
+  convert::Op op{
+      .kind = convert::OpKind::kCheckEqual, .param = "p", .state = "fp32", .counts = {rows, cols}};
+  op.srcs = {{0, 0, {cols, 1}}, {1, 0, {cols, 1}}};
+  plan.ops = {op};
+  convert::TensorMap src;
+  src.emplace("a", *Tensor::Zeros(DType::kFp32, {rows, cols}));
+  src.emplace("b", *Tensor::Zeros(DType::kFp32, {rows, cols}));
+  MapSource source(src);
+  MapSink sink;
+  UCP_EXPECT_OK(ExecutePlan(plan, source, sink).status());
+  const int64_t bad = 600 * cols + 17;
+  src.at("b").as<float>()[bad] = 1.0f;
+  EXPECT_THAT(ExecutePlan(plan, source, sink).status(),
+              StatusIs(StatusCode::kDataLoss,
+                       HasSubstr("differ at element " + std::to_string(bad) + " of the box")));
+}
+
+TEST(ExecutorTest, PlanThatLeavesAHoleIsAnInternalError) {
+  convert::Plan plan;
+  convert::TensorInfo t{.name = "t", .dtype = DType::kFp32, .shape = {4}};
+  plan.sources = {t};
+  plan.targets = {t};
+  convert::Op op{.kind = convert::OpKind::kCopy, .param = "p", .state = "fp32", .counts = {3}};
+  op.dst = {0, 0, {1}};
+  op.srcs = {{0, 0, {1}}};
+  plan.ops = {op};
+  convert::TensorMap src;
+  src.emplace("t", *Tensor::Zeros(DType::kFp32, {4}));
+  MapSource source(src);
+  MapSink sink;
+  EXPECT_THAT(
+      ExecutePlan(plan, source, sink).status(),
+      StatusIs(StatusCode::kInternal, HasSubstr("writes 3 of elements [0, 4) of target \"t\"")));
 }
 
 TEST(ExecutorTest, ParseByteSize) {

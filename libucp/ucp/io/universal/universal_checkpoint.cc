@@ -1,17 +1,26 @@
 // Universal checkpoint writer and reader, on H5File and the manifest.
 #include "ucp/io/universal/universal_checkpoint.h"
 
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <system_error>
+#include <unordered_map>
 
 #include "ucp/base/checked_math.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/io/atomic_file.h"
 #include "ucp/io/checksum.h"
 #include "ucp/io/hdf5/h5_file.h"
+#include "ucp/io/raw_file.h"
 #include "ucp/io/safe_name.h"
+#include "ucp/io/streamed_dataset.h"
 
 namespace ucp::io {
 namespace fs = std::filesystem;
@@ -35,17 +44,79 @@ const UniversalStateInfo* FindState(const UniversalParamInfo& p, std::string_vie
 
 // ---- Writer -------------------------------------------------------------------------------
 
+namespace {
+
+// A parameter file being written: uncompressed states go straight to the file at their
+// datasets' offsets; compressed ones are buffered and written, in declared order, when all are
+// complete (so equal input gives equal bytes whatever order the states finish in).
+struct OpenParam {
+  UniversalParamInfo info;  // states filled with checksums when complete
+  fs::path path;
+  std::vector<StateDecl> decls;
+  int64_t elems = 0;
+  // Uncompressed.
+  std::optional<RawFile> raw;
+  std::vector<std::unique_ptr<StreamedDataset>> streams;
+  // Compressed.
+  std::optional<H5File> h5;
+  std::vector<std::vector<std::byte>> buffers;
+  std::vector<int64_t> filled;
+  std::mutex mu;
+  int remaining = 0;  // states not complete, guarded by mu
+};
+
+}  // namespace
+
 struct UniversalWriter::Impl {
   fs::path dst;
   fs::path tmp;
   UniversalWriteOptions options;
   std::mutex mu;
-  std::vector<UniversalParamInfo> written;  // guarded by mu
-  std::set<std::string> names;              // guarded by mu
-  bool committed = false;                   // guarded by mu
+  std::vector<UniversalParamInfo> written;                              // guarded by mu
+  std::set<std::string> names;                                          // guarded by mu
+  std::map<std::string, std::shared_ptr<OpenParam>, std::less<>> open;  // guarded by mu
+  bool committed = false;                                               // guarded by mu
 
   ~Impl() {
-    if (!committed) RemoveTreeBestEffort(tmp);
+    if (!committed) {
+      open.clear();
+      RemoveTreeBestEffort(tmp);
+    }
+  }
+
+  Status Validate(const UniversalParamInfo& meta, const std::string& what) const {
+    if (!NumElements(meta.shape).ok()) {
+      return InvalidArgumentError(what + " has an invalid shape " + ShapeToString(meta.shape));
+    }
+    return ValidateJsonObject(meta.pattern_json, "pattern_json of " + what);
+  }
+
+  // Closes a parameter whose states are all complete and records it.
+  Status Finish(OpenParam& p) {
+    if (p.raw) {
+      // Writeback starts now; Commit's fsync of the folder waits for it.
+      UCP_RETURN_IF_ERROR(p.raw->StartWriteback());
+      UCP_RETURN_IF_ERROR(p.raw->Close());
+      for (size_t i = 0; i < p.decls.size(); ++i) {
+        p.info.states.push_back({p.decls[i].name, p.decls[i].dtype, p.streams[i]->checksum()});
+      }
+    } else {
+      for (size_t i = 0; i < p.decls.size(); ++i) {
+        ConstTensorView view{p.decls[i].dtype, p.info.shape, p.buffers[i]};
+        UCP_RETURN_IF_ERROR(p.h5->WriteDataset(
+            p.decls[i].name, view,
+            {.compression_level = options.compression_level, .chunk_bytes = options.chunk_bytes}));
+        p.info.states.push_back(
+            {p.decls[i].name, p.decls[i].dtype, FormatXxh3(Xxh3_64(p.buffers[i]))});
+        std::vector<std::byte>().swap(p.buffers[i]);
+      }
+      UCP_RETURN_IF_ERROR(p.h5->Close());
+      p.h5.reset();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    written.push_back(p.info);
+    open.erase(p.info.name);
+    return Status::Ok();
   }
 };
 
@@ -85,30 +156,30 @@ Result<UniversalWriter> UniversalWriter::Create(const fs::path& dst,
   return UniversalWriter(std::move(impl));
 }
 
-Status UniversalWriter::WriteParameter(const UniversalParamInfo& meta,
-                                       std::span<const NamedState> states) {
+Status UniversalWriter::BeginParameter(const UniversalParamInfo& meta,
+                                       std::span<const StateDecl> states) {
   const std::string what = "parameter '" + meta.name + "'";
   UCP_ASSIGN_OR_RETURN(std::string rel, ParamFileName(meta.name));
   if (states.empty()) return InvalidArgumentError(what + " has no states to write");
-  UCP_RETURN_IF_ERROR(ValidateJsonObject(meta.pattern_json, "pattern_json of " + what));
-  if (!NumElements(meta.shape).ok()) {
-    return InvalidArgumentError(what + " has an invalid shape " + ShapeToString(meta.shape));
-  }
+  UCP_RETURN_IF_ERROR(impl_->Validate(meta, what));
   std::set<std::string> seen;
-  for (const auto& [name, view] : states) {
-    if (name.empty()) return InvalidArgumentError(what + " has a state with an empty name");
-    if (!seen.insert(name).second)
-      return InvalidArgumentError(what + " has state '" + name + "' twice");
-    if (name.find('/') != std::string::npos) {
-      return InvalidArgumentError(what + " state name '" + name + "' contains '/'");
+  for (const StateDecl& d : states) {
+    if (d.name.empty()) return InvalidArgumentError(what + " has a state with an empty name");
+    if (!seen.insert(d.name).second) {
+      return InvalidArgumentError(what + " has state '" + d.name + "' twice");
     }
-    if (view.shape != meta.shape) {
-      return InvalidArgumentError(
-          what + " state '" + name + "' has shape " + ShapeToString(view.shape) +
-          " but the parameter's logical shape is " + ShapeToString(meta.shape));
+    if (d.name.find('/') != std::string::npos) {
+      return InvalidArgumentError(what + " state name '" + d.name + "' contains '/'");
     }
-    UCP_RETURN_IF_ERROR(ValidateView(view, what + " state '" + name + "'"));
   }
+  auto p = std::make_shared<OpenParam>();
+  p->info = meta;
+  p->info.file = rel;
+  p->info.states.clear();
+  p->path = impl_->tmp / rel;
+  p->decls.assign(states.begin(), states.end());
+  p->elems = NumElementsOrDie(meta.shape);
+  p->remaining = static_cast<int>(states.size());
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (impl_->committed) return FailedPreconditionError("cannot write " + what + " after Commit");
@@ -116,33 +187,117 @@ Status UniversalWriter::WriteParameter(const UniversalParamInfo& meta,
       return AlreadyExistsError(what + " was already written to " + impl_->tmp.string());
     }
   }
-  UniversalParamInfo info = meta;
-  info.file = rel;
-  info.states.clear();
-  const fs::path path = impl_->tmp / rel;
   Status st = [&]() -> Status {
-    UCP_ASSIGN_OR_RETURN(H5File f, H5File::Create(path));
+    UCP_ASSIGN_OR_RETURN(H5File f, H5File::Create(p->path));
     UCP_RETURN_IF_ERROR(f.WriteStringAttribute("", kAttrName, meta.name));
     UCP_RETURN_IF_ERROR(f.WriteInt64ArrayAttribute("", kAttrShape, meta.shape));
     UCP_RETURN_IF_ERROR(f.WriteInt64Attribute("", kAttrStep, impl_->options.step));
-    for (const auto& [name, view] : states) {
-      UCP_RETURN_IF_ERROR(f.WriteDataset(name, view,
-                                         {.compression_level = impl_->options.compression_level,
-                                          .chunk_bytes = impl_->options.chunk_bytes}));
-      info.states.push_back({name, view.dtype, FormatXxh3(Xxh3_64(view.bytes))});
+    const bool compress =
+        impl_->options.compression_level != 0 && p->elems > 0 && !meta.shape.empty();
+    if (compress) {
+      p->h5.emplace(std::move(f));
+      p->buffers.resize(states.size());
+      p->filled.assign(states.size(), 0);
+      for (size_t i = 0; i < states.size(); ++i) {
+        p->buffers[i].resize(static_cast<size_t>(p->elems * DTypeSizeBytes(states[i].dtype)));
+      }
+      return Status::Ok();
+    }
+    for (const StateDecl& d : states) {
+      UCP_ASSIGN_OR_RETURN(int64_t offset, f.CreateDirectDataset(d.name, d.dtype, meta.shape));
+      p->streams.push_back(
+          std::make_unique<StreamedDataset>(what + " state '" + d.name + "' in " + p->path.string(),
+                                            offset, p->elems, DTypeSizeBytes(d.dtype)));
     }
     UCP_RETURN_IF_ERROR(f.Close());
-    return FsyncPath(path);
+    UCP_ASSIGN_OR_RETURN(RawFile raw, RawFile::OpenForWrite(p->path));
+    p->raw.emplace(std::move(raw));
+    return Status::Ok();
   }();
   if (!st.ok()) {
     std::error_code ec;
-    fs::remove(path, ec);
+    fs::remove(p->path, ec);
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->names.erase(meta.name);
-    return std::move(st).WithContext("while writing " + what + " to " + path.string());
+    return std::move(st).WithContext("while writing " + what + " to " + p->path.string());
   }
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->written.push_back(std::move(info));
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->open.emplace(meta.name, p);
+  }
+  if (p->elems == 0) {
+    // Nothing will arrive for empty states: they are complete now.
+    for (const StateDecl& d : states) {
+      UCP_RETURN_IF_ERROR(WriteStateRange(meta.name, d.name, 0, {}));
+    }
+  }
+  return Status::Ok();
+}
+
+Status UniversalWriter::WriteStateRange(std::string_view param, std::string_view state,
+                                        int64_t begin_elem, std::span<const std::byte> data) {
+  std::shared_ptr<OpenParam> p;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->open.find(param);
+    if (it == impl_->open.end()) {
+      return NotFoundError("parameter '" + std::string(param) + "' was not begun, or is complete");
+    }
+    p = it->second;
+  }
+  size_t i = 0;
+  while (i < p->decls.size() && p->decls[i].name != state) ++i;
+  if (i == p->decls.size()) {
+    return NotFoundError("parameter '" + p->info.name + "' has no state '" + std::string(state) +
+                         "'");
+  }
+  bool complete = false;
+  if (p->raw) {
+    UCP_RETURN_IF_ERROR(p->streams[i]->Append(*p->raw, begin_elem, data));
+    complete = p->streams[i]->complete();
+  } else {
+    std::lock_guard<std::mutex> lock(p->mu);
+    const int64_t size = DTypeSizeBytes(p->decls[i].dtype);
+    const int64_t n = static_cast<int64_t>(data.size()) / size;
+    if (begin_elem != p->filled[i] || n * size != static_cast<int64_t>(data.size()) ||
+        n > p->elems - begin_elem) {
+      return InvalidArgumentError("parameter '" + p->info.name + "' state '" + std::string(state) +
+                                  "': range [" + std::to_string(begin_elem) + ", +" +
+                                  std::to_string(data.size()) + " bytes) does not continue at " +
+                                  std::to_string(p->filled[i]) + " of " + std::to_string(p->elems) +
+                                  " elements");
+    }
+    if (!data.empty())
+      std::memcpy(p->buffers[i].data() + begin_elem * size, data.data(), data.size());
+    p->filled[i] += n;
+    complete = p->filled[i] == p->elems;
+  }
+  if (!complete) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> lock(p->mu);
+    if (--p->remaining > 0) return Status::Ok();
+  }
+  return impl_->Finish(*p);
+}
+
+Status UniversalWriter::WriteParameter(const UniversalParamInfo& meta,
+                                       std::span<const NamedState> states) {
+  const std::string what = "parameter '" + meta.name + "'";
+  std::vector<StateDecl> decls;
+  for (const auto& [name, view] : states) {
+    if (view.shape != meta.shape) {
+      return InvalidArgumentError(
+          what + " state '" + name + "' has shape " + ShapeToString(view.shape) +
+          " but the parameter's logical shape is " + ShapeToString(meta.shape));
+    }
+    UCP_RETURN_IF_ERROR(ValidateView(view, what + " state '" + name + "'"));
+    decls.push_back({name, view.dtype});
+  }
+  UCP_RETURN_IF_ERROR(BeginParameter(meta, decls));
+  if (NumElementsOrDie(meta.shape) == 0) return Status::Ok();
+  for (const auto& [name, view] : states) {
+    UCP_RETURN_IF_ERROR(WriteStateRange(meta.name, name, 0, view.bytes));
+  }
   return Status::Ok();
 }
 
@@ -159,6 +314,10 @@ Status UniversalWriter::Commit(const UniversalManifest& header) {
                                 " differs from the step " + std::to_string(impl_->options.step) +
                                 " written into the parameter files");
   }
+  if (!impl_->open.empty()) {
+    return FailedPreconditionError("parameter '" + impl_->open.begin()->first +
+                                   "' was begun but not every state was written");
+  }
   UniversalManifest m = header;
   m.params = impl_->written;
   std::sort(m.params.begin(), m.params.end(),
@@ -173,9 +332,25 @@ Status UniversalWriter::Commit(const UniversalManifest& header) {
 
 // ---- Reader -------------------------------------------------------------------------------
 
+namespace {
+
+// Where one parameter's states are, found once per parameter: each state's byte offset in the
+// file (-1: read through HDF5, e.g. compressed).
+struct ParamLayout {
+  std::once_flag once;
+  Status status;
+  std::vector<int64_t> offsets;      // per manifest state
+  std::vector<Status> state_status;  // per manifest state: dtype, shape, extent checks
+};
+
+}  // namespace
+
 struct UniversalReader::Impl {
   fs::path dir;
   UniversalManifest manifest;
+  std::unordered_map<std::string, size_t> by_name;
+  std::unique_ptr<ParamLayout[]> layouts;
+  mutable RawFileCache files;
 
   Status Err(const UniversalParamInfo& p, std::string_view state, const std::string& msg) const {
     return DataLossError("file " + (dir / p.file).string() + ", parameter '" + p.name + "'" +
@@ -183,21 +358,22 @@ struct UniversalReader::Impl {
                          ": " + msg);
   }
 
-  Result<std::pair<const UniversalParamInfo*, const UniversalStateInfo*>> Find(
-      std::string_view param, std::string_view state) const {
-    const UniversalParamInfo* p = nullptr;
-    for (const auto& q : manifest.params) {
-      if (q.name == param) p = &q;
-    }
-    if (p == nullptr) {
+  Result<size_t> FindParam(std::string_view param) const {
+    auto it = by_name.find(std::string(param));
+    if (it == by_name.end()) {
       return NotFoundError("parameter '" + std::string(param) + "' is not in " + dir.string());
     }
-    const UniversalStateInfo* s = FindState(*p, state);
-    if (s == nullptr) {
-      return NotFoundError("parameter '" + p->name + "' has no state '" + std::string(state) +
-                           "' in the manifest of " + dir.string());
+    return it->second;
+  }
+
+  Result<std::pair<size_t, size_t>> Find(std::string_view param, std::string_view state) const {
+    UCP_ASSIGN_OR_RETURN(size_t pi, FindParam(param));
+    const UniversalParamInfo& p = manifest.params[pi];
+    for (size_t si = 0; si < p.states.size(); ++si) {
+      if (p.states[si].name == state) return std::make_pair(pi, si);
     }
-    return std::make_pair(p, s);
+    return NotFoundError("parameter '" + p.name + "' has no state '" + std::string(state) +
+                         "' in the manifest of " + dir.string());
   }
 
   Result<H5File> OpenFile(const UniversalParamInfo& p) const {
@@ -231,13 +407,66 @@ struct UniversalReader::Impl {
     return Status::Ok();
   }
 
-  Status ReadInto(const H5File& f, const UniversalParamInfo& p, const UniversalStateInfo& s,
-                  TensorView out) const {
-    UCP_RETURN_IF_ERROR(CheckMeta(f, p, s));
-    Status st = f.ReadDatasetInto(s.name, out);
-    if (!st.ok()) return Err(p, s.name, st.message());
+  // The offsets of parameter `pi`'s states, checking each state's dtype and shape and that its
+  // bytes are in the file, once. A problem with one state is reported when that state is used.
+  Result<const ParamLayout*> Layout(size_t pi) const {
+    ParamLayout& l = layouts[pi];
+    std::call_once(l.once, [&] {
+      const UniversalParamInfo& p = manifest.params[pi];
+      l.status = [&]() -> Status {
+        UCP_ASSIGN_OR_RETURN(H5File f, OpenFile(p));
+        UCP_ASSIGN_OR_RETURN(std::shared_ptr<const RawFile> raw, files.Get(dir / p.file));
+        const int64_t n = NumElementsOrDie(p.shape);
+        for (const UniversalStateInfo& s : p.states) {
+          l.offsets.push_back(-1);
+          l.state_status.push_back([&]() -> Status {
+            UCP_RETURN_IF_ERROR(CheckMeta(f, p, s));
+            Result<int64_t> off = f.DirectOffset(s.name);
+            if (!off.ok()) return Err(p, s.name, off.status().message());
+            const int64_t bytes = n * DTypeSizeBytes(s.dtype);
+            if (*off >= 0 && *off + bytes > raw->size_bytes()) {
+              return Err(p, s.name,
+                         "data at bytes [" + std::to_string(*off) + ", " +
+                             std::to_string(*off + bytes) + ") is past the end of the " +
+                             std::to_string(raw->size_bytes()) + "-byte file: truncated");
+            }
+            l.offsets.back() = *off;
+            return Status::Ok();
+          }());
+        }
+        return Status::Ok();
+      }();
+    });
+    if (!l.status.ok()) return l.status;
+    return &l;
+  }
+
+  // The byte offset of state si of parameter pi (-1: through HDF5), once checked.
+  Result<int64_t> OffsetOf(size_t pi, size_t si) const {
+    UCP_ASSIGN_OR_RETURN(const ParamLayout* l, Layout(pi));
+    UCP_RETURN_IF_ERROR(l->state_status[si]);
+    return l->offsets[si];
+  }
+
+  // Reads a whole state into `out` (whose size matches) and checks its checksum.
+  Status ReadInto(size_t pi, size_t si, TensorView out) const {
+    const UniversalParamInfo& p = manifest.params[pi];
+    const UniversalStateInfo& s = p.states[si];
+    UCP_ASSIGN_OR_RETURN(int64_t offset, OffsetOf(pi, si));
+    if (offset >= 0) {
+      UCP_ASSIGN_OR_RETURN(std::shared_ptr<const RawFile> raw, files.Get(dir / p.file));
+      Status st = raw->ReadAt(offset, out.bytes);
+      if (!st.ok()) return Err(p, s.name, st.message());
+    } else if (!out.bytes.empty()) {
+      UCP_ASSIGN_OR_RETURN(H5File f, OpenFile(p));
+      Status st = f.ReadDatasetInto(s.name, out);
+      if (!st.ok()) return Err(p, s.name, st.message());
+    }
+    return CheckSum(p, s, Xxh3_64(out.bytes));
+  }
+
+  Status CheckSum(const UniversalParamInfo& p, const UniversalStateInfo& s, uint64_t got) const {
     const uint64_t want = *ParseXxh3(s.checksum, "checksum");  // validated by the parser
-    const uint64_t got = Xxh3_64(out.bytes);
     if (got != want) {
       return Err(p, s.name,
                  "field checksum: manifest says " + s.checksum + " but the data hashes to " +
@@ -273,7 +502,8 @@ Result<UniversalReader> UniversalReader::Open(const fs::path& dir) {
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
   UCP_ASSIGN_OR_RETURN(impl->manifest, ParseUniversalManifest(text, manifest_path.string()));
-  for (const auto& p : impl->manifest.params) {
+  for (size_t i = 0; i < impl->manifest.params.size(); ++i) {
+    const auto& p = impl->manifest.params[i];
     auto full = ResolveInside(dir, p.file, "field file");
     if (!full.ok()) {
       return DataLossError(manifest_path.string() + ": parameter '" + p.name + "' " +
@@ -283,91 +513,125 @@ Result<UniversalReader> UniversalReader::Open(const fs::path& dir) {
       return DataLossError(manifest_path.string() + ": parameter '" + p.name + "' field file '" +
                            p.file + "' does not exist");
     }
+    impl->by_name.emplace(p.name, i);
   }
+  impl->layouts = std::make_unique<ParamLayout[]>(impl->manifest.params.size());
   return UniversalReader(std::move(impl));
 }
 
 Result<const UniversalParamInfo*> UniversalReader::FindParam(std::string_view param) const {
-  for (const auto& p : impl_->manifest.params) {
-    if (p.name == param) return &p;
-  }
-  return NotFoundError("parameter '" + std::string(param) + "' is not in " + impl_->dir.string());
+  UCP_ASSIGN_OR_RETURN(size_t pi, impl_->FindParam(param));
+  return &impl_->manifest.params[pi];
 }
 
 Result<Tensor> UniversalReader::ReadState(std::string_view param, std::string_view state) const {
   UCP_ASSIGN_OR_RETURN(auto ps, impl_->Find(param, state));
-  UCP_ASSIGN_OR_RETURN(Tensor t, Tensor::Uninitialized(ps.second->dtype, ps.first->shape));
-  UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(*ps.first));
-  UCP_RETURN_IF_ERROR(impl_->ReadInto(f, *ps.first, *ps.second, t.view()));
+  const UniversalParamInfo& p = impl_->manifest.params[ps.first];
+  UCP_ASSIGN_OR_RETURN(Tensor t, Tensor::Uninitialized(p.states[ps.second].dtype, p.shape));
+  UCP_RETURN_IF_ERROR(impl_->ReadInto(ps.first, ps.second, t.view()));
   return t;
 }
 
 Status UniversalReader::ReadStateInto(std::string_view param, std::string_view state,
                                       TensorView out) const {
   UCP_ASSIGN_OR_RETURN(auto ps, impl_->Find(param, state));
-  if (out.dtype != ps.second->dtype || out.shape != ps.first->shape) {
-    return InvalidArgumentError("output for parameter '" + ps.first->name + "' state '" +
+  const UniversalParamInfo& p = impl_->manifest.params[ps.first];
+  const UniversalStateInfo& s = p.states[ps.second];
+  if (out.dtype != s.dtype || out.shape != p.shape) {
+    return InvalidArgumentError("output for parameter '" + p.name + "' state '" +
                                 std::string(state) + "' is " + std::string(DTypeName(out.dtype)) +
                                 " " + ShapeToString(out.shape) + " but the checkpoint holds " +
-                                std::string(DTypeName(ps.second->dtype)) + " " +
-                                ShapeToString(ps.first->shape));
+                                std::string(DTypeName(s.dtype)) + " " + ShapeToString(p.shape));
   }
-  UCP_RETURN_IF_ERROR(ValidateView(out, "output for parameter '" + ps.first->name + "'"));
-  UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(*ps.first));
-  return impl_->ReadInto(f, *ps.first, *ps.second, out);
+  UCP_RETURN_IF_ERROR(ValidateView(out, "output for parameter '" + p.name + "'"));
+  return impl_->ReadInto(ps.first, ps.second, out);
 }
 
 Status UniversalReader::ReadStateFlatRange(std::string_view param, std::string_view state,
                                            int64_t begin_elem, int64_t end_elem,
                                            std::span<std::byte> out) const {
   UCP_ASSIGN_OR_RETURN(auto ps, impl_->Find(param, state));
-  UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(*ps.first));
-  UCP_RETURN_IF_ERROR(impl_->CheckMeta(f, *ps.first, *ps.second));
-  return f.ReadFlatRange(ps.second->name, begin_elem, end_elem, out);
+  const UniversalParamInfo& p = impl_->manifest.params[ps.first];
+  const UniversalStateInfo& s = p.states[ps.second];
+  UCP_ASSIGN_OR_RETURN(int64_t offset, impl_->OffsetOf(ps.first, ps.second));
+  const int64_t n = NumElementsOrDie(p.shape);
+  const int64_t size = DTypeSizeBytes(s.dtype);
+  if (begin_elem < 0 || end_elem < begin_elem || end_elem > n) {
+    return OutOfRangeError("element range [" + std::to_string(begin_elem) + ", " +
+                           std::to_string(end_elem) + ") is outside parameter '" + p.name +
+                           "' state '" + s.name + "' of " + std::to_string(n) + " elements");
+  }
+  if (static_cast<int64_t>(out.size()) != (end_elem - begin_elem) * size) {
+    return InvalidArgumentError(
+        "output for range [" + std::to_string(begin_elem) + ", " + std::to_string(end_elem) +
+        ") of parameter '" + p.name + "' state '" + s.name + "' is " + std::to_string(out.size()) +
+        " bytes, expected " + std::to_string((end_elem - begin_elem) * size));
+  }
+  if (out.empty()) return Status::Ok();
+  if (offset >= 0) {
+    UCP_ASSIGN_OR_RETURN(std::shared_ptr<const RawFile> raw, impl_->files.Get(impl_->dir / p.file));
+    Status st = raw->ReadAt(offset + begin_elem * size, out);
+    if (!st.ok()) return impl_->Err(p, s.name, st.message());
+    return Status::Ok();
+  }
+  UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
+  return f.ReadFlatRange(s.name, begin_elem, end_elem, out);
 }
 
 Status UniversalReader::Verify() const {
-  // One scratch buffer, grown to the largest state, serves every read: allocating (and faulting
-  // in) a fresh buffer per state cost as much as the read itself.
-  HostBuffer scratch;
-  for (const auto& p : impl_->manifest.params) {
-    UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
-    auto name = f.ReadStringAttribute("", kAttrName);
-    if (!name.ok()) return impl_->Err(p, "", "attribute name: " + name.status().message());
-    if (*name != p.name)
-      return impl_->Err(p, "", "attribute name is '" + *name + "', not the parameter's name");
-    auto shape = f.ReadInt64ArrayAttribute("", kAttrShape);
-    if (!shape.ok()) return impl_->Err(p, "", "attribute shape: " + shape.status().message());
-    if (*shape != p.shape) {
-      return impl_->Err(p, "",
-                        "attribute shape is " + ShapeToString(*shape) + " but the manifest says " +
-                            ShapeToString(p.shape));
-    }
-    auto step = f.ReadInt64Attribute("", kAttrStep);
-    if (!step.ok()) return impl_->Err(p, "", "attribute step: " + step.status().message());
-    if (*step != impl_->manifest.step) {
-      return impl_->Err(p, "",
-                        "attribute step is " + std::to_string(*step) + " but the manifest says " +
-                            std::to_string(impl_->manifest.step));
-    }
-    UCP_ASSIGN_OR_RETURN(auto datasets, f.ListDatasets(), "while verifying " + f.path().string());
-    for (const auto& d : datasets) {
-      if (FindState(p, d) == nullptr) {
-        return impl_->Err(p, d, "dataset is in the file but not in the manifest's states");
+  // Parameters are checked in parallel; each state is hashed in bounded pieces straight from its
+  // file (compressed states are read whole through HDF5).
+  std::vector<Status> results(impl_->manifest.params.size());
+  tbb::parallel_for(size_t{0}, impl_->manifest.params.size(), [&](size_t pi) {
+    const UniversalParamInfo& p = impl_->manifest.params[pi];
+    results[pi] = [&]() -> Status {
+      UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
+      auto name = f.ReadStringAttribute("", kAttrName);
+      if (!name.ok()) return impl_->Err(p, "", "attribute name: " + name.status().message());
+      if (*name != p.name) {
+        return impl_->Err(p, "", "attribute name is '" + *name + "', not the parameter's name");
       }
-    }
-    for (const auto& s : p.states) {
+      auto shape = f.ReadInt64ArrayAttribute("", kAttrShape);
+      if (!shape.ok()) return impl_->Err(p, "", "attribute shape: " + shape.status().message());
+      if (*shape != p.shape) {
+        return impl_->Err(p, "",
+                          "attribute shape is " + ShapeToString(*shape) +
+                              " but the manifest says " + ShapeToString(p.shape));
+      }
+      auto step = f.ReadInt64Attribute("", kAttrStep);
+      if (!step.ok()) return impl_->Err(p, "", "attribute step: " + step.status().message());
+      if (*step != impl_->manifest.step) {
+        return impl_->Err(p, "",
+                          "attribute step is " + std::to_string(*step) + " but the manifest says " +
+                              std::to_string(impl_->manifest.step));
+      }
+      UCP_ASSIGN_OR_RETURN(auto datasets, f.ListDatasets(), "while verifying " + f.path().string());
+      for (const auto& d : datasets) {
+        if (FindState(p, d) == nullptr) {
+          return impl_->Err(p, d, "dataset is in the file but not in the manifest's states");
+        }
+      }
       UCP_ASSIGN_OR_RETURN(int64_t n, NumElements(p.shape, "parameter '" + p.name + "'"));
-      auto checked_bytes = CheckedMul(n, DTypeSizeBytes(s.dtype));
-      if (!checked_bytes) return impl_->Err(p, s.name, "field shape: byte count overflows int64");
-      const int64_t num_bytes = *checked_bytes;
-      if (num_bytes > scratch.num_bytes()) {
-        UCP_ASSIGN_OR_RETURN(scratch, HostBuffer::Allocate(num_bytes));
+      for (size_t si = 0; si < p.states.size(); ++si) {
+        const UniversalStateInfo& s = p.states[si];
+        auto checked_bytes = CheckedMul(n, DTypeSizeBytes(s.dtype));
+        if (!checked_bytes) return impl_->Err(p, s.name, "field shape: byte count overflows int64");
+        UCP_ASSIGN_OR_RETURN(int64_t offset, impl_->OffsetOf(pi, si));
+        if (offset >= 0) {
+          UCP_ASSIGN_OR_RETURN(std::shared_ptr<const RawFile> raw,
+                               impl_->files.Get(impl_->dir / p.file));
+          Result<uint64_t> h = HashFileRange(*raw, offset, *checked_bytes);
+          if (!h.ok()) return impl_->Err(p, s.name, h.status().message());
+          UCP_RETURN_IF_ERROR(impl_->CheckSum(p, s, *h));
+        } else {
+          UCP_ASSIGN_OR_RETURN(Tensor t, Tensor::Uninitialized(s.dtype, p.shape));
+          UCP_RETURN_IF_ERROR(impl_->ReadInto(pi, si, t.view()));
+        }
       }
-      TensorView view{s.dtype, p.shape, scratch.bytes().first(static_cast<size_t>(num_bytes))};
-      UCP_RETURN_IF_ERROR(impl_->ReadInto(f, p, s, view));
-    }
-  }
+      return Status::Ok();
+    }();
+  });
+  for (Status& st : results) UCP_RETURN_IF_ERROR(st);
   return Status::Ok();
 }
 

@@ -1,7 +1,8 @@
 // The universal checkpoint: a folder with manifest.json and one HDF5 file per parameter holding
 // its fp32 master weight and optimizer states at the logical shape (docs/format.md). The writer
 // builds it under a `.tmp-` sibling and renames it into place; the reader validates everything
-// and verifies checksums on every full read.
+// and verifies checksums on every full read. Uncompressed states move between memory and the
+// files with pread/pwrite at the datasets' offsets (io/raw_file.h), streamed in pieces.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,13 @@ struct UniversalWriteOptions {
 /// One named state of a parameter, viewing the caller's memory (no copy).
 using NamedState = std::pair<std::string, ConstTensorView>;
 
+/// A state of a parameter file to be streamed in: its name (the dataset) and dtype; its shape is
+/// the parameter's.
+struct StateDecl {
+  std::string name;
+  DType dtype = DType::kFp32;
+};
+
 class UniversalWriter {
  public:
   /// Starts a checkpoint at `dst`, which must not exist; its parent folders are created.
@@ -50,11 +58,27 @@ class UniversalWriter {
   /// kAlreadyExists (parameter written before), kFailedPrecondition (after Commit), kIoError.
   Status WriteParameter(const UniversalParamInfo& meta, std::span<const NamedState> states);
 
-  /// Writes manifest.json (params sorted by name, from what WriteParameter wrote; header.params
-  /// must be empty), fsyncs the folder, renames it to dst and fsyncs dst's parent.
+  /// Starts parameter `meta`'s file with `states` (datasets created in this order), to be filled
+  /// by WriteStateRange. The file is fsynced and closed when the last element of its last state
+  /// has arrived. Thread-safe.
+  /// Errors: as WriteParameter.
+  Status BeginParameter(const UniversalParamInfo& meta, std::span<const StateDecl> states);
+
+  /// Elements [begin_elem, begin_elem + n) of a state of a begun parameter (n from data's size).
+  /// The ranges of one state must arrive in order, each starting where the last one ended, from
+  /// one thread at a time (the checksum is computed as they come). Thread-safe across states.
+  /// With compression the state is buffered until complete.
+  /// Errors: kNotFound (parameter not begun, unknown state), kInvalidArgument (out of order,
+  /// past the end, size not a whole number of elements), kAlreadyExists (state complete),
+  /// kIoError.
+  Status WriteStateRange(std::string_view param, std::string_view state, int64_t begin_elem,
+                         std::span<const std::byte> data);
+
+  /// Writes manifest.json (params sorted by name, from what was written; header.params must be
+  /// empty), fsyncs the folder, renames it to dst and fsyncs dst's parent.
   /// Errors: kInvalidArgument (header.params not empty, header.step differs from the options'
-  /// step, bad header fields), kAlreadyExists (dst
-  /// appeared meanwhile), kFailedPrecondition (called twice), kIoError.
+  /// step, bad header fields), kAlreadyExists (dst appeared meanwhile), kFailedPrecondition
+  /// (called twice, or a begun parameter is incomplete, naming it), kIoError.
   Status Commit(const UniversalManifest& header);
 
   /// The temporary folder being written (for tests and progress messages).
