@@ -1,37 +1,54 @@
 #!/usr/bin/env bash
-# Conversion benchmark: gpt2-small at tp=2,pp=2,dp=2 (zero=1, bf16; ~1.7 GiB), then, in the same
-# run, `cp -r` of the folder (the baseline), extract, reshard and convert, each with wall time and
-# peak RSS (/usr/bin/time). Usage: tools/bench_convert.sh [BUILD_DIR] [WORK_DIR] [THREADS]
+# Conversion benchmark: gpt2-small at tp=2,pp=2,dp=2 (zero=1, bf16; 2.1 GiB in 8 rank files),
+# then ROUNDS rounds, each timing in turn a durable copy (`cp -r` + `sync`, the baseline: ucp
+# fsyncs what it writes), `ucp extract`, `ucp reshard` of that extract to tp=4,pp=1,dp=2 and
+# `ucp convert` of the source to the same layout, with wall time and peak RSS (/usr/bin/time).
+# The machine's write speed swings by several times from one minute to the next, so the rounds
+# interleave baseline and ucp, and the summary gives medians and the ratio of medians.
+# Usage: tools/bench_convert.sh [BUILD_DIR] [WORK_DIR] [THREADS] [ROUNDS] [EXTRA UCP ARGS...]
 set -euo pipefail
 build=${1:-build}
 work=${2:-$(mktemp -d /tmp/ucp_bench_XXXXXX)}
 threads=${3:-0}
+rounds=${4:-3}
+shift $(($# < 4 ? $# : 4))
+extra=("$@")
 ucp=$(realpath "$build")/bin/ucp
 mkdir -p "$work"
 cd "$work"
-rm -rf src copy uni resharded converted
+rm -rf src copy uni resharded converted .times
 measure() {  # name, command...
   local name=$1; shift
   sync
   /usr/bin/time -f "%e %M" -o .time "$@" >/dev/null
   read -r wall rss_kib <.time
-  printf '%-10s %8.2f s  %8.1f MiB peak RSS\n' "$name" "$wall" "$(echo "$rss_kib / 1024" | bc -l)"
-  eval "wall_$name=$wall"
+  echo "$name $wall $rss_kib" >>.times
+  printf '  %-8s %7.2f s  %7.1f MiB peak RSS\n' "$name" "$wall" "$(echo "$rss_kib / 1024" | bc -l)"
 }
 "$ucp" generate --model gpt2-small --layout tp=2,pp=2,dp=2,zero=1 --dtype bf16 --seed 1 \
   --out src --threads "$threads" >/dev/null
 echo "checkpoint: $(du -sb src | cut -f1) bytes in $(ls src | wc -l) files ($(nproc) cores)"
-measure cp cp -r src copy
-rm -rf copy && sync
-# ucp fsyncs what it writes; the fair baseline is a durable copy.
-measure cp_sync bash -c "cp -r src copy && sync"
-measure extract "$ucp" extract src uni --threads "$threads"
-measure reshard "$ucp" reshard uni resharded --layout tp=4,pp=1,dp=2,zero=1 --threads "$threads"
-measure convert "$ucp" convert src converted --layout tp=4,pp=1,dp=2,zero=1 --threads "$threads"
-for op in extract reshard convert; do
-  w=wall_$op
-  printf '%-10s %.2fx cp -r, %.2fx cp -r + sync\n' "$op" "$(echo "${!w} / $wall_cp" | bc -l)" \
-    "$(echo "${!w} / $wall_cp_sync" | bc -l)"
+for r in $(seq "$rounds"); do
+  echo "round $r"
+  measure cp bash -c "cp -r src copy && sync"
+  rm -rf copy
+  measure extract "$ucp" extract src uni --threads "$threads" "${extra[@]}"
+  measure reshard "$ucp" reshard uni resharded --layout tp=4,pp=1,dp=2,zero=1 --threads "$threads" \
+    "${extra[@]}"
+  measure convert "$ucp" convert src converted --layout tp=4,pp=1,dp=2,zero=1 --threads "$threads" \
+    "${extra[@]}"
+  if [ "$r" = 1 ]; then
+    "$ucp" diff resharded converted >/dev/null && echo "  reshard and convert outputs: equal"
+  fi
+  rm -rf uni resharded converted
 done
-"$ucp" diff resharded converted >/dev/null && echo "reshard and convert outputs: equal"
+median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+cp_med=$(awk '$1=="cp"{print $2}' .times | median)
+echo "summary over $rounds rounds (median wall, its ratio to the median durable copy, max RSS):"
+for op in cp extract reshard convert; do
+  med=$(awk -v o=$op '$1==o{print $2}' .times | median)
+  rss=$(awk -v o=$op '$1==o{print $3}' .times | sort -n | tail -1)
+  printf '  %-8s %7.2f s  x%.2f  %7.1f MiB\n' "$op" "$med" "$(echo "$med / $cp_med" | bc -l)" \
+    "$(echo "$rss / 1024" | bc -l)"
+done
 rm -rf "$work"/{src,copy,uni,resharded,converted}
