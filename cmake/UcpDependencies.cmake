@@ -46,5 +46,5 @@ if(UCP_ENABLE_CUDA)
 endif()
 message(STATUS "ucp: CUDA targets ${UCP_HAVE_CUDA}")
 
-find_package(MPI COMPONENTS C QUIET)
-message(STATUS "ucp: MPI ${MPI_C_FOUND}")
+# MPI (Debian's OpenMPI) runs distributed conversion and multi-process saves (ucp/mpi).
+find_package(MPI REQUIRED COMPONENTS C)

@@ -3,13 +3,16 @@
 #pragma once
 
 #include <boost/program_options.hpp>
-
 #include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
 
 #include "ucp/base/status.h"
+
+namespace ucp::api {
+class ProcessGroup;
+}  // namespace ucp::api
 
 namespace ucp::cli {
 
@@ -20,6 +23,9 @@ struct CommandIo {
   std::ostream& err;  // progress and warnings; the final error line is main's job
   bool is_terminal;   // stderr is a terminal: progress bars allowed
   int exit_code = 0;  // set by a command that succeeds but reports a finding (diff: 1)
+  /// The processes running this command together when an MPI launcher started them (null
+  /// otherwise). Only the root's `out` and `err` reach the terminal.
+  api::ProcessGroup* group = nullptr;
 };
 
 struct Command {
@@ -41,5 +47,6 @@ bool RegisterCommand(Command (*factory)());
 
 }  // namespace ucp::cli
 
-#define UCP_REGISTER_COMMAND(factory) \
-  [[maybe_unused]] static const bool ucp_registered_##factory = ::ucp::cli::internal::RegisterCommand(&factory)
+#define UCP_REGISTER_COMMAND(factory)                           \
+  [[maybe_unused]] static const bool ucp_registered_##factory = \
+      ::ucp::cli::internal::RegisterCommand(&factory)

@@ -1,5 +1,6 @@
-// ucp and ucp-bench: the command-line tools (one main, two command sets). Picks the subcommand, parses its options, runs it, and maps its
-// Status to an exit code (docs/errors.md). Usage errors exit 2; `--help` exits 0.
+// ucp and ucp-bench: the command-line tools (one main, two command sets). Picks the subcommand,
+// parses its options, runs it, and maps its Status to an exit code (docs/errors.md). Usage errors
+// exit 2; `--help` exits 0.
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <string>
 
 #include "ucp-cli/command.h"
+#include "ucp/api/process_group.h"
+#include "ucp/mpi/mpi_group.h"
 
 namespace ucp::cli {
 namespace {
@@ -18,8 +21,10 @@ std::vector<Command>& Registry() {
 }
 
 void PrintTopHelp(std::ostream& os) {
-  os << UCP_PROGRAM ": " UCP_PROGRAM_SUMMARY "\n\n"
-        "usage: " UCP_PROGRAM " COMMAND [options]   (" UCP_PROGRAM " COMMAND --help for its options)\n\ncommands:\n";
+  os << UCP_PROGRAM ": " UCP_PROGRAM_SUMMARY
+                    "\n\n"
+                    "usage: " UCP_PROGRAM " COMMAND [options]   (" UCP_PROGRAM
+                    " COMMAND --help for its options)\n\ncommands:\n";
   for (const Command* c : AllCommands()) {
     os << "  " << c->name << std::string(12 - std::min<size_t>(11, c->name.size()), ' ')
        << c->summary << "\n";
@@ -45,11 +50,12 @@ int Run(int argc, char** argv) {
     if (c->name == name) cmd = c;
   }
   if (cmd == nullptr) {
-    std::cerr << UCP_PROGRAM ": error: unknown command \"" << name << "\" (see " UCP_PROGRAM " --help)\n";
+    std::cerr << UCP_PROGRAM ": error: unknown command \"" << name
+              << "\" (see " UCP_PROGRAM " --help)\n";
     return 2;
   }
-  po::options_description opts(std::string(UCP_PROGRAM " ") + cmd->name + " " + cmd->usage + "\n\n" + cmd->summary +
-                               "\n\noptions");
+  po::options_description opts(std::string(UCP_PROGRAM " ") + cmd->name + " " + cmd->usage +
+                               "\n\n" + cmd->summary + "\n\noptions");
   opts.add_options()("help,h", "print this help");
   po::positional_options_description pos;
   cmd->add_options(opts, pos);
@@ -62,16 +68,33 @@ int Run(int argc, char** argv) {
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    std::cerr << UCP_PROGRAM " " << cmd->name << ": usage error: " << e.what() << " (see " UCP_PROGRAM " " << cmd->name
-              << " --help)\n";
+    std::cerr << UCP_PROGRAM " " << cmd->name << ": usage error: " << e.what()
+              << " (see " UCP_PROGRAM " " << cmd->name << " --help)\n";
     return 2;
   }
-  CommandIo io{std::cout, std::cerr, isatty(STDERR_FILENO) != 0};
+  // Under an MPI launcher the processes run the command together (api::ProcessGroup); they agree
+  // on the outcome, so the root alone speaks for all of them.
+  std::unique_ptr<api::ProcessGroup> group;
+  if (mpi::LaunchedByMpi()) {
+    Result<std::unique_ptr<api::ProcessGroup>> g = mpi::WorldGroup();
+    if (!g.ok()) {
+      std::cerr << UCP_PROGRAM ": error: " << g.status().message() << "\n";
+      return ExitCodeFor(g.status().code());
+    }
+    group = std::move(*g);
+  }
+  const bool speaks = group == nullptr || group->is_root();
+  std::ostream quiet(nullptr);
+  CommandIo io{speaks ? std::cout : quiet, speaks ? std::cerr : quiet,
+               speaks && isatty(STDERR_FILENO) != 0};
+  io.group = group.get();
   Status s = cmd->run(vm, io);
   std::cout.flush();
   if (!s.ok()) {
-    std::cerr << UCP_PROGRAM " " << cmd->name << ": error: " << s.message() << " ["
-              << StatusCodeName(s.code()) << "]\n";
+    if (speaks) {
+      std::cerr << UCP_PROGRAM " " << cmd->name << ": error: " << s.message() << " ["
+                << StatusCodeName(s.code()) << "]\n";
+    }
     return ExitCodeFor(s.code());
   }
   return io.exit_code;

@@ -40,6 +40,7 @@ inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, C
   UCP_ASSIGN_OR_RETURN(setup->options.memory_limit_bytes,
                        exec::ParseByteSize(vm["memory-limit"].as<std::string>()), "--memory-limit");
   setup->options.verify_source_checksums = vm.count("skip-checksums") == 0;
+  setup->options.group = io.group;
   if (io.is_terminal) {
     auto mu = std::make_shared<std::mutex>();
     std::ostream* err = &io.err;

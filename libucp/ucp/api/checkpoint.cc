@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -126,6 +129,9 @@ class DistSource final : public CheckpointSource {
     return out;
   }
   Status VerifyChecksums() const override { return reader_.Verify(); }
+  Status VerifyChecksumsPart(int part, int parts) const override {
+    return reader_.Verify(part, parts);
+  }
 
  private:
   dist::DistReader reader_;
@@ -155,6 +161,9 @@ class UniversalSource final : public CheckpointSource {
     return out;
   }
   Status VerifyChecksums() const override { return reader_.Verify(); }
+  Status VerifyChecksumsPart(int part, int parts) const override {
+    return reader_.Verify(part, parts);
+  }
 
  private:
   io::UniversalReader reader_;
@@ -285,6 +294,47 @@ class DiscardSink final : public exec::TensorSink {
   }
 };
 
+// Which output files each process writes: whole files (a rank file, or a parameter file) go to
+// one process each, largest first to the least loaded process (ties to the lower rank), so
+// every process computes the same assignment from the same plan. Returns this process's targets
+// and, for per-rank output, the ranks whose files it creates.
+struct Share {
+  std::vector<int32_t> targets;
+  std::vector<int64_t> ranks;
+};
+Share ShareOf(const convert::Plan& plan, int64_t world, bool universal, int rank, int size) {
+  std::map<std::string, int64_t> bytes;  // file key -> bytes
+  std::vector<std::string> key(plan.targets.size());
+  for (size_t i = 0; i < plan.targets.size(); ++i) {
+    const TensorInfo& t = plan.targets[i];
+    key[i] = universal ? t.param : std::to_string(t.rank);
+    bytes[key[i]] += NumElementsOrDie(t.shape) * DTypeSizeBytes(t.dtype);
+  }
+  if (!universal) {
+    for (int64_t r = 0; r < world; ++r) bytes.try_emplace(std::to_string(r), 0);
+  }
+  std::vector<std::pair<int64_t, std::string>> files;
+  for (const auto& [k, b] : bytes) files.emplace_back(-b, k);
+  std::sort(files.begin(), files.end());
+  std::vector<int64_t> load(size, 0);
+  std::map<std::string, int> owner;
+  for (const auto& [neg, k] : files) {
+    const int p = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[p] -= neg;
+    owner[k] = p;
+  }
+  Share share;
+  for (size_t i = 0; i < plan.targets.size(); ++i) {
+    if (owner[key[i]] == rank) share.targets.push_back(static_cast<int32_t>(i));
+  }
+  if (!universal) {
+    for (int64_t r = 0; r < world; ++r) {
+      if (owner[std::to_string(r)] == rank) share.ranks.push_back(r);
+    }
+  }
+  return share;
+}
+
 exec::ExecOptions ExecOpts(const RunOptions& o) {
   exec::ExecOptions e;
   e.memory_limit_bytes = o.memory_limit_bytes;
@@ -359,23 +409,98 @@ Result<std::pair<patterns::ModelSpec, patterns::ResolvedModel>> LoadResolvedMode
   return std::make_pair(std::move(spec), std::move(resolved));
 }
 
+// Runs `plan` from `src` into a new checkpoint at dst with the processes of options.group, each
+// writing its share: the root creates the temporary folder, the others join it, parts go back
+// to the root, which commits. `Writer` is UniversalWriter or DistWriter; `make` creates it (with
+// the folder to join, or none at the root) and `commit` commits it at the root.
+template <typename Writer, typename Sink, typename Make, typename MakeSink, typename Commit>
+Result<exec::ExecStats> RunShared(const CheckpointSource& src, const convert::Plan& plan,
+                                  const fs::path& dst, const RunOptions& options, bool universal,
+                                  int64_t world, Make make, MakeSink make_sink, Commit commit) {
+  ProcessGroup& group = options.group != nullptr ? *options.group : SingleProcess();
+  std::error_code ec;
+  Status st;
+  if (fs::exists(dst, ec)) {
+    st = AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
+  }
+  UCP_RETURN_IF_ERROR(group.Agree(st));
+  if (options.verify_source_checksums) {
+    UCP_RETURN_IF_ERROR(group.Agree(src.VerifyChecksumsPart(group.rank(), group.size())));
+  }
+  const Share share = ShareOf(plan, world, universal, group.rank(), group.size());
+  std::optional<Writer> writer;
+  fs::path temp;
+  if (group.is_root()) {
+    Result<Writer> w = make(fs::path(), share);
+    st = w.status();
+    if (w.ok()) {
+      temp = w->temp_dir();
+      writer.emplace(std::move(*w));
+    }
+  }
+  UCP_RETURN_IF_ERROR(group.Agree(st));
+  if (group.size() > 1) {
+    UCP_ASSIGN_OR_RETURN(std::string t, group.Broadcast(temp.string()));
+    if (!group.is_root()) {
+      Result<Writer> w = make(fs::path(t), share);
+      st = w.status();
+      if (w.ok()) writer.emplace(std::move(*w));
+    }
+    UCP_RETURN_IF_ERROR(group.Agree(st));
+  }
+  Sink sink = make_sink(*writer);
+  exec::ExecOptions eo = ExecOpts(options);
+  eo.targets = share.targets;
+  Result<exec::ExecStats> stats = exec::ExecStats{};
+  if (!share.targets.empty() || group.size() == 1) stats = exec::ExecutePlan(plan, src, sink, eo);
+  UCP_RETURN_IF_ERROR(group.Agree(stats.status()));
+  if (group.size() > 1) {
+    // The root reports the whole job: every process's counts, added up.
+    const exec::ExecStats& mine = *stats;
+    UCP_ASSIGN_OR_RETURN(
+        std::vector<std::string> counts,
+        group.Gather(std::to_string(mine.targets_written) + " " + std::to_string(mine.bytes_read) +
+                     " " + std::to_string(mine.bytes_written) + " " +
+                     std::to_string(mine.peak_in_flight_bytes)));
+    exec::ExecStats total;
+    for (const std::string& c : counts) {
+      exec::ExecStats one;
+      if (std::sscanf(c.c_str(), "%" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64,
+                      &one.targets_written, &one.bytes_read, &one.bytes_written,
+                      &one.peak_in_flight_bytes) != 4) {
+        return InternalError("malformed counts from another process: \"" + c + "\"");
+      }
+      total.targets_written += one.targets_written;
+      total.bytes_read += one.bytes_read;
+      total.bytes_written += one.bytes_written;
+      total.peak_in_flight_bytes = std::max(total.peak_in_flight_bytes, one.peak_in_flight_bytes);
+    }
+    if (group.is_root()) stats = total;
+  }
+  if (group.size() > 1) {
+    std::string part;
+    st = Status::Ok();
+    if (!group.is_root()) {
+      Result<std::string> p = writer->LocalPart();
+      st = p.status();
+      if (p.ok()) part = std::move(*p);
+    }
+    UCP_RETURN_IF_ERROR(group.Agree(st));
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> parts, group.Gather(part));
+    st = Status::Ok();
+    for (size_t r = 1; r < parts.size() && st.ok(); ++r) st = writer->AddPart(parts[r]);
+  }
+  if (group.is_root() && st.ok()) st = commit(*writer);
+  UCP_RETURN_IF_ERROR(group.Agree(st));
+  return stats;
+}
+
 Result<exec::ExecStats> Extract(const CheckpointSource& src, const fs::path& dst,
                                 const RunOptions& options) {
   const CheckpointMeta& meta = src.meta();
   UCP_ASSIGN_OR_RETURN(convert::Plan plan,
                        convert::PlanConversion(meta.model, meta.layout, layout::UniversalLayout(),
                                                meta.plan_options()));
-  std::error_code ec;
-  if (fs::exists(dst, ec)) {
-    return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
-  }
-  if (options.verify_source_checksums) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
-  io::UniversalWriteOptions wo;
-  wo.step = meta.step;
-  UCP_ASSIGN_OR_RETURN(io::UniversalWriter writer, io::UniversalWriter::Create(dst, wo));
-  UniversalSink sink(writer, plan, meta.model);
-  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats,
-                       exec::ExecutePlan(plan, src, sink, ExecOpts(options)));
   io::UniversalManifest header;
   header.step = meta.step;
   header.optimizer_kind = meta.optimizer_kind;
@@ -385,27 +510,25 @@ Result<exec::ExecStats> Extract(const CheckpointSource& src, const fs::path& dst
   header.source_model = meta.spec.family;
   header.source_framework = "ucp";
   header.client_state_json = ModelJson(meta.spec);
-  UCP_RETURN_IF_ERROR(writer.Commit(header));
-  return stats;
+  return RunShared<io::UniversalWriter, UniversalSink>(
+      src, plan, dst, options, /*universal=*/true, 1,
+      [&](const fs::path& join, const Share&) {
+        io::UniversalWriteOptions wo;
+        wo.step = meta.step;
+        wo.join_temp = join;
+        return io::UniversalWriter::Create(dst, wo);
+      },
+      [&](io::UniversalWriter& w) { return UniversalSink(w, plan, meta.model); },
+      [&](io::UniversalWriter& w) { return w.Commit(header); });
 }
 
 Result<exec::ExecStats> ToLayout(const CheckpointSource& src, const layout::Layout& to,
                                  const fs::path& dst, const RunOptions& options) {
   const CheckpointMeta& meta = src.meta();
   if (to.universal) return Extract(src, dst, options);
-  std::error_code ec;
-  if (fs::exists(dst, ec)) {
-    return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
-  }
   UCP_ASSIGN_OR_RETURN(convert::Plan plan,
                        convert::PlanConversion(meta.model, meta.layout, to, meta.plan_options()),
                        "--layout " + layout::ToString(to));
-  if (options.verify_source_checksums) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
-  UCP_ASSIGN_OR_RETURN(dist::DistWriter writer,
-                       dist::DistWriter::Create(dst, layout::WorldSize(to), Declarations(plan)));
-  DistSink sink(writer);
-  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats,
-                       exec::ExecutePlan(plan, src, sink, ExecOpts(options)));
   dist::DistManifest header;
   header.model = DescribeModel(meta.spec);
   header.layout = layout::ToString(to);
@@ -414,8 +537,17 @@ Result<exec::ExecStats> ToLayout(const CheckpointSource& src, const layout::Layo
   header.optimizer_hyper = meta.optimizer_hyper;
   header.optimizer_states = meta.optimizer_states;
   for (const auto& p : meta.model.params) header.params.push_back({p.name, p.shape, p.dtype});
-  UCP_RETURN_IF_ERROR(writer.Commit(header));
-  return stats;
+  const int64_t world = layout::WorldSize(to);
+  return RunShared<dist::DistWriter, DistSink>(
+      src, plan, dst, options, /*universal=*/false, world,
+      [&](const fs::path& join, const Share& share) {
+        dist::DistWriteOptions wo;
+        wo.join_temp = join;
+        if (options.group != nullptr && options.group->size() > 1) wo.owned_ranks = share.ranks;
+        return dist::DistWriter::Create(dst, world, Declarations(plan), wo);
+      },
+      [&](dist::DistWriter& w) { return DistSink(w); },
+      [&](dist::DistWriter& w) { return w.Commit(header); });
 }
 
 Result<exec::ExecStats> Generate(const patterns::ModelSpec& spec,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ucp/api/process_group.h"
 #include "ucp/base/result.h"
 #include "ucp/convert/plan.h"
 #include "ucp/exec/executor.h"
@@ -54,6 +55,11 @@ class CheckpointSource : public exec::TensorSource {
   virtual std::vector<convert::TensorInfo> StoredTensors() const = 0;
   /// Checksums of every stored tensor. Errors: kDataLoss naming file, tensor and field.
   virtual Status VerifyChecksums() const = 0;
+  /// Share `part` of `parts` of VerifyChecksums, for processes that convert one checkpoint
+  /// together (RunOptions::group). The default has part 0 verify everything.
+  virtual Status VerifyChecksumsPart(int part, int parts) const {
+    return part == 0 ? VerifyChecksums() : Status::Ok();
+  }
 };
 
 /// The data folder: env UCP_DATA_DIR when set, else the compiled-in source root.
@@ -66,6 +72,10 @@ struct RunOptions {
   /// Verify every source checksum before converting (the executor's range reads cannot), so a
   /// corrupt shard fails the run before any output is written.
   bool verify_source_checksums = true;
+  /// The processes converting together, each writing a share of the output files (whole rank
+  /// or parameter files, balanced by bytes) and verifying a share of the source; null: this
+  /// process alone. Every process must call the operation with the same arguments.
+  ProcessGroup* group = nullptr;
 };
 
 /// Loads a preset / model file and resolves it against its family's rules; `dtype` (when not

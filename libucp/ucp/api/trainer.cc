@@ -49,10 +49,14 @@ Status CheckView(const TensorInfo& t, DType dtype, const Shape& shape) {
 
 struct RankSaver::Impl {
   CheckpointMeta meta;
+  ProcessGroup* group = nullptr;
   std::unique_ptr<dist::DistWriter> writer;
   std::vector<TensorInfo> all;
+  std::set<int64_t> mine;  // the ranks this process saves
   std::mutex mu;
   std::set<std::string> saved;  // "<rank>/<name>" of the writing rank
+
+  ProcessGroup& Group() { return group != nullptr ? *group : SingleProcess(); }
 };
 
 RankSaver::RankSaver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -60,23 +64,68 @@ RankSaver::RankSaver(RankSaver&&) noexcept = default;
 RankSaver& RankSaver::operator=(RankSaver&&) noexcept = default;
 RankSaver::~RankSaver() = default;
 
-Result<RankSaver> RankSaver::Create(const fs::path& dst, const CheckpointMeta& meta) {
-  UCP_RETURN_IF_ERROR(layout::Validate(meta.layout));
+Result<RankSaver> RankSaver::Create(const fs::path& dst, const CheckpointMeta& meta,
+                                    const SaveOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->meta = meta;
-  UCP_ASSIGN_OR_RETURN(impl->all,
-                       convert::DescribeLayout(meta.model, meta.layout, meta.plan_options()));
+  impl->group = options.group;
+  ProcessGroup& group = impl->Group();
+  const int64_t world = layout::WorldSize(meta.layout);
+  Status st = [&]() -> Status {
+    UCP_RETURN_IF_ERROR(layout::Validate(meta.layout));
+    UCP_ASSIGN_OR_RETURN(impl->all,
+                         convert::DescribeLayout(meta.model, meta.layout, meta.plan_options()));
+    if (group.size() == 1) {
+      for (int64_t r = 0; r < world; ++r) impl->mine.insert(r);
+    }
+    for (int64_t r : group.size() == 1 ? std::vector<int64_t>{} : options.ranks) {
+      if (r < 0 || r >= world) {
+        return InvalidArgumentError("rank " + std::to_string(r) + " is outside " +
+                                    layout::ToString(meta.layout) + " (" + std::to_string(world) +
+                                    " ranks)");
+      }
+      impl->mine.insert(r);
+    }
+    std::error_code ec;
+    if (fs::exists(dst, ec)) {
+      return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
+    }
+    return Status::Ok();
+  }();
+  UCP_RETURN_IF_ERROR(group.Agree(st));
   std::vector<dist::DistTensorDecl> decls;
   for (const TensorInfo& t : impl->all) decls.push_back({t.rank, t.name, t.dtype, t.shape});
-  UCP_ASSIGN_OR_RETURN(
-      dist::DistWriter w,
-      dist::DistWriter::Create(dst, layout::WorldSize(meta.layout), std::move(decls)));
-  impl->writer = std::make_unique<dist::DistWriter>(std::move(w));
+  dist::DistWriteOptions wo;
+  if (group.size() > 1) wo.owned_ranks = std::vector<int64_t>(impl->mine.begin(), impl->mine.end());
+  fs::path temp;
+  if (group.is_root()) {
+    Result<dist::DistWriter> w = dist::DistWriter::Create(dst, world, decls, wo);
+    st = w.status();
+    if (w.ok()) {
+      temp = w->temp_dir();
+      impl->writer = std::make_unique<dist::DistWriter>(std::move(*w));
+    }
+  }
+  UCP_RETURN_IF_ERROR(group.Agree(st));
+  if (group.size() > 1) {
+    UCP_ASSIGN_OR_RETURN(std::string t, group.Broadcast(temp.string()));
+    if (!group.is_root()) {
+      wo.join_temp = t;
+      Result<dist::DistWriter> w = dist::DistWriter::Create(dst, world, decls, wo);
+      st = w.status();
+      if (w.ok()) impl->writer = std::make_unique<dist::DistWriter>(std::move(*w));
+    }
+    UCP_RETURN_IF_ERROR(group.Agree(st));
+  }
   return RankSaver(std::move(impl));
 }
 
 Status RankSaver::SaveRank(int64_t rank,
                            std::span<const std::pair<std::string, ConstTensorView>> tensors) {
+  if (!impl_->mine.count(rank)) {
+    return FailedPreconditionError("rank " + std::to_string(rank) +
+                                   " is not one of the ranks this process said it saves");
+  }
   UCP_ASSIGN_OR_RETURN(
       std::vector<TensorInfo> mine,
       RankTensors(impl_->meta.model, impl_->meta.layout, rank, impl_->meta.plan_options()));
@@ -99,22 +148,40 @@ Status RankSaver::SaveRank(int64_t rank,
 }
 
 Status RankSaver::Commit() {
+  ProcessGroup& group = impl_->Group();
+  Status st;
   for (const TensorInfo& t : impl_->all) {
-    if (!impl_->saved.count(std::to_string(t.rank) + "/" + t.name)) {
-      return FailedPreconditionError("tensor \"" + t.name + "\" of rank " + std::to_string(t.rank) +
-                                     " was never saved");
+    if (impl_->mine.count(t.rank) && !impl_->saved.count(std::to_string(t.rank) + "/" + t.name)) {
+      st = FailedPreconditionError("tensor \"" + t.name + "\" of rank " + std::to_string(t.rank) +
+                                   " was never saved");
+      break;
     }
   }
-  const CheckpointMeta& m = impl_->meta;
-  dist::DistManifest header;
-  header.model = {m.spec.name, m.spec.family, m.spec.dtype, m.spec.hyper};
-  header.layout = layout::ToString(m.layout);
-  header.step = m.step;
-  header.optimizer_kind = m.optimizer_kind;
-  header.optimizer_hyper = m.optimizer_hyper;
-  header.optimizer_states = m.optimizer_states;
-  for (const auto& p : m.model.params) header.params.push_back({p.name, p.shape, p.dtype});
-  return impl_->writer->Commit(header);
+  UCP_RETURN_IF_ERROR(group.Agree(st));
+  if (group.size() > 1) {
+    std::string part;
+    if (!group.is_root()) {
+      Result<std::string> p = impl_->writer->LocalPart();
+      st = p.status();
+      if (p.ok()) part = std::move(*p);
+    }
+    UCP_RETURN_IF_ERROR(group.Agree(st));
+    UCP_ASSIGN_OR_RETURN(std::vector<std::string> parts, group.Gather(part));
+    for (size_t r = 1; r < parts.size() && st.ok(); ++r) st = impl_->writer->AddPart(parts[r]);
+  }
+  if (group.is_root() && st.ok()) {
+    const CheckpointMeta& m = impl_->meta;
+    dist::DistManifest header;
+    header.model = {m.spec.name, m.spec.family, m.spec.dtype, m.spec.hyper};
+    header.layout = layout::ToString(m.layout);
+    header.step = m.step;
+    header.optimizer_kind = m.optimizer_kind;
+    header.optimizer_hyper = m.optimizer_hyper;
+    header.optimizer_states = m.optimizer_states;
+    for (const auto& p : m.model.params) header.params.push_back({p.name, p.shape, p.dtype});
+    st = impl_->writer->Commit(header);
+  }
+  return group.Agree(st);
 }
 
 namespace {

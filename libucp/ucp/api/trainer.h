@@ -25,14 +25,26 @@ Result<std::vector<convert::TensorInfo>> RankTensors(const patterns::ResolvedMod
                                                      const layout::Layout& layout, int64_t rank,
                                                      const convert::PlanOptions& options = {});
 
-/// Saves the ranks of one layout into a distributed checkpoint, then commits it atomically. All
-/// ranks must be saved through one RankSaver (one process); a dp replica's copy of a tensor that
-/// another rank writes is checked for shape and dtype and not written again.
+struct SaveOptions {
+  /// The processes saving together (e.g. ucp::mpi::WorldGroup(), one per GPU); null: this
+  /// process saves every rank. Create and Commit are collective: every process calls them.
+  ProcessGroup* group = nullptr;
+  /// The global ranks this process saves (with a group); every rank of the layout must be
+  /// saved by exactly one process. Ignored without a group.
+  std::vector<int64_t> ranks;
+};
+
+/// Saves the ranks of one layout into a distributed checkpoint, then commits it atomically. A
+/// dp replica's copy of a tensor that another rank writes is checked for shape and dtype and not
+/// written again. With several processes (SaveOptions::group) each saves its own ranks into one
+/// temporary folder, and the root commits once all have finished.
 class RankSaver {
  public:
   /// Errors: kAlreadyExists (dst exists), kFailedPrecondition (the layout cannot hold the
-  /// model), kInvalidArgument (invalid layout).
-  static Result<RankSaver> Create(const std::filesystem::path& dst, const CheckpointMeta& meta);
+  /// model), kInvalidArgument (invalid layout, a rank outside it); with a group, the first
+  /// error of any process.
+  static Result<RankSaver> Create(const std::filesystem::path& dst, const CheckpointMeta& meta,
+                                  const SaveOptions& options = {});
 
   RankSaver(RankSaver&&) noexcept;
   RankSaver& operator=(RankSaver&&) noexcept;
@@ -40,11 +52,13 @@ class RankSaver {
 
   /// Writes the rank's tensors from the trainer's memory (no copy). Thread-safe.
   /// Errors: kNotFound (a name that is not a tensor of this rank), kInvalidArgument (dtype or
-  /// shape differs from the layout's, naming the tensor), kAlreadyExists, kIoError.
+  /// shape differs from the layout's, naming the tensor), kAlreadyExists, kFailedPrecondition
+  /// (a rank this process did not say it saves), kIoError.
   Status SaveRank(int64_t rank, std::span<const std::pair<std::string, ConstTensorView>> tensors);
 
-  /// Checks that every tensor of the layout was saved and commits.
-  /// Errors: kFailedPrecondition naming the first tensor never saved; as DistWriter::Commit.
+  /// Checks that every tensor of the layout was saved (by some process) and commits.
+  /// Errors: kFailedPrecondition naming the first tensor never saved; as DistWriter::Commit;
+  /// with a group, the first error of any process.
   Status Commit();
 
  private:

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct RankOut {
   std::atomic<int64_t> remaining{0};  // tensors not yet complete
   std::mutex close_mu;
   bool closed = false;
+  bool owned = true;                                       // this writer creates the file
+  std::map<std::string, std::string, std::less<>> remote;  // name -> checksum, from AddPart
+  bool remote_file = false;                                // another process reported the file
 };
 
 }  // namespace
@@ -44,13 +48,14 @@ struct RankOut {
 struct DistWriter::Impl {
   fs::path dst;
   fs::path tmp;
+  bool joined = false;  // another process created tmp and commits
   int64_t world = 0;
   std::vector<std::unique_ptr<RankOut>> ranks;
   std::mutex mu;
   bool committed = false;
 
   ~Impl() {
-    if (!committed && !tmp.empty()) {
+    if (!committed && !joined && !tmp.empty()) {
       ranks.clear();
       io::RemoveTreeBestEffort(tmp);
     }
@@ -87,9 +92,14 @@ struct DistWriter::Impl {
     std::lock_guard<std::mutex> lock(out.close_mu);
     if (out.closed) return Status::Ok();
     out.closed = true;
-    // Writeback starts now; Commit's fsync of the folder waits for it. An fsync here would stall
-    // this worker on the disk while it could be building the next tensor.
-    UCP_RETURN_IF_ERROR(out.raw->StartWriteback());
+    if (joined) {
+      // The committing process may be on another machine: this one makes its own files durable.
+      UCP_RETURN_IF_ERROR(out.raw->Sync());
+    } else {
+      // Writeback starts now; Commit's fsync of the folder waits for it. An fsync here would
+      // stall this worker on the disk while it could be building the next tensor.
+      UCP_RETURN_IF_ERROR(out.raw->StartWriteback());
+    }
     return out.raw->Close();
   }
 };
@@ -100,7 +110,8 @@ DistWriter& DistWriter::operator=(DistWriter&&) noexcept = default;
 DistWriter::~DistWriter() = default;
 
 Result<DistWriter> DistWriter::Create(const fs::path& dst, int64_t world_size,
-                                      std::vector<DistTensorDecl> tensors) {
+                                      std::vector<DistTensorDecl> tensors,
+                                      const DistWriteOptions& options) {
   if (world_size < 1) {
     return InvalidArgumentError("world size must be >= 1, got " + std::to_string(world_size));
   }
@@ -124,6 +135,25 @@ Result<DistWriter> DistWriter::Create(const fs::path& dst, int64_t world_size,
                                   std::to_string(d.rank));
     }
     out.decls.push_back(std::move(d));
+  }
+  if (options.owned_ranks.has_value()) {
+    for (auto& r : impl->ranks) r->owned = false;
+    for (int64_t r : *options.owned_ranks) {
+      if (r < 0 || r >= world_size) {
+        return InvalidArgumentError("owned rank " + std::to_string(r) + " outside [0, " +
+                                    std::to_string(world_size) + ")");
+      }
+      impl->ranks[r]->owned = true;
+    }
+  }
+  if (!options.join_temp.empty()) {
+    if (!fs::is_directory(options.join_temp, ec)) {
+      return NotFoundError("temporary folder " + options.join_temp.string() +
+                           " to join does not exist");
+    }
+    impl->tmp = options.join_temp;
+    impl->joined = true;
+    return DistWriter(std::move(impl));
   }
   fs::path parent = dst.parent_path().empty() ? fs::path(".") : dst.parent_path();
   fs::create_directories(parent, ec);
@@ -149,6 +179,10 @@ Status DistWriter::WriteRange(int64_t rank, std::string_view name, int64_t begin
   if (it == out.index.end()) {
     return NotFoundError("tensor \"" + std::string(name) + "\" is not declared on rank " +
                          std::to_string(rank));
+  }
+  if (!out.owned) {
+    return FailedPreconditionError("rank " + std::to_string(rank) +
+                                   "'s file is written by another process");
   }
   UCP_RETURN_IF_ERROR(impl_->EnsureFile(rank));
   io::StreamedDataset& ds = *out.streams[it->second];
@@ -181,17 +215,109 @@ Status DistWriter::WriteTensor(int64_t rank, std::string_view name, const ConstT
   return WriteRange(rank, name, 0, data.bytes);
 }
 
+// A part is text: "file\t<rank>" for each owned rank file, then "tensor\t<rank>\t<name>\t
+// <checksum>" for each of its tensors. Tensor names never hold tabs or newlines (plan.h).
+Result<std::string> DistWriter::LocalPart() {
+  std::string text;
+  for (int64_t r = 0; r < impl_->world; ++r) {
+    RankOut& out = *impl_->ranks[r];
+    if (!out.owned) continue;
+    UCP_RETURN_IF_ERROR(impl_->EnsureFile(r));
+    text += "file\t" + std::to_string(r) + "\n";
+    for (size_t i = 0; i < out.decls.size(); ++i) {
+      const io::StreamedDataset& ds = *out.streams[i];
+      if (!ds.complete()) {
+        return FailedPreconditionError(
+            "tensor \"" + out.decls[i].name + "\" of rank " + std::to_string(r) +
+            " is incomplete: " + std::to_string(ds.elements_written()) + " of " +
+            std::to_string(ds.num_elems()) + " elements written");
+      }
+      if (out.decls[i].name.find_first_of("\t\n") != std::string::npos) {
+        return InvalidArgumentError("tensor name \"" + out.decls[i].name +
+                                    "\" holds a tab or newline");
+      }
+      text +=
+          "tensor\t" + std::to_string(r) + "\t" + out.decls[i].name + "\t" + ds.checksum() + "\n";
+    }
+    UCP_RETURN_IF_ERROR(impl_->CloseFile(out));
+  }
+  return text;
+}
+
+Status DistWriter::AddPart(std::string_view part) {
+  auto bad = [](const std::string& why) {
+    return DataLossError("part from another process: " + why);
+  };
+  size_t pos = 0;
+  while (pos < part.size()) {
+    size_t eol = part.find('\n', pos);
+    if (eol == std::string_view::npos) return bad("unterminated line");
+    std::vector<std::string> f;
+    std::string_view line = part.substr(pos, eol - pos);
+    pos = eol + 1;
+    size_t start = 0;
+    while (true) {
+      size_t tab = line.find('\t', start);
+      f.emplace_back(line.substr(start, tab == std::string_view::npos ? line.npos : tab - start));
+      if (tab == std::string_view::npos) break;
+      start = tab + 1;
+    }
+    if (f.size() < 2 || f[1].empty() || f[1].size() > 18 ||
+        f[1].find_first_not_of("0123456789") != std::string::npos) {
+      return bad("malformed line \"" + std::string(line.substr(0, 80)) + "\"");
+    }
+    const int64_t r = std::stoll(f[1]);
+    if (r >= impl_->world) return bad("rank " + f[1] + " outside the layout");
+    RankOut& out = *impl_->ranks[r];
+    if (f[0] == "file" && f.size() == 2) {
+      if (out.owned || out.remote_file) return bad("rank file " + f[1] + " reported twice");
+      out.remote_file = true;
+    } else if (f[0] == "tensor" && f.size() == 4) {
+      if (!out.remote_file) return bad("tensor before its rank file in rank " + f[1]);
+      if (!out.index.count(f[2]))
+        return bad("tensor \"" + f[2] + "\" not declared on rank " + f[1]);
+      UCP_RETURN_IF_ERROR(io::ParseXxh3(f[3], "checksum of tensor \"" + f[2] + "\"").status());
+      if (!out.remote.emplace(f[2], f[3]).second) {
+        return bad("tensor \"" + f[2] + "\" of rank " + f[1] + " reported twice");
+      }
+    } else {
+      return bad("malformed line \"" + std::string(line.substr(0, 80)) + "\"");
+    }
+  }
+  return Status::Ok();
+}
+
 Status DistWriter::Commit(const DistManifest& header) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->committed) return FailedPreconditionError("checkpoint already committed");
   if (!header.ranks.empty()) {
     return InvalidArgumentError("commit header must have no ranks (they come from the writes)");
   }
+  if (impl_->joined) {
+    return FailedPreconditionError("a writer that joined another process's folder cannot commit");
+  }
   DistManifest m = header;
   for (int64_t r = 0; r < impl_->world; ++r) {
-    UCP_RETURN_IF_ERROR(impl_->EnsureFile(r));
     RankOut& out = *impl_->ranks[r];
     DistRankFile rf{r, RankFileName(r), {}};
+    if (!out.owned) {
+      if (!out.remote_file) {
+        return FailedPreconditionError("no process reported rank file " + RankFileName(r));
+      }
+      for (const DistTensorDecl& d : out.decls) {
+        auto it = out.remote.find(d.name);
+        if (it == out.remote.end()) {
+          return FailedPreconditionError("tensor \"" + d.name + "\" of rank " + std::to_string(r) +
+                                         " was not reported by its process");
+        }
+        rf.tensors.push_back({d.name, d.dtype, d.shape, it->second});
+      }
+      std::sort(rf.tensors.begin(), rf.tensors.end(),
+                [](const DistTensor& a, const DistTensor& b) { return a.name < b.name; });
+      m.ranks.push_back(std::move(rf));
+      continue;
+    }
+    UCP_RETURN_IF_ERROR(impl_->EnsureFile(r));
     for (size_t i = 0; i < out.decls.size(); ++i) {
       const io::StreamedDataset& ds = *out.streams[i];
       if (!ds.complete()) {
@@ -423,7 +549,7 @@ Status DistReader::ReadFlatRange(int64_t rank, std::string_view name, int64_t be
   return impl_->ReadAt(rank, *t, begin_elem, end_elem, out);
 }
 
-Status DistReader::Verify() const {
+Status DistReader::Verify(int part, int parts) const {
   // Every rank file's dataset list, then every tensor hashed in bounded pieces straight from
   // its file, tensors in parallel. The first failure in (rank, name) order is reported.
   struct Item {
@@ -431,7 +557,12 @@ Status DistReader::Verify() const {
     const DistTensor* t;
   };
   std::vector<Item> items;
+  size_t k = 0;
   for (const DistRankFile& r : impl_->manifest.ranks) {
+    for (const DistTensor& t : r.tensors) {
+      if (k++ % parts == static_cast<size_t>(part)) items.push_back({r.rank, &t});
+    }
+    if (r.rank % parts != part) continue;
     UCP_RETURN_IF_ERROR(impl_->Layout(r.rank).status());
     UCP_ASSIGN_OR_RETURN(io::H5File f, impl_->OpenH5(r.rank));
     Result<std::vector<std::string>> names = f.ListDatasets();
@@ -443,7 +574,6 @@ Status DistReader::Verify() const {
       return DataLossError(f.path().string() + ": holds " + std::to_string(names->size()) +
                            " datasets, the manifest lists " + std::to_string(r.tensors.size()));
     }
-    for (const DistTensor& t : r.tensors) items.push_back({r.rank, &t});
   }
   std::vector<Status> results(items.size());
   tbb::parallel_for(size_t{0}, items.size(), [&](size_t i) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +29,17 @@ struct DistTensorDecl {
   Shape shape;
 };
 
+struct DistWriteOptions {
+  /// Several processes writing one checkpoint (api::ProcessGroup): the temporary folder the
+  /// committing process created. This writer then creates only the rank files it is given to
+  /// write (`owned_ranks`), fsyncs each when complete, reports them with LocalPart(), and never
+  /// removes the folder or commits.
+  std::filesystem::path join_temp;
+  /// The ranks whose files this writer creates; the others' come from other processes through
+  /// AddPart. Unset: every rank (one process writes the whole checkpoint).
+  std::optional<std::vector<int64_t>> owned_ranks;
+};
+
 class DistWriter {
  public:
   /// Starts a checkpoint at `dst` (must not exist; parents are created) for `world_size` ranks
@@ -36,7 +48,8 @@ class DistWriter {
   /// Errors: kAlreadyExists (dst exists), kInvalidArgument (world_size < 1, a rank outside it, a
   /// name declared twice on a rank), kIoError.
   static Result<DistWriter> Create(const std::filesystem::path& dst, int64_t world_size,
-                                   std::vector<DistTensorDecl> tensors);
+                                   std::vector<DistTensorDecl> tensors,
+                                   const DistWriteOptions& options = {});
 
   DistWriter(DistWriter&&) noexcept;
   DistWriter& operator=(DistWriter&&) noexcept;
@@ -56,10 +69,19 @@ class DistWriter {
   /// Errors: as WriteRange, kInvalidArgument (view differs from the declaration).
   Status WriteTensor(int64_t rank, std::string_view name, const ConstTensorView& data);
 
-  /// Checks that every declared tensor is complete, writes ucp_layout.json from `header` (its
-  /// `ranks` must be empty; they are filled from what was written), fsyncs, renames to dst.
-  /// Errors: kInvalidArgument (header.ranks not empty), kAlreadyExists, kFailedPrecondition
-  /// (called twice; a tensor incomplete, naming it), kIoError.
+  /// What this writer wrote, for the process that commits: its owned ranks' files (created now
+  /// if nothing was written to them) and each of their tensors' checksum, as text. Every
+  /// declared tensor of an owned rank must be complete.
+  /// Errors: kFailedPrecondition (a tensor incomplete, naming it), kIoError.
+  Result<std::string> LocalPart();
+  /// At the committing process: takes another process's LocalPart().
+  /// Errors: kDataLoss (malformed text, a rank or tensor not declared, or reported twice).
+  Status AddPart(std::string_view part);
+
+  /// Checks that every declared tensor is complete (here or in an added part), writes
+  /// ucp_layout.json from `header` (its `ranks` must be empty; they are filled from what was
+  /// written), fsyncs, renames to dst. Errors: kInvalidArgument (header.ranks not empty),
+  /// kAlreadyExists, kFailedPrecondition (called twice; a tensor incomplete, naming it), kIoError.
   Status Commit(const DistManifest& header);
 
   const std::filesystem::path& temp_dir() const;
@@ -98,7 +120,10 @@ class DistReader {
 
   /// Every rank file holds exactly the manifest's datasets with their dtype, shape, checksum.
   /// Errors: the first problem, kDataLoss naming file, tensor and field.
-  Status Verify() const;
+  Status Verify() const { return Verify(0, 1); }
+  /// Share `part` of `parts` of that work (rank files and tensors dealt round-robin), for
+  /// processes that verify one checkpoint together.
+  Status Verify(int part, int parts) const;
 
  private:
   struct Impl;

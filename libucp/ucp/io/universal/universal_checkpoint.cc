@@ -77,8 +77,10 @@ struct UniversalWriter::Impl {
   std::map<std::string, std::shared_ptr<OpenParam>, std::less<>> open;  // guarded by mu
   bool committed = false;                                               // guarded by mu
 
+  bool joined() const { return !options.join_temp.empty(); }
+
   ~Impl() {
-    if (!committed) {
+    if (!committed && !joined()) {
       open.clear();
       RemoveTreeBestEffort(tmp);
     }
@@ -94,8 +96,13 @@ struct UniversalWriter::Impl {
   // Closes a parameter whose states are all complete and records it.
   Status Finish(OpenParam& p) {
     if (p.raw) {
-      // Writeback starts now; Commit's fsync of the folder waits for it.
-      UCP_RETURN_IF_ERROR(p.raw->StartWriteback());
+      if (joined()) {
+        // The committing process may be on another machine: this one makes its files durable.
+        UCP_RETURN_IF_ERROR(p.raw->Sync());
+      } else {
+        // Writeback starts now; Commit's fsync of the folder waits for it.
+        UCP_RETURN_IF_ERROR(p.raw->StartWriteback());
+      }
       UCP_RETURN_IF_ERROR(p.raw->Close());
       for (size_t i = 0; i < p.decls.size(); ++i) {
         p.info.states.push_back({p.decls[i].name, p.decls[i].dtype, p.streams[i]->checksum()});
@@ -112,6 +119,7 @@ struct UniversalWriter::Impl {
       }
       UCP_RETURN_IF_ERROR(p.h5->Close());
       p.h5.reset();
+      if (joined()) UCP_RETURN_IF_ERROR(FsyncPath(p.path));
     }
     std::lock_guard<std::mutex> lock(mu);
     written.push_back(p.info);
@@ -150,6 +158,14 @@ Result<UniversalWriter> UniversalWriter::Create(const fs::path& dst,
   auto impl = std::make_unique<Impl>();
   impl->dst = dst;
   impl->options = options;
+  if (!options.join_temp.empty()) {
+    if (!fs::is_directory(options.join_temp / "params", ec)) {
+      return NotFoundError("temporary folder " + options.join_temp.string() +
+                           " to join has no params/ folder");
+    }
+    impl->tmp = options.join_temp;
+    return UniversalWriter(std::move(impl));
+  }
   UCP_ASSIGN_OR_RETURN(impl->tmp, MakeTempSiblingDir(dst));
   fs::create_directory(impl->tmp / "params", ec);
   if (ec) return ErrnoError("create folder " + (impl->tmp / "params").string(), ec.value());
@@ -301,8 +317,39 @@ Status UniversalWriter::WriteParameter(const UniversalParamInfo& meta,
   return Status::Ok();
 }
 
+Result<std::string> UniversalWriter::LocalPart() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->open.empty()) {
+    return FailedPreconditionError("parameter '" + impl_->open.begin()->first +
+                                   "' was begun but not every state was written");
+  }
+  // A manifest holding only the parameters: the strict parser checks it at the other end.
+  UniversalManifest part;
+  part.step = impl_->options.step;
+  part.params = impl_->written;
+  std::sort(part.params.begin(), part.params.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return SerializeUniversalManifest(part);
+}
+
+Status UniversalWriter::AddPart(std::string_view part) {
+  UCP_ASSIGN_OR_RETURN(UniversalManifest m,
+                       ParseUniversalManifest(part, "part from another process"));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (UniversalParamInfo& p : m.params) {
+    if (!impl_->names.insert(p.name).second) {
+      return AlreadyExistsError("parameter '" + p.name + "' was written by two processes");
+    }
+    impl_->written.push_back(std::move(p));
+  }
+  return Status::Ok();
+}
+
 Status UniversalWriter::Commit(const UniversalManifest& header) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->joined()) {
+    return FailedPreconditionError("a writer that joined another process's folder cannot commit");
+  }
   if (impl_->committed)
     return FailedPreconditionError("universal checkpoint was already committed");
   if (!header.params.empty()) {
@@ -578,11 +625,12 @@ Status UniversalReader::ReadStateFlatRange(std::string_view param, std::string_v
   return f.ReadFlatRange(s.name, begin_elem, end_elem, out);
 }
 
-Status UniversalReader::Verify() const {
+Status UniversalReader::Verify(int part, int parts) const {
   // Parameters are checked in parallel; each state is hashed in bounded pieces straight from its
   // file (compressed states are read whole through HDF5).
   std::vector<Status> results(impl_->manifest.params.size());
   tbb::parallel_for(size_t{0}, impl_->manifest.params.size(), [&](size_t pi) {
+    if (static_cast<int>(pi % parts) != part) return;
     const UniversalParamInfo& p = impl_->manifest.params[pi];
     results[pi] = [&]() -> Status {
       UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));

@@ -27,6 +27,10 @@ struct UniversalWriteOptions {
   int compression_level = 0;
   /// Target uncompressed bytes per chunk when compressed.
   int64_t chunk_bytes = int64_t{4} << 20;
+  /// Several processes writing one checkpoint (api::ProcessGroup): the temporary folder the
+  /// committing process created. This writer then fsyncs each file it completes, reports its
+  /// parameters with LocalPart(), and never removes the folder or commits.
+  std::filesystem::path join_temp;
 };
 
 /// One named state of a parameter, viewing the caller's memory (no copy).
@@ -73,6 +77,13 @@ class UniversalWriter {
   /// kIoError.
   Status WriteStateRange(std::string_view param, std::string_view state, int64_t begin_elem,
                          std::span<const std::byte> data);
+
+  /// The parameters this writer completed, as text for the committing process.
+  /// Errors: kFailedPrecondition (a begun parameter is incomplete, naming it).
+  Result<std::string> LocalPart() const;
+  /// At the committing process: takes another process's LocalPart().
+  /// Errors: kDataLoss (malformed text), kAlreadyExists (a parameter written twice).
+  Status AddPart(std::string_view part);
 
   /// Writes manifest.json (params sorted by name, from what was written; header.params must be
   /// empty), fsyncs the folder, renames it to dst and fsyncs dst's parent.
@@ -124,7 +135,10 @@ class UniversalReader {
   /// Checks every parameter file: attributes name, shape and step equal the manifest, exactly
   /// the manifest's states as datasets, each with the manifest's dtype and shape, and checksum.
   /// Errors: the first problem found, as ReadState, naming file, parameter, state and field.
-  Status Verify() const;
+  Status Verify() const { return Verify(0, 1); }
+  /// Share `part` of `parts` of that work (parameters dealt round-robin), for processes that
+  /// verify one checkpoint together.
+  Status Verify(int part, int parts) const;
 
  private:
   struct Impl;
