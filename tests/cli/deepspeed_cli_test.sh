@@ -8,8 +8,9 @@ src=$1 bin=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 data=$src/tests/data/deepspeed
-for d in "$data"/*/; do
-  name=$(basename "$d")
+for name in megatron_tp2_pp1_dp2_bf16 megatron_tp1_pp2_dp2_bf16 megatron_tp2_pp2_sp2_fp16_zero1 \
+    deepspeed_tp1_pp1_dp4_fp16_zero2; do
+  d=$data/$name
   "$bin/ucp" extract "$d" "$work/$name" >/dev/null
   /usr/bin/python3 - "$data/expected.pt" "$work/$name" <<'PY'
 import json, sys, h5py, numpy as np, torch
@@ -19,7 +20,8 @@ params = {p["name"]: p for p in manifest["params"]}
 assert set(params) == set(expected), sorted(set(params) ^ set(expected))
 for name, states in expected.items():
     with h5py.File(sys.argv[2] + "/" + params[name]["file"], "r") as f:
-        for state, t in states.items():
+        for state in ("fp32", "exp_avg", "exp_avg_sq"):
+            t = states[state]
             got = f[state][()]
             want = t.numpy()
             assert got.shape == want.shape, (name, state, got.shape, want.shape)
