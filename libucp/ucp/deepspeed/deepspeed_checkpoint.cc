@@ -9,6 +9,7 @@
 #include <regex>
 #include <utility>
 
+#include "ucp/base/checked_math.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/deepspeed/pickle_values.h"
 #include "ucp/io/atomic_file.h"
@@ -336,6 +337,15 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
           UCP_ASSIGN_OR_RETURN(std::string canon, CanonicalName(k->str(), ck.naming_), fname);
           UCP_ASSIGN_OR_RETURN(Shape shape,
                                AsShape(v, fname + ": param_shapes[\"" + k->str() + "\"]"));
+          // Sizes from a file are checked before any arithmetic uses them.
+          for (int64_t d : shape) {
+            if (d > (int64_t{1} << 40)) {
+              return DataLossError(fname + ": param_shapes[\"" + k->str() + "\"] " +
+                                   ShapeString(shape) + " has an implausible dim");
+            }
+          }
+          UCP_RETURN_IF_ERROR(
+              CheckedProduct(shape, fname + ": param_shapes[\"" + k->str() + "\"]").status());
           auto [it, inserted] = index.try_emplace(canon, ck.params_.size());
           if (inserted) {
             DeepSpeedParam p;

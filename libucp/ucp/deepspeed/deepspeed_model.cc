@@ -181,12 +181,17 @@ constexpr ArgName kArgs[] = {
 };
 
 // Hyper-parameters the Megatron args give (unset arguments are None and skipped).
-std::map<std::string, int64_t> FromArgs(const PyValue* args) {
+// Errors: kDataLoss for a value no model has (beyond 2^31), naming the argument.
+Result<std::map<std::string, int64_t>> FromArgs(const PyValue* args, const std::string& file) {
   std::map<std::string, int64_t> out;
   if (args == nullptr) return out;
   for (const ArgName& a : kArgs) {
     const PyValue* v = args->Get(a.arg);
     if (v != nullptr && v->kind() == PyKind::kInt && v->int_value() > 0) {
+      if (v->int_value() > (int64_t{1} << 31)) {
+        return DataLossError(file + ": args." + a.arg + " = " + std::to_string(v->int_value()) +
+                             " is implausibly large");
+      }
       out[a.hyper] = v->int_value();
     }
   }
@@ -306,7 +311,8 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
   std::map<std::string, int64_t> from_names = fit.flags;
   from_names["layers"] = fit.layers;
   if (fit.experts > 0) from_names["num_experts"] = fit.experts;
-  std::map<std::string, int64_t> from_args = FromArgs(args);
+  using HyperMap = std::map<std::string, int64_t>;
+  UCP_ASSIGN_OR_RETURN(HyperMap from_args, FromArgs(args, ModelStatesFile(0, 0)), where);
   if (original_vocab_ > 0) from_args["vocab"] = original_vocab_;
   std::map<std::string, int64_t> hyper;
   if (preset) {
@@ -354,8 +360,10 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
           if (c.name == fit.template_of.at(p.name)) t = &c;
         }
         const patterns::Rule& rule = *rule_of.at(p.name);
-        const Shape& local = *p.shapes[static_cast<size_t>(p.stages.front()) * tp_];
-        if (t == nullptr || t->shape.size() != local.size()) continue;  // checked below
+        // A parameter tp rank 0 lacks is reported by the checks below.
+        const std::optional<Shape>& first = p.shapes[static_cast<size_t>(p.stages.front()) * tp_];
+        if (t == nullptr || !first || t->shape.size() != first->size()) continue;
+        const Shape& local = *first;
         for (size_t k = 0; k < local.size(); ++k) {
           const bool split =
               static_cast<int>(k) == rule.dim && rule.axis == patterns::Axis::kTp &&
