@@ -36,6 +36,7 @@ Plain DeepSpeed naming uses the canonical names as the engine's parameter names.
 
 import argparse
 import collections
+import hashlib
 import json
 import os
 import random
@@ -448,6 +449,23 @@ def main():
         write_layout(os.path.join(a.out, name), mixtral, *spec, seed=300 + i, groups="one")
     save_model_file(os.path.join(a.out, "models", "mixtral-plain.json"), "mixtral-plain",
                     mixtral, 4)
+    write_sums(a.out)
+
+
+def write_sums(out):
+    """SHA256SUMS of every fixture file (`sha256sum -c` format): the files are reproducible, so a
+    regeneration that changes them, or an edit by hand, shows up in the CLI test."""
+    lines = []
+    for root, _, files in os.walk(out):
+        for f in files:
+            path = os.path.join(root, f)
+            rel = os.path.relpath(path, out)
+            if rel == "SHA256SUMS":
+                continue
+            with open(path, "rb") as fh:
+                lines.append(f"{hashlib.sha256(fh.read()).hexdigest()}  {rel}\n")
+    with open(os.path.join(out, "SHA256SUMS"), "w") as fh:
+        fh.writelines(sorted(lines, key=lambda l: l.split("  ", 1)[1]))
 
 
 if __name__ == "__main__":

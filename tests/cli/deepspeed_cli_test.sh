@@ -13,6 +13,8 @@ ucp=$bin/ucp
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 data=$src/tests/data/deepspeed
+# The fixtures are what tools/make_deepspeed_fixtures.py writes, byte for byte.
+(cd "$data" && sha256sum --quiet -c SHA256SUMS)
 
 # name | expected file | --model | a ucp layout of another tp | a ucp layout to reshard to
 cases="megatron_tp2_pp1_dp2_bf16|expected.pt||tp=4,pp=2,dp=1,zero=1|tp=1,pp=1,dp=2,zero=2

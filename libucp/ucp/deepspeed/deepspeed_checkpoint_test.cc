@@ -7,11 +7,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
@@ -169,6 +171,40 @@ TEST_P(LayoutTest, RangesReadAsTheWhole) {
     }
     ASSERT_EQ(whole, parts);
   }
+}
+
+// Reads from many threads at once (as the executor makes them) return what one thread reads.
+TEST_P(LayoutTest, ConcurrentReadsAgree) {
+  const LayoutCase& c = GetParam();
+  UCP_ASSERT_OK_AND_ASSIGN(DeepSpeedCheckpoint ck,
+                           DeepSpeedCheckpoint::Open(DataDir() / c.name, Options(c)));
+  UCP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeepSpeedTensorSource> src,
+                           DeepSpeedTensorSource::Open(ck));
+  const std::vector<convert::TensorInfo>& tensors = src->tensors();
+  std::vector<std::vector<std::byte>> want(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const convert::TensorInfo& t = tensors[i];
+    const int64_t n = NumElementsOrDie(t.shape);
+    want[i].resize(static_cast<size_t>(n * DTypeSizeBytes(t.dtype)));
+    UCP_ASSERT_OK(src->ReadFlatRange(t, 0, n, want[i]));
+  }
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 8; ++w) {
+    threads.emplace_back([&, w] {
+      for (int round = 0; round < 4; ++round) {
+        for (size_t k = 0; k < tensors.size(); ++k) {
+          const size_t i = (k + static_cast<size_t>(w) * 7) % tensors.size();
+          const convert::TensorInfo& t = tensors[i];
+          const int64_t n = NumElementsOrDie(t.shape);
+          std::vector<std::byte> got(want[i].size());
+          if (!src->ReadFlatRange(t, 0, n, got).ok() || got != want[i]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutTest, ::testing::ValuesIn(kLayouts),
