@@ -5,27 +5,39 @@ Run with Debian's python3 and python3-torch (torch 1.13); DeepSpeed is not neede
     /usr/bin/python3 tools/make_deepspeed_fixtures.py tests/data/deepspeed
     /usr/bin/python3 tools/make_deepspeed_fixtures.py /tmp/ds_big --big   # benchmark size
 
-The layout facts come from shared/reference/deepspeed_ucp.md sections 2-4. One seeded full model
-(fp32 master weights and Adam exp_avg / exp_avg_sq at their logical, unpadded shapes under ucp's
-canonical names) is saved as expected.pt; each layout folder is that model sharded the way
-Megatron-DeepSpeed and DeepSpeed's ZeRO-1/2 or BF16 optimizers save it: TP slices (column
-parallel on dim 0, row parallel on dim 1, fused QKV laid out per head so TP slices are whole
-heads, vocabulary padded to a multiple of make_vocab_size_divisible_by * tp), one flat fp32
-buffer per optimizer group padded to a multiple of 2 * dp and cut into dp partitions, with
-param_slice_mappings of fragment_address(numel, start). Alignment padding is NaN (poisoned) so
-that a reader that touches it is caught.
+The layout facts come from shared/reference/deepspeed_ucp.md sections 2-5. One seeded full model
+per family (fp32 master weights and Adam exp_avg / exp_avg_sq at their logical, unpadded shapes
+under ucp's canonical names, plus the bf16 and fp16 weights torch rounds them to) is saved as the
+truth: expected.pt (gpt), expected_llama.pt, expected_mixtral.pt. Each layout folder is that model
+sharded the way Megatron-DeepSpeed and DeepSpeed's ZeRO-1/2 or BF16 optimizers save it: TP
+slices (column parallel on dim 0, row parallel on dim 1, fused QKV laid out per query group so TP
+slices are whole groups, SwiGLU's fused [gate; up] split per part and re-concatenated per rank,
+vocabulary padded to a multiple of make_vocab_size_divisible_by * tp), the training-dtype
+weights in `module` (GPTModel, plain) or in layer_XX-model_TT files (GPTModelPipe), and one flat
+fp32 buffer per optimizer group padded to a multiple of 2 * dp and cut into dp partitions, with
+param_slice_mappings of fragment_address(numel, start). Alignment padding and vocabulary padding
+are poisoned (NaN / random) so that a reader that touches them is caught.
+
+Families: gpt (LayerNorm with bias, learned positions, MHA, GELU MLP, tied), llama
+(Megatron-DeepSpeed --swiglu --normalization rmsnorm --no-position-embedding
+--untie-embeddings-and-output-weights with num_key_value_heads < heads), mixtral (plain DeepSpeed
+training a Megatron-Core-named MoE: experts are ordinary parameters, one optimizer group).
 
 Name map (ucp canonical -> Megatron-DeepSpeed GPTModelPipe / GPTModel), with L layers:
-    embedding.word_embeddings.weight      tied_modules.embed.word_embeddings.weight
+    embedding.word_embeddings.weight      tied_modules.embed.word_embeddings.weight (tied)
+                                          1.word_embeddings.weight (untied)
                                           language_model.embedding.word_embeddings.weight
     embedding.position_embeddings.weight  tied_modules.embed.position_embeddings.weight
     layers.{i}.<rest>                     {i+2}.<rest> / language_model.encoder.layers.{i}.<rest>
     final_layernorm.{weight,bias}         {L+2}.{weight,bias} / language_model.encoder.final_...
+    output_layer.weight                   {L+3}.lm_head.weight / language_model.output_layer.weight
 Plain DeepSpeed naming uses the canonical names as the engine's parameter names.
 """
 
 import argparse
 import collections
+import hashlib
+import json
 import os
 import random
 import sys
@@ -37,11 +49,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fixture_standins import LossScaler, ModelType, ZeroStageEnum, fragment_address  # noqa: E402,F401
 
-LAYER_PARAMS = [  # (suffix, shape expr, kind): kind col = dim 0, row = dim 1, rep = replicated
+# (suffix, shape expr, kind): col = dim 0, row = dim 1, rep = replicated, vocab = padded dim 0,
+# swiglu = [gate; up] on dim 0, each part split over tp.
+GPT_LAYER = [
     ("input_layernorm.weight", ("h",), "rep"),
     ("input_layernorm.bias", ("h",), "rep"),
-    ("self_attention.query_key_value.weight", ("3h", "h"), "col"),
-    ("self_attention.query_key_value.bias", ("3h",), "col"),
+    ("self_attention.query_key_value.weight", ("qkv", "h"), "col"),
+    ("self_attention.query_key_value.bias", ("qkv",), "col"),
     ("self_attention.dense.weight", ("h", "h"), "row"),
     ("self_attention.dense.bias", ("h",), "rep"),
     ("post_attention_layernorm.weight", ("h",), "rep"),
@@ -51,21 +65,56 @@ LAYER_PARAMS = [  # (suffix, shape expr, kind): kind col = dim 0, row = dim 1, r
     ("mlp.dense_4h_to_h.weight", ("h", "f"), "row"),
     ("mlp.dense_4h_to_h.bias", ("h",), "rep"),
 ]
+LLAMA_LAYER = [
+    ("input_layernorm.weight", ("h",), "rep"),
+    ("self_attention.query_key_value.weight", ("qkv", "h"), "col"),
+    ("self_attention.dense.weight", ("h", "h"), "row"),
+    ("post_attention_layernorm.weight", ("h",), "rep"),
+    ("mlp.dense_h_to_4h.weight", ("2f", "h"), "swiglu"),
+    ("mlp.dense_4h_to_h.weight", ("h", "f"), "row"),
+]
+MIXTRAL_LAYER = [
+    ("input_layernorm.weight", ("h",), "rep"),
+    ("self_attention.query_key_value.weight", ("qkv", "h"), "col"),
+    ("self_attention.dense.weight", ("h", "h"), "row"),
+    ("pre_mlp_layernorm.weight", ("h",), "rep"),
+    ("mlp.router.weight", ("E", "h"), "rep"),
+]
+MIXTRAL_EXPERT = [
+    ("linear_fc1.weight", ("2f", "h"), "swiglu"),
+    ("linear_fc2.weight", ("h", "f"), "row"),
+]
 
 
 class Model:
-    def __init__(self, hidden, heads, layers, vocab, positions, divisible_by, seed):
-        self.h, self.heads, self.layers = hidden, heads, layers
+    def __init__(self, family, hidden, heads, layers, vocab, positions, divisible_by, seed,
+                 kv_heads=None, ffn=None, experts=0):
+        self.family, self.h, self.heads, self.layers = family, hidden, heads, layers
+        self.kv_heads = kv_heads or heads
+        self.ffn = ffn or 4 * hidden
+        self.experts = experts
         self.vocab, self.positions, self.divisible_by = vocab, positions, divisible_by
-        dims = {"h": hidden, "3h": 3 * hidden, "f": 4 * hidden}
+        self.tied = family == "gpt"
+        head_dim = hidden // heads
+        dims = {"h": hidden, "qkv": (heads + 2 * self.kv_heads) * head_dim, "f": self.ffn,
+                "2f": 2 * self.ffn, "E": experts}
         self.params = collections.OrderedDict()  # canonical name -> (shape, kind)
         self.params["embedding.word_embeddings.weight"] = ((vocab, hidden), "vocab")
-        self.params["embedding.position_embeddings.weight"] = ((positions, hidden), "rep")
+        if family == "gpt":
+            self.params["embedding.position_embeddings.weight"] = ((positions, hidden), "rep")
+        layer = {"gpt": GPT_LAYER, "llama": LLAMA_LAYER, "mixtral": MIXTRAL_LAYER}[family]
         for i in range(layers):
-            for suffix, shape, kind in LAYER_PARAMS:
+            for suffix, shape, kind in layer:
                 self.params[f"layers.{i}.{suffix}"] = (tuple(dims[d] for d in shape), kind)
+            for e in range(experts):
+                for suffix, shape, kind in MIXTRAL_EXPERT:
+                    self.params[f"layers.{i}.mlp.experts.{e}.{suffix}"] = (
+                        tuple(dims[d] for d in shape), kind)
         self.params["final_layernorm.weight"] = ((hidden,), "rep")
-        self.params["final_layernorm.bias"] = ((hidden,), "rep")
+        if family == "gpt":
+            self.params["final_layernorm.bias"] = ((hidden,), "rep")
+        if not self.tied:
+            self.params["output_layer.weight"] = ((vocab, hidden), "vocab")
         self.pad_vocab = True  # Megatron pads the vocabulary; plain DeepSpeed models do not
         gen = torch.Generator().manual_seed(seed)
         self.full = {}
@@ -75,6 +124,14 @@ class Model:
                 "exp_avg": torch.randn(shape, generator=gen) * 1e-3,
                 "exp_avg_sq": torch.rand(shape, generator=gen) * 1e-6,
             }
+
+    def layer_suffixes(self):
+        """The per-layer parameter suffixes in module order (experts included)."""
+        out = [s for s, _, _ in {"gpt": GPT_LAYER, "llama": LLAMA_LAYER,
+                                 "mixtral": MIXTRAL_LAYER}[self.family]]
+        for e in range(self.experts):
+            out += [f"mlp.experts.{e}.{s}" for s, _, _ in MIXTRAL_EXPERT]
+        return out
 
     def padded_vocab(self, tp):
         m = self.divisible_by * tp
@@ -89,6 +146,9 @@ class Model:
             pad = self.padded_vocab(tp) - self.vocab if self.pad_vocab else 0
             junk = torch.randn((pad, shape[1]), generator=gen)  # padding rows: stripped by readers
             return torch.cat([t, junk]).chunk(tp, 0)[r].clone()
+        if kind == "swiglu":  # Megatron's per-rank [gate_r; up_r]
+            gate, up = t.chunk(2, 0)
+            return torch.cat([gate.chunk(tp, 0)[r], up.chunk(tp, 0)[r]]).clone()
         dim = 1 if kind == "row" else 0
         return t.chunk(tp, dim)[r].clone()
 
@@ -99,41 +159,84 @@ def engine_name(model, canon, flavour):
     L = model.layers
     if flavour == "pipe":
         if canon.startswith("embedding."):
-            return "tied_modules.embed." + canon[len("embedding."):]
+            prefix = "tied_modules.embed." if model.tied else "1."
+            return prefix + canon[len("embedding."):]
         if canon.startswith("layers."):
             _, i, rest = canon.split(".", 2)
             return f"{int(i) + 2}.{rest}"
+        if canon == "output_layer.weight":
+            return f"{L + 3}.lm_head.weight"
         return f"{L + 2}.{canon.split('.')[-1]}"
-    if canon.startswith("embedding."):
+    if canon.startswith("embedding.") or canon.startswith("output_layer."):
         return "language_model." + canon
-    if canon.startswith("layers."):
-        return "language_model.encoder." + canon
     return "language_model.encoder." + canon
 
 
 def stage_params(model, pp, stage):
     """Canonical names held by pipeline stage `stage`, in module order (tied embeddings first)."""
     per = model.layers // pp
+    embed = [n for n in model.params if n.startswith("embedding.")]
     names = []
-    if stage == 0 or stage == pp - 1:
-        names += ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight"]
+    if stage == 0 or stage == pp - 1 and model.tied:
+        names += embed
     for i in range(stage * per, (stage + 1) * per):
-        names += [f"layers.{i}.{s}" for s, _, _ in LAYER_PARAMS]
+        names += [f"layers.{i}.{s}" for s in model.layer_suffixes()]
     if stage == pp - 1:
-        names += ["final_layernorm.weight", "final_layernorm.bias"]
+        names += [n for n in model.params if n.startswith("final_layernorm.")]
+        if not model.tied:
+            names += ["output_layer.weight"]
     return names
 
 
 def rng_state():
+    # Seeded so the files are reproducible (torch's default generator is seeded per process).
     random.seed(5)
     np.random.seed(5)
+    torch.manual_seed(5)
     return [{"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
              "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": None,
              "rng_tracker_states": {}}]
 
 
-def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, seed):
-    """optimizer: 'bf16' (BF16_Optimizer), 'zero1' or 'zero2' (DeepSpeedZeroOptimizer)."""
+def megatron_args(model, tp, pp, sp, lp, optimizer, dp, iteration):
+    kw = dict(
+        num_layers=model.layers, hidden_size=model.h, num_attention_heads=model.heads,
+        ffn_hidden_size=model.ffn, max_position_embeddings=model.positions, seq_length=16,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        ds_sequence_parallel_size=sp, make_vocab_size_divisible_by=model.divisible_by,
+        padded_vocab_size=model.padded_vocab(tp), bf16=lp == "bf16", fp16=lp == "fp16",
+        lr=3e-4, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
+        iteration=iteration, deepspeed=True, zero_stage=1 if optimizer != "zero2" else 2)
+    if model.family == "llama":  # Megatron-DeepSpeed's LLaMA recipe (examples_deepspeed)
+        kw.update(num_key_value_heads=model.kv_heads, kv_channels=model.h // model.heads,
+                  swiglu=True, normalization="rmsnorm", add_position_embedding=False,
+                  use_rotary_position_embeddings=True, untie_embeddings_and_output_weights=True,
+                  add_bias_linear=False, model_type=ModelType.encoder_or_decoder)
+    return argparse.Namespace(**kw)
+
+
+def universal_info(model, tp, flavour):
+    if model.tied:
+        vocab = [r"tied_modules.embed.word_embeddings.weight"]
+    elif flavour == "pipe":
+        vocab = [r"\d+.word_embeddings.weight", r"\d+.lm_head.weight"]
+    else:
+        vocab = [r"language_model.embedding.word_embeddings.weight",
+                 r"language_model.output_layer.weight"]
+    uci = {"universal_checkpoint_version": 0.3, "original_vocab_size": model.vocab,
+           "padded_vocab_size": model.padded_vocab(tp), "vocabulary_parameter_patterns": vocab}
+    if tp > 1:  # as Megatron-DeepSpeed: row-parallel rules only when saved at tp > 1
+        uci["parameter_with_row_parallelism_patterns"] = [
+            r"\d+.mlp.dense_4h_to_h.weight", r"\d+.self_attention.dense.weight"]
+        if model.family == "llama":
+            uci["parameter_with_2_sub_params_cat_dim_0"] = [r"\d+.mlp.dense_h_to_4h.weight"]
+    return uci
+
+
+def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, seed,
+                 groups="megatron"):
+    """optimizer: 'bf16' (BF16_Optimizer), 'zero1' or 'zero2' (DeepSpeedZeroOptimizer);
+    groups: 'megatron' (weight decay on >= 2-d non-biases, then the rest) or 'one'."""
     tag = "global_step7"
     folder = os.path.join(out, tag)
     os.makedirs(folder, exist_ok=True)
@@ -147,14 +250,7 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
     ds_config = {"train_batch_size": 8 * dp, "bf16": {"enabled": lp == "bf16"},
                  "fp16": {"enabled": lp == "fp16"},
                  "zero_optimization": {"stage": 2 if optimizer == "zero2" else 1}}
-    args = argparse.Namespace(
-        num_layers=model.layers, hidden_size=model.h, num_attention_heads=model.heads,
-        ffn_hidden_size=4 * model.h, max_position_embeddings=model.positions, seq_length=16,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        ds_sequence_parallel_size=sp, make_vocab_size_divisible_by=model.divisible_by,
-        padded_vocab_size=model.padded_vocab(tp), bf16=lp == "bf16", fp16=lp == "fp16",
-        lr=3e-4, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
-        iteration=iteration, deepspeed=True, zero_stage=1 if optimizer != "zero2" else 2)
+    args = megatron_args(model, tp, pp, sp, lp, optimizer, dp, iteration)
     prefix = "bf16_" if lp == "bf16" else ""
     for s in range(pp):
         names = stage_params(model, pp, s)
@@ -163,14 +259,18 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
             slices = {n: {st: model.tp_slice(n, st, tp, r, gen) for st in ("fp32", "exp_avg",
                                                                          "exp_avg_sq")}
                       for n in names}
-            groups = [[n for n in names if not n.endswith(".bias") and len(model.params[n][0]) >= 2],
-                      [n for n in names if n.endswith(".bias") or len(model.params[n][0]) < 2]]
+            if groups == "one":
+                opt_groups = [names]
+            else:
+                opt_groups = [
+                    [n for n in names if not n.endswith(".bias") and len(model.params[n][0]) >= 2],
+                    [n for n in names if n.endswith(".bias") or len(model.params[n][0]) < 2]]
             param_shapes = [collections.OrderedDict(
                 (engine_name(model, n, flavour), torch.Size(slices[n]["fp32"].shape)) for n in g)
-                for g in groups]
+                for g in opt_groups]
             # Flat groups: concatenated and NaN-padded to a multiple of 2 * nd.
             flat = []
-            for g in groups:
+            for g in opt_groups:
                 parts = {st: torch.cat([slices[n][st].reshape(-1) for n in g])
                          for st in ("fp32", "exp_avg", "exp_avg_sq")}
                 n = parts["fp32"].numel()
@@ -198,14 +298,9 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
                 model_states["checkpoint_parallel_dimensions"] = {"pp_degree": pp, "tp_degree": tp}
             model_states.update(ds_config=ds_config, ds_version="0.16.9")
             if flavour != "plain":
-                uci = {"universal_checkpoint_version": 0.3, "original_vocab_size": model.vocab,
-                       "padded_vocab_size": model.padded_vocab(tp),
-                       "vocabulary_parameter_patterns": [r"tied_modules.embed.word_embeddings.weight"]}
-                if tp > 1:  # as Megatron-DeepSpeed: row-parallel rules only when saved at tp > 1
-                    uci["parameter_with_row_parallelism_patterns"] = [
-                        r"\d+.mlp.dense_4h_to_h.weight", r"\d+.self_attention.dense.weight"]
                 model_states.update(args=args, checkpoint_version=3.0, iteration=iteration,
-                                    tokens=iteration * 128, universal_checkpoint_info=uci,
+                                    tokens=iteration * 128,
+                                    universal_checkpoint_info=universal_info(model, tp, flavour),
                                     rng_state=rng_state())
             torch.save(model_states, os.path.join(folder, f"mp_rank_{mp:02d}_model_states.pt"))
             if flavour == "pipe":
@@ -216,17 +311,21 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
 
 
 def write_layer_files(folder, model, pp, s, r, slices, lp_dtype):
+    """GPTModelPipe's layer files: spec index 1 the embedding (the tied module's only file), 2..L+1
+    the layers, L+2 the final norm, L+3 the untied head (the tied head is a function: no file)."""
     L = model.layers
     per = L // pp
     layers = {}
     if s == 0:
-        layers[1] = {k: slices["embedding." + k]["fp32"] for k in
-                     ("word_embeddings.weight", "position_embeddings.weight")}
+        layers[1] = {k[len("embedding."):]: slices[k]["fp32"] for k in model.params
+                     if k.startswith("embedding.")}
     for i in range(s * per, (s + 1) * per):
-        layers[i + 2] = {suf: slices[f"layers.{i}.{suf}"]["fp32"] for suf, _, _ in LAYER_PARAMS}
+        layers[i + 2] = {suf: slices[f"layers.{i}.{suf}"]["fp32"] for suf in model.layer_suffixes()}
     if s == pp - 1:
-        layers[L + 2] = {"weight": slices["final_layernorm.weight"]["fp32"],
-                         "bias": slices["final_layernorm.bias"]["fp32"]}
+        layers[L + 2] = {k.split(".")[-1]: slices[k]["fp32"] for k in model.params
+                         if k.startswith("final_layernorm.")}
+        if not model.tied:
+            layers[L + 3] = {"lm_head.weight": slices["output_layer.weight"]["fp32"]}
     for idx, sd in layers.items():
         sd = collections.OrderedDict((k, v.to(lp_dtype)) for k, v in sd.items())
         torch.save(sd, os.path.join(folder, f"layer_{idx:02d}-model_{r:02d}-model_states.pt"))
@@ -275,10 +374,32 @@ def write_optim(folder, prefix, d, mp, flat, optimizer, nd, ds_config, flavour, 
 
 
 def save_expected(path, model):
+    """The truth: per canonical parameter its fp32 master weight, Adam moments and the weights in
+    each training dtype, as torch rounds them (model_bf16, model_fp16)."""
     torch.save(collections.OrderedDict(
-        (n, collections.OrderedDict((s, model.full[n][s]) for s in ("fp32", "exp_avg",
-                                                                  "exp_avg_sq")))
+        (n, collections.OrderedDict(
+            [(s, model.full[n][s]) for s in ("fp32", "exp_avg", "exp_avg_sq")] +
+            [("model_bf16", model.full[n]["fp32"].to(torch.bfloat16)),
+             ("model_fp16", model.full[n]["fp32"].to(torch.float16))]))
         for n in model.params), path)
+
+
+def save_model_file(path, name, model, divisible_by):
+    """A ucp model file (schemas/model.schema.json) for a plain DeepSpeed layout, whose files
+    carry no Megatron args: `ucp ... --model <this file>`."""
+    hyper = {"hidden": model.h, "layers": model.layers, "heads": model.heads,
+             "kv_heads": model.kv_heads, "ffn_hidden": model.ffn, "vocab": model.vocab,
+             "max_positions": model.positions, "make_vocab_size_divisible_by": divisible_by,
+             "tied_embeddings": model.tied}
+    if model.experts:
+        hyper["num_experts"] = model.experts
+    with open(path, "w") as f:
+        json.dump({"$schema": "../../../../schemas/model.schema.json", "name": name,
+                   "family": model.family, "dtype": "bf16",
+                   "source": "tools/make_deepspeed_fixtures.py: the model of the plain DeepSpeed "
+                             "fixtures (unpadded vocabulary)",
+                   "hyper": hyper}, f, indent=1)
+        f.write("\n")
 
 
 # name: (tp, pp, dp, sp, low precision, optimizer, naming flavour, checkpoint_parallel_dimensions)
@@ -287,6 +408,13 @@ LAYOUTS = {
     "megatron_tp1_pp2_dp2_bf16": (1, 2, 2, 1, "bf16", "bf16", "pipe", False),
     "megatron_tp2_pp2_sp2_fp16_zero1": (2, 2, 1, 2, "fp16", "zero1", "pipe", True),
     "deepspeed_tp1_pp1_dp4_fp16_zero2": (1, 1, 4, 1, "fp16", "zero2", "plain", False),
+}
+LLAMA_LAYOUTS = {
+    "megatron_llama_tp2_pp2_dp2_bf16": (2, 2, 2, 1, "bf16", "bf16", "pipe", False),
+    "megatron_llama_tp2_pp1_dp2_fp16_zero1": (2, 1, 2, 1, "fp16", "zero1", "gpt", True),
+}
+MIXTRAL_LAYOUTS = {
+    "deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1": (1, 1, 2, 1, "bf16", "zero1", "plain", False),
 }
 
 
@@ -298,15 +426,46 @@ def main():
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.big:
-        model = Model(768, 12, 6, 50257, 1024, 128, seed=11)
+        model = Model("gpt", 768, 12, 6, 50257, 1024, 128, seed=11)
         write_layout(os.path.join(a.out, "gpt2_tp2_pp2_dp2_bf16"), model, 2, 2, 2, 1, "bf16",
                      "bf16", "pipe", True, seed=12)
         save_expected(os.path.join(a.out, "expected.pt"), model)
         return
-    model = Model(16, 4, 2, 50, 16, 8, seed=7)
+    model = Model("gpt", 16, 4, 2, 50, 16, 8, seed=7)
     save_expected(os.path.join(a.out, "expected.pt"), model)
     for i, (name, spec) in enumerate(LAYOUTS.items()):
         write_layout(os.path.join(a.out, name), model, *spec, seed=100 + i)
+    os.makedirs(os.path.join(a.out, "models"), exist_ok=True)
+    save_model_file(os.path.join(a.out, "models", "gpt-plain.json"), "gpt-plain", model, 1)
+
+    llama = Model("llama", 16, 4, 2, 50, 16, 8, seed=8, kv_heads=2, ffn=24)
+    save_expected(os.path.join(a.out, "expected_llama.pt"), llama)
+    for i, (name, spec) in enumerate(LLAMA_LAYOUTS.items()):
+        write_layout(os.path.join(a.out, name), llama, *spec, seed=200 + i)
+
+    mixtral = Model("mixtral", 16, 4, 2, 36, 16, 4, seed=9, kv_heads=2, ffn=8, experts=4)
+    save_expected(os.path.join(a.out, "expected_mixtral.pt"), mixtral)
+    for i, (name, spec) in enumerate(MIXTRAL_LAYOUTS.items()):
+        write_layout(os.path.join(a.out, name), mixtral, *spec, seed=300 + i, groups="one")
+    save_model_file(os.path.join(a.out, "models", "mixtral-plain.json"), "mixtral-plain",
+                    mixtral, 4)
+    write_sums(a.out)
+
+
+def write_sums(out):
+    """SHA256SUMS of every fixture file (`sha256sum -c` format): the files are reproducible, so a
+    regeneration that changes them, or an edit by hand, shows up in the CLI test."""
+    lines = []
+    for root, _, files in os.walk(out):
+        for f in files:
+            path = os.path.join(root, f)
+            rel = os.path.relpath(path, out)
+            if rel == "SHA256SUMS":
+                continue
+            with open(path, "rb") as fh:
+                lines.append(f"{hashlib.sha256(fh.read()).hexdigest()}  {rel}\n")
+    with open(os.path.join(out, "SHA256SUMS"), "w") as fh:
+        fh.writelines(sorted(lines, key=lambda l: l.split("  ", 1)[1]))
 
 
 if __name__ == "__main__":

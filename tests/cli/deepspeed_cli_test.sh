@@ -1,34 +1,75 @@
 #!/usr/bin/env bash
-# `ucp extract` on every DeepSpeed fixture: exit 0, and every fp32 / exp_avg / exp_avg_sq dataset
-# equals (bitwise, through h5py) the full tensors the fixture was made from (expected.pt, real
-# torch). Then `ucp reshard --format deepspeed-universal` writes files real torch loads, and
-# `--format deepspeed` is refused with its own message.
+# DeepSpeed folders through every `ucp` command, on every fixture of tests/data/deepspeed:
+#   extract: every fp32 / exp_avg / exp_avg_sq / model dataset equals (bitwise, through h5py) the
+#            tensors the fixture was made from (expected*.pt, real torch);
+#   inspect / verify: exit 0, inspect shows DeepSpeed's own layout beside the ucp view;
+#   convert DS -> ucp layout with another tp, then diff against DS and against the extraction;
+#   extract -> reshard -> extract round-trips (diff equal).
+# Then `ucp reshard --format deepspeed-universal` writes files real torch loads, `--format
+# deepspeed` is refused, and each bad input is one error line with its exit code and no output.
 set -euo pipefail
 src=$1 bin=$2
+ucp=$bin/ucp
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 data=$src/tests/data/deepspeed
-for d in "$data"/*/; do
-  name=$(basename "$d")
-  "$bin/ucp" extract "$d" "$work/$name" >/dev/null
-  /usr/bin/python3 - "$data/expected.pt" "$work/$name" <<'PY'
-import json, sys, h5py, numpy as np, torch
+# The fixtures are what tools/make_deepspeed_fixtures.py writes, byte for byte.
+(cd "$data" && sha256sum --quiet -c SHA256SUMS)
+
+# name | expected file | --model | a ucp layout of another tp | a ucp layout to reshard to
+cases="megatron_tp2_pp1_dp2_bf16|expected.pt||tp=4,pp=2,dp=1,zero=1|tp=1,pp=1,dp=2,zero=2
+megatron_tp1_pp2_dp2_bf16|expected.pt||tp=2,pp=1,dp=2,zero=2|tp=4,pp=1,dp=1
+megatron_tp2_pp2_sp2_fp16_zero1|expected.pt||tp=1,pp=2,dp=3,zero=1|tp=2,pp=2,dp=2,sp=2,zero=3
+deepspeed_tp1_pp1_dp4_fp16_zero2|expected.pt|$data/models/gpt-plain.json|tp=2,pp=1,dp=2,zero=1|tp=4,pp=2,dp=1
+megatron_llama_tp2_pp2_dp2_bf16|expected_llama.pt||tp=1,pp=1,dp=2,zero=2|tp=2,pp=2,dp=1,zero=1
+megatron_llama_tp2_pp1_dp2_fp16_zero1|expected_llama.pt||tp=1,pp=2,dp=1|tp=2,pp=1,dp=3,zero=2
+deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1|expected_mixtral.pt|$data/models/mixtral-plain.json|tp=2,pp=1,dp=2,ep=2,zero=1|tp=1,pp=2,dp=4,ep=4,zero=2"
+
+while IFS='|' read -r name expected model other reshard; do
+  d=$data/$name
+  m=()
+  [ -n "$model" ] && m=(--model "$model")
+  "$ucp" extract "$d" "$work/$name" "${m[@]}" >/dev/null
+  /usr/bin/python3 - "$data/$expected" "$work/$name" <<'PY'
+import json, sys, h5py, torch
 expected = torch.load(sys.argv[1])
 manifest = json.load(open(sys.argv[2] + "/manifest.json"))
 params = {p["name"]: p for p in manifest["params"]}
 assert set(params) == set(expected), sorted(set(params) ^ set(expected))
+client = json.loads(manifest["client_state"]) if isinstance(manifest["client_state"], str) \
+    else manifest["client_state"]
+assert "ucp_model" in client and "deepspeed" in client, sorted(client)
 for name, states in expected.items():
     with h5py.File(sys.argv[2] + "/" + params[name]["file"], "r") as f:
-        for state, t in states.items():
+        for state in ("fp32", "exp_avg", "exp_avg_sq", "model"):
             got = f[state][()]
-            want = t.numpy()
-            assert got.shape == want.shape, (name, state, got.shape, want.shape)
-            assert got.tobytes() == want.tobytes(), (name, state)
-print(sys.argv[2], "matches expected.pt:", len(expected), "parameters")
+            if state == "model":
+                want = states["model_" + params[name]["dtype"]]
+                want_bytes = want.view(torch.int16).numpy().tobytes()
+            else:
+                want = states[state]
+                want_bytes = want.numpy().tobytes()
+            assert got.shape == tuple(want.shape), (name, state, got.shape, want.shape)
+            assert got.tobytes() == want_bytes, (name, state)
+print(sys.argv[2], "matches", sys.argv[1].split("/")[-1] + ":", len(expected), "parameters x 4 states")
 PY
-done
-first=$(ls -d "$data"/megatron_tp2_pp1_dp2_bf16)
-"$bin/ucp" reshard "$work/megatron_tp2_pp1_dp2_bf16" "$work/dsu" --layout tp=2,pp=1,dp=1 \
+  "$ucp" inspect "$d" "${m[@]}" >"$work/inspect.txt"
+  grep -q "^source: .*deepspeed tp=" "$work/inspect.txt"
+  grep -q "^layout: .*zero=0 (the ucp view of it)" "$work/inspect.txt"
+  "$ucp" inspect "$d" "${m[@]}" --json | /usr/bin/python3 -c \
+    'import json,sys; j=json.load(sys.stdin); assert j["format"] == "deepspeed" and j["source_layout"], j'
+  "$ucp" verify "$d" "${m[@]}" >/dev/null
+  "$ucp" convert "$d" "$work/$name.c" --layout "$other" "${m[@]}" >/dev/null
+  "$ucp" diff "$work/$name.c" "$d" "${m[@]}" | grep -q "^equal: "
+  "$ucp" diff "$work/$name.c" "$work/$name" | grep -q "^equal: "
+  "$ucp" reshard "$work/$name" "$work/$name.r" --layout "$reshard" >/dev/null
+  "$ucp" extract "$work/$name.r" "$work/$name.u2" >/dev/null
+  "$ucp" diff "$work/$name.u2" "$work/$name" | grep -q "^equal: "
+  echo "$name: extract, inspect, verify, convert to $other, diff, reshard to $reshard: ok"
+done <<<"$cases"
+
+first=$data/megatron_tp2_pp1_dp2_bf16
+"$ucp" reshard "$work/megatron_tp2_pp1_dp2_bf16" "$work/dsu" --layout tp=2,pp=1,dp=1 \
   --format deepspeed-universal --model-states-from "$first" >/dev/null
 /usr/bin/python3 - "$work/dsu" <<'PY'
 import glob, sys, torch
@@ -37,11 +78,60 @@ assert files, "no zero/<param>/fp32.pt written"
 for f in files:
     d = torch.load(f)
     assert d["param"].dtype == torch.float32, f
+assert any("language_model.encoder.layers.0" in f for f in files), "GPTModel names expected"
 print(len(files), "DeepSpeed universal parameter files load in torch")
 PY
-if "$bin/ucp" reshard "$work/megatron_tp2_pp1_dp2_bf16" "$work/z" --layout tp=2 --format deepspeed 2>"$work/err"; then
+if "$ucp" reshard "$work/megatron_tp2_pp1_dp2_bf16" "$work/z" --layout tp=2 --format deepspeed 2>"$work/err"; then
   echo "--format deepspeed should be refused"; exit 1
 fi
 grep -q "not implemented" "$work/err"
 [ ! -e "$work/z" ]
+
+# expect_fail CODE TEXT -- COMMAND...: exit CODE, one stderr line holding TEXT, no output folder.
+expect_fail() {
+  local code=$1 text=$2
+  shift 3
+  set +e
+  "$@" >/dev/null 2>"$work/err"
+  local got=$?
+  set -e
+  if [ "$got" != "$code" ] || ! grep -qF -- "$text" "$work/err" || [ "$(wc -l <"$work/err")" != 1 ]; then
+    echo "expected exit $code and \"$text\" from: $*"; echo "got exit $got:"; cat "$work/err"; exit 1
+  fi
+  [ ! -e "$work/out" ] || { echo "output left behind by: $*"; exit 1; }
+}
+bad() { rm -rf "$work/bad"; cp -r "$data/$1" "$work/bad"; echo "$work/bad/global_step7"; }
+
+b=$(bad megatron_tp2_pp1_dp2_bf16)
+rm "$b/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+expect_fail 4 "lacks bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" -- "$ucp" extract "$work/bad" "$work/out"
+
+b=$(bad megatron_tp2_pp2_sp2_fp16_zero1)
+f=$b/zero_pp_rank_1_mp_rank_03_optim_states.pt
+truncate -s $(($(stat -c %s "$f") / 2)) "$f"
+expect_fail 6 "zero_pp_rank_1_mp_rank_03_optim_states.pt" -- "$ucp" convert "$work/bad" "$work/out" --layout tp=1
+
+b=$(bad megatron_llama_tp2_pp2_dp2_bf16)
+f=$b/bf16_zero_pp_rank_0_mp_rank_02_optim_states.pt
+off=$(/usr/bin/python3 -c 'import struct, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+i = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+raw = open(sys.argv[1], "rb").read()
+n, m = struct.unpack("<HH", raw[i.header_offset + 26:i.header_offset + 30])
+print(i.header_offset + 30 + n + m + 8)  # a byte inside the largest partition' "$f")
+printf '\x7f' | dd of="$f" bs=1 seek="$off" conv=notrunc status=none
+expect_fail 6 "crc32 mismatch in record" -- "$ucp" extract "$work/bad" "$work/out"
+expect_fail 6 "bf16_zero_pp_rank_0_mp_rank_02_optim_states.pt" -- "$ucp" verify "$work/bad"
+
+sed 's/"ffn_hidden": 64/"ffn_hidden": 48/' "$data/models/gpt-plain.json" >"$work/wrong.json"
+expect_fail 5 "param_shapes in mp_rank_00_model_states.pt say [64, 16]" -- \
+  "$ucp" extract "$data/deepspeed_tp1_pp1_dp4_fp16_zero2" "$work/out" --model "$work/wrong.json"
+expect_fail 3 'hyper-parameter "heads" of family gpt is unknown' -- \
+  "$ucp" inspect "$data/deepspeed_tp1_pp1_dp4_fp16_zero2"
+expect_fail 5 'model "gpt-tiny" has layers=4' -- \
+  "$ucp" convert "$data/megatron_tp2_pp1_dp2_bf16" "$work/out" --layout tp=1 --model gpt-tiny
+expect_fail 5 'not a model of family "llama"' -- \
+  "$ucp" extract "$data/megatron_tp2_pp1_dp2_bf16" "$work/out" --model llama-tiny
+expect_fail 3 "--model applies to DeepSpeed checkpoints" -- \
+  "$ucp" verify "$work/megatron_tp2_pp1_dp2_bf16" --model gpt-tiny
 echo "deepspeed cli: ok"

@@ -1,5 +1,5 @@
-// `ucp convert`: distributed checkpoint -> distributed at another layout, streaming (no universal
-// copy).
+// `ucp convert`: distributed (ucp or DeepSpeed) checkpoint -> ucp distributed at another layout,
+// streaming (no universal copy).
 #include <ostream>
 
 #include "ucp-cli/command.h"
@@ -14,11 +14,12 @@ Status RunConvert(const po::variables_map& vm, CommandIo& io) {
   UCP_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(vm["layout"].as<std::string>()),
                        "--layout");
   const std::string src_path = vm["src"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC"));
-  if (src->meta().format != api::Format::kDistributed) {
+  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>()));
+  if (src->meta().format == api::Format::kUniversal) {
     return InvalidArgumentError("SRC " + src_path + " is " +
                                 std::string(api::FormatName(src->meta().format)) +
-                                "; convert needs a distributed checkpoint");
+                                "; convert needs a distributed checkpoint (reshard reads universal "
+                                "ones)");
   }
   const std::string dst = vm["dst"].as<std::string>();
   UCP_ASSIGN_OR_RETURN(exec::ExecStats stats, api::ToLayout(*src, l, dst, setup->options));
@@ -31,13 +32,15 @@ Command MakeConvertCommand() {
   return {
       .name = "convert",
       .summary =
-          "distributed checkpoint -> distributed at another layout, streaming (no universal copy)",
-      .usage = "SRC DST --layout L",
+          "distributed (ucp or DeepSpeed) checkpoint -> distributed at another layout, "
+          "streaming (no universal copy)",
+      .usage = "SRC DST --layout L [--model M]",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
             o.add_options()("src", po::value<std::string>()->required(), "source checkpoint")(
                 "dst", po::value<std::string>()->required(), "output folder (must not exist)")(
                 "layout", po::value<std::string>()->required(), "target layout, tp=4,pp=1,dp=2");
+            AddModelOption(o);
             AddRunOptions(o);
             p.add("src", 1).add("dst", 1);
           },

@@ -11,8 +11,14 @@ Status RunDiff(const po::variables_map& vm, CommandIo& io) {
   UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, "diff"));
   const double atol = vm["atol"].as<double>();
   if (!(atol >= 0)) return InvalidArgumentError("--atol must be >= 0");
-  UCP_ASSIGN_OR_RETURN(auto a, OpenCheckpoint(vm["a"].as<std::string>(), "A"));
-  UCP_ASSIGN_OR_RETURN(auto b, OpenCheckpoint(vm["b"].as<std::string>(), "B"));
+  // --model names the model of whichever side is a DeepSpeed folder.
+  const std::string model = vm["model"].as<std::string>();
+  UCP_ASSIGN_OR_RETURN(auto a, OpenCheckpoint(vm["a"].as<std::string>(), "A", model, true));
+  UCP_ASSIGN_OR_RETURN(auto b, OpenCheckpoint(vm["b"].as<std::string>(), "B", model, true));
+  if (!model.empty() && a->meta().format != api::Format::kDeepSpeed &&
+      b->meta().format != api::Format::kDeepSpeed) {
+    return InvalidArgumentError("--model applies to DeepSpeed checkpoints; neither A nor B is one");
+  }
   UCP_ASSIGN_OR_RETURN(api::DiffResult r, api::Diff(*a, *b, atol, setup->options));
   if (!r.equal) {
     io.out << "different: " << r.first_difference << "\n";
@@ -27,12 +33,13 @@ Command MakeDiffCommand() {
   return {
       .name = "diff",
       .summary = "compare two checkpoints' content whatever their layouts; exit 1 when different",
-      .usage = "A B [--atol X]",
+      .usage = "A B [--atol X] [--model M]",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
             o.add_options()("a", po::value<std::string>()->required(), "first checkpoint")(
                 "b", po::value<std::string>()->required(), "second checkpoint")(
                 "atol", po::value<double>()->default_value(0.0), "absolute tolerance (0: bitwise)");
+            AddModelOption(o);
             AddRunOptions(o);
             p.add("a", 1).add("b", 1);
           },

@@ -35,7 +35,7 @@ std::string ShapeJson(const Shape& s) {
 
 Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   const std::string path = vm["path"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(path, "PATH"));
+  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(path, "PATH", vm["model"].as<std::string>()));
   const api::CheckpointMeta& m = src->meta();
   int64_t stored_bytes = 0, numel = 0;
   const auto stored = src->StoredTensors();
@@ -43,8 +43,13 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   for (const auto& p : m.model.params) numel += NumElementsOrDie(p.shape);
   if (vm.count("json")) {
     io.out << "{\n  \"format\": " << Quote(std::string(api::FormatName(m.format)))
-           << ",\n  \"layout\": " << Quote(layout::ToString(m.layout))
-           << ",\n  \"step\": " << m.step << ",\n  \"model\": " << Quote(m.spec.name)
+           << ",\n  \"layout\": " << Quote(layout::ToString(m.layout));
+    if (!m.framework.empty()) {
+      io.out << ",\n  \"source_framework\": " << Quote(m.framework)
+             << ",\n  \"source_layout\": " << Quote(m.source_layout)
+             << ",\n  \"source_notes\": " << Quote(m.source_notes);
+    }
+    io.out << ",\n  \"step\": " << m.step << ",\n  \"model\": " << Quote(m.spec.name)
            << ",\n  \"family\": " << Quote(m.spec.family)
            << ",\n  \"dtype\": " << Quote(std::string(DTypeName(m.spec.dtype)))
            << ",\n  \"optimizer\": " << Quote(m.optimizer_kind) << ",\n  \"states\": [";
@@ -62,9 +67,16 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
     io.out << "\n  ]\n}\n";
     return Status::Ok();
   }
-  io.out << "format:     " << api::FormatName(m.format) << "\n"
-         << "layout:     " << layout::ToString(m.layout) << "\n"
-         << "step:       " << m.step << "\n"
+  io.out << "format:     " << api::FormatName(m.format) << "\n";
+  if (!m.framework.empty()) {
+    // A foreign checkpoint: its own layout, and the ucp layout the planner reads it as.
+    io.out << "source:     " << m.framework << " " << m.source_layout << " (" << m.source_notes
+           << ")\n"
+           << "layout:     " << layout::ToString(m.layout) << " (the ucp view of it)\n";
+  } else {
+    io.out << "layout:     " << layout::ToString(m.layout) << "\n";
+  }
+  io.out << "step:       " << m.step << "\n"
          << "model:      " << m.spec.name << " (rule set " << m.spec.family << ", "
          << DTypeName(m.spec.dtype) << ")\n"
          << "optimizer:  " << m.optimizer_kind << ", states";
@@ -81,11 +93,12 @@ Command MakeInspectCommand() {
   return {
       .name = "inspect",
       .summary = "print a checkpoint's format, layout, step, parameters, dtypes and sizes",
-      .usage = "PATH [--json]",
+      .usage = "PATH [--json] [--model M]",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
             o.add_options()("path", po::value<std::string>()->required(), "checkpoint folder")(
                 "json", "print JSON");
+            AddModelOption(o);
             p.add("path", 1);
           },
       .run = RunInspect,

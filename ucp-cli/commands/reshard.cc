@@ -3,7 +3,7 @@
 
 #include "ucp-cli/command.h"
 #include "ucp-cli/commands/run_common.h"
-#include "ucp/deepspeed/deepspeed_checkpoint.h"
+#include "ucp/deepspeed/deepspeed_universal.h"
 #include "ucp/io/universal/universal_checkpoint.h"
 #include "ucp/layout/layout.h"
 

@@ -55,9 +55,28 @@ inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, C
   return setup;
 }
 
-inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(const std::string& path,
-                                                                     const std::string& what) {
-  UCP_ASSIGN_OR_RETURN(auto src, api::CheckpointSource::Open(path, api::UcpDataDir()), what);
+/// --model for the commands that read checkpoints: DeepSpeed folders do not record their ucp model.
+inline void AddModelOption(po::options_description& opts) {
+  opts.add_options()("model", po::value<std::string>()->default_value(""),
+                     "DeepSpeed sources: model preset, model .json file or rule-set family "
+                     "(default: family from the parameter names, hyper-parameters from the "
+                     "Megatron args and the shapes)");
+}
+
+/// Opens a checkpoint of any format; `model` (--model) is for DeepSpeed folders only, and is an
+/// error for another format unless `model_may_not_apply` (diff: it names one side's model).
+inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(
+    const std::string& path, const std::string& what, const std::string& model = "",
+    bool model_may_not_apply = false) {
+  api::SourceOptions options;
+  options.model = model;
+  UCP_ASSIGN_OR_RETURN(auto src, api::CheckpointSource::Open(path, api::UcpDataDir(), options),
+                       what);
+  if (!model.empty() && !model_may_not_apply && src->meta().format != api::Format::kDeepSpeed) {
+    return InvalidArgumentError("--model applies to DeepSpeed checkpoints; " + what + " " + path +
+                                " is " + std::string(api::FormatName(src->meta().format)) +
+                                " and records its model");
+  }
   return src;
 }
 

@@ -16,7 +16,9 @@
 #include <set>
 #include <sstream>
 
+#include "ucp/api/deepspeed_source.h"
 #include "ucp/base/status_macros.h"
+#include "ucp/deepspeed/deepspeed_checkpoint.h"
 #include "ucp/dist/dist_checkpoint.h"
 #include "ucp/io/manifest/universal_manifest.h"
 #include "ucp/io/universal/universal_checkpoint.h"
@@ -32,7 +34,15 @@ namespace fs = std::filesystem;
 using convert::TensorInfo;
 
 std::string_view FormatName(Format f) {
-  return f == Format::kUniversal ? "ucp-universal" : "ucp-distributed";
+  switch (f) {
+    case Format::kUniversal:
+      return "ucp-universal";
+    case Format::kDistributed:
+      return "ucp-distributed";
+    case Format::kDeepSpeed:
+      return "deepspeed";
+  }
+  return "?";
 }
 
 convert::PlanOptions CheckpointMeta::plan_options() const {
@@ -77,7 +87,9 @@ dist::DistModel DescribeModel(const patterns::ModelSpec& spec) {
   return {spec.name, spec.family, spec.dtype, spec.hyper};
 }
 
-std::string ModelJson(const patterns::ModelSpec& spec) {
+// {"ucp_model": {...}} plus the members of the source's own client state (`extra`, a JSON
+// object or empty).
+Result<std::string> ModelJson(const patterns::ModelSpec& spec, const std::string& extra) {
   nlohmann::json hyper = nlohmann::json::object();
   for (const auto& [k, v] : spec.hyper) hyper[k] = v;
   nlohmann::json j = {{"ucp_model",
@@ -85,6 +97,17 @@ std::string ModelJson(const patterns::ModelSpec& spec) {
                         {"family", spec.family},
                         {"dtype", std::string(DTypeName(spec.dtype))},
                         {"hyper", hyper}}}};
+  if (!extra.empty()) {
+    try {
+      nlohmann::json e = nlohmann::json::parse(extra);
+      if (!e.is_object()) return InternalError("source client state is not a JSON object");
+      for (auto& [k, v] : e.items()) {
+        if (k != "ucp_model") j[k] = std::move(v);
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return InternalError(std::string("source client state is not JSON: ") + e.what());
+    }
+  }
   return j.dump();
 }
 
@@ -345,9 +368,15 @@ exec::ExecOptions ExecOpts(const RunOptions& o) {
 }  // namespace
 
 Result<std::unique_ptr<CheckpointSource>> CheckpointSource::Open(const fs::path& dir,
-                                                                 const fs::path& data_dir) {
+                                                                 const fs::path& data_dir,
+                                                                 const SourceOptions& options) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return NotFoundError("no checkpoint folder " + dir.string());
+  if (!fs::exists(dir / dist::kLayoutFileName, ec) &&
+      !fs::exists(dir / io::kManifestFileName, ec) &&
+      deepspeed::LooksLikeDeepSpeedCheckpoint(dir)) {
+    return OpenDeepSpeedSource(dir, data_dir, options.model);
+  }
   if (fs::exists(dir / dist::kLayoutFileName, ec)) {
     UCP_ASSIGN_OR_RETURN(dist::DistReader reader, dist::DistReader::Open(dir));
     const dist::DistManifest& m = reader.manifest();
@@ -391,7 +420,7 @@ Result<std::unique_ptr<CheckpointSource>> CheckpointSource::Open(const fs::path&
   }
   return NotFoundError(dir.string() + " has neither " + std::string(dist::kLayoutFileName) +
                        " nor " + std::string(io::kManifestFileName) +
-                       ": not a complete checkpoint");
+                       " nor DeepSpeed's mp_rank_*_model_states.pt: not a complete checkpoint");
 }
 
 Result<std::pair<patterns::ModelSpec, patterns::ResolvedModel>> LoadResolvedModel(
@@ -506,10 +535,11 @@ Result<exec::ExecStats> Extract(const CheckpointSource& src, const fs::path& dst
   header.optimizer_kind = meta.optimizer_kind;
   header.hyper = meta.optimizer_hyper;
   header.optimizer_states = meta.optimizer_states;
-  header.source_layout = layout::ToString(meta.layout);
+  header.source_layout =
+      meta.source_layout.empty() ? layout::ToString(meta.layout) : meta.source_layout;
   header.source_model = meta.spec.family;
-  header.source_framework = "ucp";
-  header.client_state_json = ModelJson(meta.spec);
+  header.source_framework = meta.framework.empty() ? "ucp" : meta.framework;
+  UCP_ASSIGN_OR_RETURN(header.client_state_json, ModelJson(meta.spec, meta.client_state_json));
   return RunShared<io::UniversalWriter, UniversalSink>(
       src, plan, dst, options, /*universal=*/true, 1,
       [&](const fs::path& join, const Share&) {

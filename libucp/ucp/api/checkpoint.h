@@ -21,8 +21,8 @@
 
 namespace ucp::api {
 
-enum class Format : uint8_t { kUniversal, kDistributed };
-/// "ucp-universal", "ucp-distributed".
+enum class Format : uint8_t { kUniversal, kDistributed, kDeepSpeed };
+/// "ucp-universal", "ucp-distributed", "deepspeed".
 std::string_view FormatName(Format f);
 
 /// What every checkpoint says about itself.
@@ -35,21 +35,41 @@ struct CheckpointMeta {
   std::string optimizer_kind = "adam";
   std::map<std::string, double> optimizer_hyper;
   std::vector<std::string> optimizer_states = {"fp32", "exp_avg", "exp_avg_sq"};
+  /// For checkpoints another framework wrote (a DeepSpeed folder, whose `layout` is the ucp view
+  /// the planner reads it as): its name ("megatron-deepspeed"), its own layout string
+  /// ("tp=2,pp=2,dp=2,sp=2,zero=1") and a line for `ucp inspect`. Extraction records the first
+  /// two as the universal manifest's source.framework / source.layout. Empty for ucp's formats.
+  std::string framework;
+  std::string source_layout;
+  std::string source_notes;
+  /// A JSON object whose members extraction adds to the universal manifest's client_state next
+  /// to "ucp_model" ({"deepspeed": {"args": ..., ...}}); empty for none.
+  std::string client_state_json;
   /// The plan options that describe what this checkpoint holds.
   convert::PlanOptions plan_options() const;
 };
 
-/// A checkpoint on disk, read tensor by tensor (the plan's tensor names of its layout). A
-/// DeepSpeed reader plugs in by implementing this interface.
+/// How to open a checkpoint whose files do not describe its ucp model.
+struct SourceOptions {
+  /// DeepSpeed folders: a preset, a model .json file or a family (deepspeed::OpenOptions::model);
+  /// "" takes the model from the Megatron args and the shapes. ucp's own formats record their
+  /// model and ignore it.
+  std::string model;
+};
+
+/// A checkpoint on disk, read tensor by tensor (the plan's tensor names of its layout). The
+/// DeepSpeed reader (api/deepspeed_source.h) plugs in by implementing this interface.
 class CheckpointSource : public exec::TensorSource {
  public:
-  /// Opens a universal (manifest.json) or distributed (ucp_layout.json) folder. Rule sets are
-  /// read from `data_dir` (UcpDataDir()).
+  /// Opens a universal (manifest.json) or distributed (ucp_layout.json) folder, or a DeepSpeed /
+  /// Megatron-DeepSpeed one (OpenDeepSpeedSource in api/deepspeed_source.h). Rule sets are read
+  /// from `data_dir` (UcpDataDir()).
   /// Errors: kNotFound (no folder, or a folder that is no complete checkpoint), kDataLoss
   /// (corrupt metadata, missing rank file), kFailedPrecondition (a universal checkpoint without
-  /// the ucp model description), errors of the model's rule set.
+  /// the ucp model description), errors of the model's rule set, errors of OpenDeepSpeedSource.
   static Result<std::unique_ptr<CheckpointSource>> Open(const std::filesystem::path& dir,
-                                                        const std::filesystem::path& data_dir);
+                                                        const std::filesystem::path& data_dir,
+                                                        const SourceOptions& options = {});
   virtual const CheckpointMeta& meta() const = 0;
   /// The tensors on disk as (dtype, shape, name, rank); for checks against the plan.
   virtual std::vector<convert::TensorInfo> StoredTensors() const = 0;

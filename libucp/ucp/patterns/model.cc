@@ -45,7 +45,10 @@ class ExprParser {
       if (pos_ >= text_.size() || (text_[pos_] != '+' && text_[pos_] != '-')) return v;
       const char op = text_[pos_++];
       UCP_ASSIGN_OR_RETURN(int64_t r, Product());
-      v = op == '+' ? v + r : v - r;
+      // Hyper-parameters may come from a checkpoint's own metadata: overflow is an error.
+      if (op == '+' ? __builtin_add_overflow(v, r, &v) : __builtin_sub_overflow(v, r, &v)) {
+        return Error("overflows int64");
+      }
     }
   }
   Result<int64_t> Product() {
@@ -56,7 +59,7 @@ class ExprParser {
       const char op = text_[pos_++];
       UCP_ASSIGN_OR_RETURN(int64_t r, Atom());
       if (op == '*') {
-        v *= r;
+        if (__builtin_mul_overflow(v, r, &v)) return Error("overflows int64");
       } else {
         if (r == 0 || v % r != 0) {
           return Error(std::to_string(v) + " / " + std::to_string(r) + " is not exact");

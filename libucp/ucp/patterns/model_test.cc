@@ -41,6 +41,11 @@ TEST(SizeExpr, EvaluatesAndRejects) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("8 / 3 is not exact")));
   EXPECT_THAT(EvalSizeExpr("(heads", h),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("\")\"")));
+  std::map<std::string, int64_t> big = {{"a", int64_t{1} << 40}};
+  EXPECT_THAT(EvalSizeExpr("a*a", big),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("overflows int64")));
+  EXPECT_THAT(EvalSizeExpr("0-a*4194304-a*4194304-a*4194304", big),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("overflows int64")));
 }
 
 TEST(Presets, EveryPresetResolves) {

@@ -1,9 +1,11 @@
 // TorchFile: format detection, the zip and legacy layouts, storage records and tensor reads.
 #include "ucp/io/torch/torch_file.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <unordered_map>
+#include <vector>
 
 #include "ucp/base/checked_math.h"
 #include "ucp/base/status_macros.h"
@@ -417,6 +419,24 @@ Status TorchFile::ReadTensorBytes(const TensorRef& ref, int64_t byte_offset,
                            ref.storage.key + "' in " + name());
   }
   return impl_->source->ReadAt(rec->data_offset + ref.storage_offset * item + byte_offset, out);
+}
+
+Status TorchFile::VerifyStorageCrc32(const StorageRecord& rec) const {
+  if (impl_->format != TorchFormat::kZip || rec.crc32 == 0) return Status::Ok();
+  constexpr int64_t kChunkBytes = int64_t{1} << 20;
+  std::vector<std::byte> buf(static_cast<size_t>(std::min(kChunkBytes, rec.num_bytes)));
+  uint32_t crc = 0;
+  for (int64_t at = 0; at < rec.num_bytes; at += kChunkBytes) {
+    const std::span<std::byte> chunk(
+        buf.data(), static_cast<size_t>(std::min(kChunkBytes, rec.num_bytes - at)));
+    UCP_RETURN_IF_ERROR(impl_->source->ReadAt(rec.data_offset + at, chunk));
+    crc = Crc32(chunk, crc);
+  }
+  if (crc != rec.crc32) {
+    return DataLossError("crc32 mismatch in record 'data/" + rec.key + "' of " + name() + " (" +
+                         Num(rec.num_bytes) + " bytes)");
+  }
+  return Status::Ok();
 }
 
 }  // namespace ucp::torch

@@ -76,6 +76,12 @@ class TorchFile {
   /// inside the tensor's bytes); kNotFound, kDataLoss, kIoError as ReadTensor.
   Status ReadTensorBytes(const TensorRef& ref, int64_t byte_offset, std::span<std::byte> out) const;
 
+  /// Streams the record of `storage` (one of storages()) in bounded chunks and compares its
+  /// CRC-32 with the zip directory's, so a reader of byte ranges can still prove a whole record
+  /// intact. Legacy files and a directory CRC of 0 record none: Ok.
+  /// Errors: kDataLoss naming the file and record on a mismatch; kIoError.
+  Status VerifyStorageCrc32(const StorageRecord& storage) const;
+
  private:
   struct Impl;
   explicit TorchFile(std::unique_ptr<Impl> impl);

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "tests/testutil/status_matchers.h"
+#include "ucp/io/torch/byte_source.h"
 #include "ucp/io/torch/testing/sha256.h"
 
 namespace ucp::torch {
@@ -220,6 +222,50 @@ TEST(TorchFileFixtures, StrictModeRefusesInertClassesButReadsStateDicts) {
                        HasSubstr("global 'argparse.Namespace' is not in the allowlist")));
   EXPECT_THAT(TorchFile::Open(FixtureDir() + "/zero_pp_rank_0_mp_rank_00_optim_states.pt", strict),
               StatusIs(StatusCode::kDataLoss, HasSubstr("deepspeed.runtime.fp16.loss_scaler")));
+}
+
+// Whole records of a real torch file pass; a record whose bytes changed fails, naming it, while
+// a legacy file (no CRCs) has nothing to check.
+TEST(TorchFileFixtures, VerifyStorageCrc32StreamsEachRecord) {
+  const std::string path = FixtureDir() + "/zero_pp_rank_0_mp_rank_00_optim_states.pt";
+  UCP_ASSERT_OK_AND_ASSIGN(TorchFile f, TorchFile::Open(path));
+  ASSERT_FALSE(f.storages().empty());
+  for (const StorageRecord& r : f.storages()) UCP_EXPECT_OK(f.VerifyStorageCrc32(r));
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const StorageRecord& last = f.storages().back();
+  bytes[static_cast<size_t>(last.data_offset)] ^= 0x01;
+  UCP_ASSERT_OK_AND_ASSIGN(TorchFile bad,
+                           TorchFile::OpenBuffer(std::as_bytes(std::span(bytes)), {}, "bad.pt"));
+  EXPECT_THAT(bad.VerifyStorageCrc32(bad.storages().back()),
+              StatusIs(StatusCode::kDataLoss,
+                       HasSubstr("crc32 mismatch in record 'data/" + last.key + "' of bad.pt")));
+  UCP_ASSERT_OK_AND_ASSIGN(TorchFile legacy,
+                           TorchFile::Open(FixtureDir() + "/model_state_dict_legacy.pt"));
+  for (const StorageRecord& r : legacy.storages()) UCP_EXPECT_OK(legacy.VerifyStorageCrc32(r));
+}
+
+// The slicing-by-8 CRC equals the byte-at-a-time reference for every length and alignment, and
+// both give the CRC-32/ISO-HDLC check value.
+TEST(Crc32, SlicedEqualsReference) {
+  const std::string check = "123456789";
+  EXPECT_EQ(Crc32(std::as_bytes(std::span(check))), 0xCBF43926u);
+  EXPECT_EQ(Crc32Reference(std::as_bytes(std::span(check))), 0xCBF43926u);
+  std::vector<std::byte> buf(300);
+  uint32_t x = 12345;
+  for (std::byte& b : buf) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  for (size_t start = 0; start < 9; ++start) {
+    for (size_t n = 0; start + n <= buf.size(); n += 13) {
+      const auto piece = std::span<const std::byte>(buf).subspan(start, n);
+      ASSERT_EQ(Crc32(piece, 0x1234u), Crc32Reference(piece, 0x1234u)) << start << " " << n;
+    }
+  }
+  // Continuing a CRC over two pieces equals the CRC of the whole.
+  const auto all = std::span<const std::byte>(buf);
+  EXPECT_EQ(Crc32(all.subspan(100), Crc32(all.first(100))), Crc32(all));
 }
 
 TEST(TorchFileFixtures, MissingFileIsNotFound) {

@@ -1,0 +1,320 @@
+// The view tensors of a DeepSpeed checkpoint, resolved once and read as byte ranges (see
+// deepspeed_source.h).
+#include "ucp/deepspeed/deepspeed_source.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "ucp/base/status_macros.h"
+#include "ucp/deepspeed/pickle_values.h"
+
+namespace ucp::deepspeed {
+
+namespace fs = std::filesystem;
+using convert::TensorInfo;
+using convert::TensorKind;
+using torch::PyKind;
+using torch::PyValue;
+using torch::TensorRef;
+using torch::TorchFile;
+
+namespace {
+constexpr const char* kStates[3] = {"fp32", "exp_avg", "exp_avg_sq"};
+}  // namespace
+
+struct DeepSpeedTensorSource::File {
+  std::string name;  // relative to the tag folder, for messages
+  TorchFile torch;
+  // Optimizer files: per param group, the fp32, exp_avg and exp_avg_sq partitions.
+  std::vector<std::array<TensorRef, 3>> groups;
+};
+
+// One ZeRO fragment of a TP shard: elements [offset, offset + numel) of the shard are elements
+// [start, start + numel) of partition `group` of file `file`.
+struct DeepSpeedTensorSource::Fragment {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  int64_t start = 0;
+  int32_t file = 0;
+  int32_t group = 0;
+};
+
+struct DeepSpeedTensorSource::Entry {
+  DType dtype = DType::kFp32;
+  int64_t numel = 0;
+  int state = -1;     // 0..2: an optimizer state (kStates); -1: the model weight
+  int32_t list = -1;  // optimizer: index into fragment_lists_
+  int32_t file = -1;  // model: the file holding the weight
+  TensorRef ref;      // model: the weight
+};
+
+DeepSpeedTensorSource::~DeepSpeedTensorSource() = default;
+
+Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
+    const DeepSpeedCheckpoint& ck) {
+  std::unique_ptr<DeepSpeedTensorSource> src(new DeepSpeedTensorSource());
+  const layout::Layout view = ck.view();
+  UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors, convert::DescribeLayout(ck.model(), view),
+                       ck.dir().string() + ": the ucp view " + layout::ToString(view));
+  std::map<std::string, int32_t> file_index;  // name -> files_
+  auto open = [&](const std::string& name) -> Result<int32_t> {
+    auto it = file_index.find(name);
+    if (it != file_index.end()) return it->second;
+    UCP_ASSIGN_OR_RETURN(TorchFile torch, TorchFile::Open(ck.dir() / name));
+    src->files_.push_back(std::make_unique<File>(File{name, std::move(torch), {}}));
+    const int32_t i = static_cast<int32_t>(src->files_.size() - 1);
+    file_index[name] = i;
+    return i;
+  };
+
+  // Optimizer files: per (pp, tp), each engine name's fragments in dp order.
+  const int tp = ck.tp(), pp = ck.pp();
+  std::vector<std::map<std::string, std::vector<Fragment>>> frags(static_cast<size_t>(pp) * tp);
+  for (int s = 0; s < pp; ++s) {
+    for (int r = 0; r < tp; ++r) {
+      for (int d = 0; d < ck.dp_sp(); ++d) {
+        const std::string name = ck.OptimStatesFile(s, r, d);
+        UCP_ASSIGN_OR_RETURN(const int32_t fi, open(name));
+        File& file = *src->files_[static_cast<size_t>(fi)];
+        const PyValue& root = file.torch.root();
+        UCP_ASSIGN_OR_RETURN(const PyValue* osd, root.Find("optimizer_state_dict", name));
+        UCP_ASSIGN_OR_RETURN(const PyValue* fp32,
+                             osd->Find("single_partition_of_fp32_groups", name));
+        UCP_ASSIGN_OR_RETURN(const PyValue* maps, osd->Find("param_slice_mappings", name));
+        UCP_ASSIGN_OR_RETURN(const PyValue* base, osd->Find("base_optimizer_state", name));
+        if (base->kind() != PyKind::kDict) {
+          return UnimplementedError(name + ": base_optimizer_state is a " +
+                                    std::string(PyKindName(base->kind())) +
+                                    " (elastic checkpoint), which ucp does not read");
+        }
+        UCP_ASSIGN_OR_RETURN(const PyValue* state, base->Find("state", name));
+        if (fp32->kind() != PyKind::kList || maps->kind() != PyKind::kList ||
+            fp32->items().size() != maps->items().size()) {
+          return DataLossError(name +
+                               ": single_partition_of_fp32_groups and param_slice_mappings are "
+                               "not lists of equal length");
+        }
+        std::set<std::string> seen;
+        for (size_t g = 0; g < fp32->items().size(); ++g) {
+          const std::string where = name + ": param group " + std::to_string(g);
+          const PyValue* st = state->Get(static_cast<int64_t>(g));
+          if (st == nullptr) {
+            return DataLossError(where + " has no base_optimizer_state.state[" + std::to_string(g) +
+                                 "]");
+          }
+          const std::array<const PyValue*, 3> t = {fp32->items()[g], st->Get("exp_avg"),
+                                                   st->Get("exp_avg_sq")};
+          std::array<TensorRef, 3> refs;
+          for (int k = 0; k < 3; ++k) {
+            if (t[k] == nullptr || t[k]->kind() != PyKind::kTensor ||
+                t[k]->tensor().dtype != DType::kFp32 || !t[k]->tensor().IsContiguous() ||
+                t[k]->tensor().size.size() != 1) {
+              return DataLossError(where + ": the " + kStates[k] +
+                                   " partition is not a contiguous 1-d fp32 tensor");
+            }
+            refs[k] = t[k]->tensor();
+          }
+          file.groups.push_back(refs);
+          const PyValue* m = maps->items()[g];
+          if (m->kind() != PyKind::kDict) {
+            return DataLossError(where + ": param_slice_mappings[" + std::to_string(g) +
+                                 "] is not a dict");
+          }
+          for (const auto& [k, v] : m->entries()) {
+            const PyValue* fa = ObjectState(v);
+            if (k->kind() != PyKind::kStr || fa == nullptr) {
+              return DataLossError(where +
+                                   ": a param_slice_mappings entry is not name -> "
+                                   "fragment_address");
+            }
+            const std::string what = where + ": fragment_address of \"" + k->str() + "\"";
+            UCP_ASSIGN_OR_RETURN(int64_t numel, AsInt(fa->Get("numel"), what + " numel"));
+            UCP_ASSIGN_OR_RETURN(int64_t start, AsInt(fa->Get("start"), what + " start"));
+            // The fp32 partition may be trimmed (ZeRO) while the Adam states keep the padding.
+            int64_t limit = refs[0].num_elements();
+            for (const TensorRef& ref : refs) limit = std::min(limit, ref.num_elements());
+            if (start < 0 || numel < 0 || start > limit || numel > limit - start) {
+              return DataLossError(what + ": elements [" + std::to_string(start) + ", " +
+                                   std::to_string(start + numel) + ") are outside the " +
+                                   std::to_string(limit) + "-element partition");
+            }
+            if (!seen.insert(k->str()).second) {
+              return DataLossError(name + ": \"" + k->str() +
+                                   "\" is in param_slice_mappings twice");
+            }
+            if (numel == 0) continue;
+            frags[static_cast<size_t>(s) * tp + r][k->str()].push_back(
+                Fragment{0, numel, start, fi, static_cast<int32_t>(g)});
+          }
+        }
+      }
+    }
+  }
+
+  std::map<std::string, size_t> model_index;
+  for (size_t i = 0; i < ck.model().params.size(); ++i) model_index[ck.model().params[i].name] = i;
+  std::map<std::tuple<int, int, std::string>, int32_t> lists;  // (pp, tp, param) -> list
+  for (const TensorInfo& t : tensors) {
+    auto mi = model_index.find(t.param);
+    if (mi == model_index.end())
+      return InternalError("view tensor of unknown parameter " + t.param);
+    const DeepSpeedParam& p = ck.params()[static_cast<size_t>(ck.ds_index(mi->second))];
+    Entry e;
+    e.numel = NumElementsOrDie(t.shape);
+    e.dtype = t.dtype;
+    TensorInfo stored = t;
+    if (t.kind == TensorKind::kOptimSlice) {
+      e.state = static_cast<int>(std::find(std::begin(kStates), std::end(kStates), t.state) -
+                                 std::begin(kStates));
+      if (e.state >= 3) return InternalError("view tensor of unknown state " + t.state);
+      auto [li, inserted] = lists.try_emplace({t.pp, t.tp, t.param}, 0);
+      if (inserted) {
+        const auto& by_name = frags[static_cast<size_t>(t.pp) * tp + t.tp];
+        auto it = by_name.find(p.engine_name);
+        std::vector<Fragment> list = it == by_name.end() ? std::vector<Fragment>{} : it->second;
+        int64_t offset = 0;
+        for (Fragment& f : list) {
+          f.offset = offset;
+          offset += f.numel;
+        }
+        if (offset != e.numel) {
+          std::string files = ck.OptimStatesFile(t.pp, t.tp, 0);
+          files.replace(files.find("_pp_rank_0_"), 11, "_pp_rank_*_");
+          return DataLossError("parameter \"" + p.engine_name + "\" on pipeline stage " +
+                               std::to_string(t.pp) + ", tp rank " + std::to_string(t.tp) +
+                               ": the param_slice_mappings of its " + std::to_string(ck.dp_sp()) +
+                               " optimizer files (" + files + ") hold " + std::to_string(offset) +
+                               " elements, its TP shard " + ShapeString(t.shape) + " has " +
+                               std::to_string(e.numel));
+        }
+        src->fragment_lists_.push_back(std::move(list));
+        li->second = static_cast<int32_t>(src->fragment_lists_.size() - 1);
+      }
+      e.list = li->second;
+    } else if (t.kind == TensorKind::kModelSlice) {
+      std::string name, key;
+      if (ck.naming() == Naming::kMegatronPipe) {
+        UCP_ASSIGN_OR_RETURN(PipeLayerKey at, PipeLayerOf(p.engine_name));
+        name = DeepSpeedCheckpoint::LayerFile(at.layer_index, t.tp);
+        key = at.key;
+      } else {
+        name = ck.ModelStatesFile(t.pp, t.tp);
+        key = p.engine_name;
+      }
+      UCP_ASSIGN_OR_RETURN(e.file, open(name));
+      const PyValue& root = src->files_[static_cast<size_t>(e.file)]->torch.root();
+      const PyValue* module = &root;
+      if (ck.naming() != Naming::kMegatronPipe) {
+        UCP_ASSIGN_OR_RETURN(module, root.Find("module", name));
+      }
+      const PyValue* w = module->Get(key);
+      if (w == nullptr || w->kind() != PyKind::kTensor) {
+        return DataLossError(name + ": " + (ck.naming() == Naming::kMegatronPipe ? "" : "module ") +
+                             "has no tensor \"" + key + "\" (the weight of parameter \"" +
+                             p.engine_name + "\")");
+      }
+      e.ref = w->tensor();
+      if (e.ref.dtype != t.dtype || e.ref.size != t.shape) {
+        return DataLossError(name + ": \"" + key + "\" is " + std::string(DTypeName(e.ref.dtype)) +
+                             ShapeString(e.ref.size) + ", parameter \"" + p.engine_name +
+                             "\" needs " + std::string(DTypeName(t.dtype)) + ShapeString(t.shape) +
+                             " (the training dtype and param_shapes)");
+      }
+    } else {
+      return InternalError("the DeepSpeed view has a tensor of kind " +
+                           std::string(convert::TensorKindName(t.kind)));
+    }
+    src->by_name_[t.name] = static_cast<int32_t>(src->entries_.size());
+    src->entries_.push_back(std::move(e));
+    src->infos_.push_back(std::move(stored));
+  }
+
+  // The records holding the data read: every partition of every optimizer file, and each
+  // module weight's storage.
+  std::set<std::pair<int32_t, std::string>> keys;
+  for (size_t fi = 0; fi < src->files_.size(); ++fi) {
+    for (const auto& refs : src->files_[fi]->groups) {
+      for (const TensorRef& ref : refs) keys.insert({static_cast<int32_t>(fi), ref.storage.key});
+    }
+  }
+  for (const Entry& e : src->entries_) {
+    if (e.state < 0) keys.insert({e.file, e.ref.storage.key});
+  }
+  for (const auto& [fi, key] : keys) {
+    const File& file = *src->files_[static_cast<size_t>(fi)];
+    const auto& recs = file.torch.storages();
+    auto it = std::find_if(recs.begin(), recs.end(),
+                           [&](const torch::StorageRecord& r) { return r.key == key; });
+    if (it == recs.end()) {
+      return DataLossError(file.name + ": storage '" + key + "' is referenced but not stored");
+    }
+    src->records_.push_back(Record{fi, *it});
+  }
+  return src;
+}
+
+Status DeepSpeedTensorSource::ReadModel(const Entry& e, int64_t begin, int64_t end,
+                                        std::span<std::byte> out) const {
+  const TorchFile& f = files_[static_cast<size_t>(e.file)]->torch;
+  const int64_t item = DTypeSizeBytes(e.dtype);
+  if (e.ref.IsContiguous()) return f.ReadTensorBytes(e.ref, begin * item, out);
+  // A strided module weight (a view sharing another's storage) has no byte ranges: gather it.
+  UCP_ASSIGN_OR_RETURN(Tensor whole, f.ReadTensor(e.ref));
+  std::memcpy(out.data(), whole.data() + begin * item, static_cast<size_t>((end - begin) * item));
+  return Status::Ok();
+}
+
+Status DeepSpeedTensorSource::ReadFlatRange(const TensorInfo& t, int64_t begin, int64_t end,
+                                            std::span<std::byte> out) const {
+  auto it = by_name_.find(t.name);
+  if (it == by_name_.end()) {
+    return NotFoundError("tensor \"" + t.name +
+                         "\" is not part of the DeepSpeed checkpoint's view");
+  }
+  const Entry& e = entries_[static_cast<size_t>(it->second)];
+  if (t.dtype != e.dtype) {
+    return InvalidArgumentError("tensor \"" + t.name + "\" is " + std::string(DTypeName(e.dtype)) +
+                                ", not " + std::string(DTypeName(t.dtype)));
+  }
+  const int64_t item = DTypeSizeBytes(e.dtype);
+  if (begin < 0 || end < begin || end > e.numel ||
+      static_cast<int64_t>(out.size()) != (end - begin) * item) {
+    return OutOfRangeError("tensor \"" + t.name + "\": elements [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + ") into " + std::to_string(out.size()) +
+                           " bytes, of " + std::to_string(e.numel) + " elements");
+  }
+  if (begin == end) return Status::Ok();
+  if (e.state < 0) return ReadModel(e, begin, end, out).WithContext("tensor \"" + t.name + "\"");
+  const std::vector<Fragment>& frags = fragment_lists_[static_cast<size_t>(e.list)];
+  // The last fragment starting at or before `begin` (fragments tile [0, numel) in order).
+  auto f = std::upper_bound(frags.begin(), frags.end(), begin,
+                            [](int64_t v, const Fragment& x) { return v < x.offset; });
+  for (--f; f != frags.end() && f->offset < end; ++f) {
+    const int64_t lo = std::max(begin, f->offset);
+    const int64_t hi = std::min(end, f->offset + f->numel);
+    if (lo >= hi) continue;
+    const File& file = *files_[static_cast<size_t>(f->file)];
+    UCP_RETURN_IF_ERROR(
+        file.torch.ReadTensorBytes(
+            file.groups[static_cast<size_t>(f->group)][e.state], (f->start + lo - f->offset) * 4,
+            out.subspan(static_cast<size_t>((lo - begin) * 4), static_cast<size_t>((hi - lo) * 4))),
+        "tensor \"" + t.name + "\"");
+  }
+  return Status::Ok();
+}
+
+Status DeepSpeedTensorSource::VerifyRecord(int64_t i) const {
+  const Record& r = records_[static_cast<size_t>(i)];
+  const File& file = *files_[static_cast<size_t>(r.file)];
+  return file.torch.VerifyStorageCrc32(r.storage);
+}
+
+Status DeepSpeedTensorSource::VerifyChecksums() const {
+  for (int64_t i = 0; i < num_records(); ++i) UCP_RETURN_IF_ERROR(VerifyRecord(i));
+  return Status::Ok();
+}
+
+}  // namespace ucp::deepspeed

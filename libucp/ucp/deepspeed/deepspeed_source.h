@@ -1,0 +1,84 @@
+// DeepSpeedTensorSource: the tensors of a DeepSpeed checkpoint's ucp layout view
+// (DeepSpeedCheckpoint::view(), tp=T,pp=P,dp=1,zero=0) served from the DeepSpeed files, so the
+// planner and the executor run on a DeepSpeed checkpoint as on any ucp checkpoint.
+//
+//   pp<P>.tp<T>/optim/<local>/<state>  fp32, the TP shard: its fragments, in dp order, in the
+//       dp*sp optimizer files of (P, T), located by param_slice_mappings and read as byte ranges
+//       of single_partition_of_fp32_groups[g] / base_optimizer_state.state[g].exp_avg|exp_avg_sq.
+//   pp<P>.tp<T>/model/<local>          the training-dtype weight: `module` of
+//       mp_rank_XX_model_states.pt (GPTModel, plain) or layer_IDX-model_TT-model_states.pt
+//       (GPTModelPipe). The tied embedding GPTModelPipe's last stage holds has no layer file; it is
+//       read from the first stage's (DeepSpeed keeps the copies in sync, and the plan's check ops
+//       still compare the fp32 / Adam copies of both stages).
+//
+// Every view tensor is resolved to its files, records and fragments once, at Open; a read is a
+// hash lookup plus preads, safe from many threads at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ucp/base/result.h"
+#include "ucp/convert/plan.h"
+#include "ucp/deepspeed/deepspeed_checkpoint.h"
+#include "ucp/exec/executor.h"
+#include "ucp/io/torch/torch_file.h"
+
+namespace ucp::deepspeed {
+
+class DeepSpeedTensorSource final : public exec::TensorSource {
+ public:
+  /// Opens every optimizer file and every file holding module weights of `checkpoint` (pickles
+  /// only) and resolves each tensor of convert::DescribeLayout(model, view) with states fp32,
+  /// exp_avg, exp_avg_sq plus model. `checkpoint` must have been opened with bind_model.
+  /// Errors: those of TorchFile::Open (kNotFound, kDataLoss for a truncated or corrupt file,
+  /// naming it); kDataLoss naming file and parameter for a missing key or partition, a fragment
+  /// outside its partition, fragments that do not tile their TP shard exactly, or a module
+  /// weight whose dtype or shape is not the view's.
+  static Result<std::unique_ptr<DeepSpeedTensorSource>> Open(const DeepSpeedCheckpoint& checkpoint);
+
+  ~DeepSpeedTensorSource() override;
+
+  /// Reads elements [begin, end) of the view tensor `tensor` (by name).
+  /// Errors: kNotFound (not a tensor of the view), kInvalidArgument (dtype differs),
+  /// kOutOfRange (range outside the tensor or `out` of the wrong size), and the file's read
+  /// errors (kDataLoss, kIoError) naming the file.
+  Status ReadFlatRange(const convert::TensorInfo& tensor, int64_t begin, int64_t end,
+                       std::span<std::byte> out) const override;
+
+  /// The view's tensors as the files hold them (shapes and dtypes from the files).
+  const std::vector<convert::TensorInfo>& tensors() const { return infos_; }
+
+  /// Every zip record holding tensor data the view reads, for VerifyRecord.
+  int64_t num_records() const { return static_cast<int64_t>(records_.size()); }
+  /// Streams record `i` (bounded memory) and compares its CRC-32 with the zip directory's.
+  /// Records of legacy (non-zip) files and records whose directory CRC is 0 carry none and pass.
+  /// Errors: kDataLoss naming the file and record on a mismatch; read errors.
+  Status VerifyRecord(int64_t i) const;
+  /// VerifyRecord for every record, in order. Errors: the first failure.
+  Status VerifyChecksums() const;
+
+ private:
+  struct File;
+  struct Fragment;
+  struct Entry;
+  struct Record {
+    int32_t file = 0;
+    torch::StorageRecord storage;
+  };
+  DeepSpeedTensorSource() = default;
+  Status ReadModel(const Entry& e, int64_t begin, int64_t end, std::span<std::byte> out) const;
+
+  std::vector<std::unique_ptr<File>> files_;
+  std::vector<std::vector<Fragment>> fragment_lists_;  // per (param, stage, tp): the TP shard
+  std::vector<Entry> entries_;                         // per view tensor
+  std::unordered_map<std::string, int32_t> by_name_;
+  std::vector<convert::TensorInfo> infos_;
+  std::vector<Record> records_;
+};
+
+}  // namespace ucp::deepspeed

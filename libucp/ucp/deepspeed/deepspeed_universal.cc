@@ -1,0 +1,314 @@
+// DeepSpeed's universal layout writer (see deepspeed_universal.h).
+#include "ucp/deepspeed/deepspeed_universal.h"
+
+#include <algorithm>
+#include <charconv>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <utility>
+
+#include "ucp/base/status_macros.h"
+#include "ucp/deepspeed/deepspeed_checkpoint.h"
+#include "ucp/deepspeed/pickle_values.h"
+#include "ucp/io/atomic_file.h"
+#include "ucp/io/torch/torch_file.h"
+#include "ucp/io/torch/torch_writer.h"
+#include "ucp/patterns/model.h"
+
+namespace ucp::deepspeed {
+namespace {
+
+namespace fs = std::filesystem;
+using torch::PyKind;
+using torch::PyValue;
+using torch::TorchFile;
+
+constexpr const char* kStates[3] = {"fp32", "exp_avg", "exp_avg_sq"};
+
+// How DeepSpeed's loader cuts a parameter's TP slice from the full tensor (deepspeed_ucp.md 7).
+enum class MergeKind : uint8_t { kReplicate, kShard, kPadStrip };
+
+// The rule of `rules` whose regex fully matches `name`; none or two is an error naming it.
+Result<const patterns::Rule*> MatchRule(const patterns::RuleSet& rules, const std::string& name) {
+  const patterns::Rule* found = nullptr;
+  for (const patterns::Rule& rule : rules.rules) {
+    if (!std::regex_match(name, *rule.re)) continue;
+    if (found != nullptr) {
+      return InvalidArgumentError("parameter \"" + name + "\" matches two rules of family " +
+                                  rules.family + ": " + found->match + " and " + rule.match);
+    }
+    found = &rule;
+  }
+  if (found == nullptr) {
+    return InvalidArgumentError("parameter \"" + name + "\" matches no rule of family " +
+                                rules.family);
+  }
+  return found;
+}
+
+// The merge the extractor does for a rule kind; kinds it cannot honour are refused by name.
+Result<std::pair<MergeKind, int>> MergeOf(const patterns::Rule& rule, const std::string& name) {
+  auto unimplemented = [&](const std::string& what) {
+    return UnimplementedError("parameter \"" + name + "\": rule kind " +
+                              std::string(patterns::RuleKindName(rule.kind)) + " (" + rule.match +
+                              ")" + (what.empty() ? "" : " " + what) +
+                              " is not merged from DeepSpeed checkpoints");
+  };
+  if (rule.axis != patterns::Axis::kTp) return unimplemented("on axis ep");
+  switch (rule.kind) {
+    case patterns::RuleKind::kReplicate:
+      return std::pair{MergeKind::kReplicate, 0};
+    case patterns::RuleKind::kShard:
+      return std::pair{MergeKind::kShard, rule.dim};
+    case patterns::RuleKind::kPadStrip:
+      if (rule.dim != 0) return unimplemented("on dim " + std::to_string(rule.dim));
+      return std::pair{MergeKind::kPadStrip, 0};
+    case patterns::RuleKind::kFuse:
+      // Megatron splits an interleaved_groups tensor (QKV: per group [q | k | v] rows) over tp by
+      // whole groups, so the dim-0 concatenation of the TP slices already is the full tensor in
+      // the rule's interleaved order: no reordering, a plain dim-0 shard merge. A concat-ordered
+      // fuse would need each slice's parts regrouped, which the extractor does not do.
+      if (rule.order != patterns::FuseOrder::kInterleavedGroups) {
+        return unimplemented("with order concat");
+      }
+      if (rule.dim != 0) return unimplemented("on dim " + std::to_string(rule.dim));
+      return std::pair{MergeKind::kShard, 0};
+    case patterns::RuleKind::kAverage:
+      break;
+  }
+  return unimplemented("");
+}
+
+// The rule set for `model` (a family or a preset), or, when it is empty, the one rule set in
+// `dir` that gives every name in `names` exactly one rule.
+Result<patterns::RuleSet> SelectRuleSet(const fs::path& dir, const std::string& model,
+                                        const std::vector<std::string>& names) {
+  auto check = [&](const patterns::RuleSet& rules) -> Status {
+    for (const std::string& n : names) {
+      UCP_RETURN_IF_ERROR(MatchRule(rules, n).status(),
+                          "rule set " + (dir / (rules.family + ".json")).string());
+    }
+    return Status::Ok();
+  };
+  if (!model.empty()) {
+    std::string family = model;
+    std::error_code ec;
+    if (!fs::is_regular_file(dir / (model + ".json"), ec)) {
+      UCP_ASSIGN_OR_RETURN(patterns::ModelSpec spec, patterns::LoadModel(dir, model));
+      family = spec.family;
+    }
+    UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules, patterns::LoadRuleSet(dir, family),
+                         "model \"" + model + "\"");
+    UCP_RETURN_IF_ERROR(check(rules), "model \"" + model + "\"");
+    return rules;
+  }
+  std::vector<std::string> families;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file() && it->path().extension() == ".json") {
+      families.push_back(it->path().stem().string());
+    }
+  }
+  if (ec) return NotFoundError("cannot list rule sets in " + dir.string() + ": " + ec.message());
+  std::sort(families.begin(), families.end());
+  if (families.empty()) return NotFoundError("no rule set (<family>.json) in " + dir.string());
+  std::vector<patterns::RuleSet> fits;
+  Status best = Status::Ok();
+  size_t best_matched = 0;
+  for (const std::string& f : families) {
+    UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules, patterns::LoadRuleSet(dir, f));
+    size_t matched = 0;
+    for (const std::string& n : names) matched += MatchRule(rules, n).ok() ? 1 : 0;
+    if (matched == names.size()) {
+      fits.push_back(std::move(rules));
+    } else if (best.ok() || matched > best_matched) {
+      // The error of the family that fits most names (the first such) is the one reported.
+      best = check(rules);
+      best_matched = matched;
+    }
+  }
+  if (fits.size() > 1) {
+    return InvalidArgumentError("parameter names fit the rule sets of families " + fits[0].family +
+                                " and " + fits[1].family + " in " + dir.string() +
+                                "; choose one with the model option");
+  }
+  if (fits.empty()) return best;
+  return std::move(fits[0]);
+}
+
+// The layer index of a canonical "layers.<i>.…" name; -1 for the others.
+int64_t LayerOf(const std::string& c) {
+  if (!c.starts_with("layers.")) return -1;
+  const size_t dot = c.find('.', 7);
+  int64_t i = -1;
+  if (dot == std::string::npos || dot - 7 > 12) return -1;
+  auto [p, ec] = std::from_chars(c.data() + 7, c.data() + dot, i);
+  return ec == std::errc() && p == c.data() + dot ? i : -1;
+}
+
+// The engine naming a universal checkpoint extracted from DeepSpeed records in its client state
+// ({"deepspeed": {"naming": ...}}); GPTModelPipe's when it records none.
+Result<Naming> RecordedNaming(const io::UniversalManifest& m, const std::string& where) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(m.client_state_json.empty() ? "{}" : m.client_state_json);
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError(where + ": client_state is not JSON (" + e.what() + ")");
+  }
+  if (!j.is_object() || !j.contains("deepspeed") || !j["deepspeed"].is_object() ||
+      !j["deepspeed"].contains("naming")) {
+    return Naming::kMegatronPipe;
+  }
+  const nlohmann::json& n = j["deepspeed"]["naming"];
+  if (!n.is_string())
+    return DataLossError(where + ": client_state.deepspeed.naming is not a string");
+  UCP_ASSIGN_OR_RETURN(Naming naming, NamingFromName(n.get<std::string>()),
+                       where + ": client_state.deepspeed.naming");
+  return naming;
+}
+
+Status WriteStateFile(const fs::path& path, Tensor t, MergeKind merge, int dim) {
+  torch::TorchWriter w;
+  torch::PyArena& a = w.arena();
+  torch::PyValue* d = a.Dict();
+  UCP_ASSIGN_OR_RETURN(const PyValue* tv, w.AddOwnedTensor(std::move(t)));
+  d->SetItem(a.Str("param"), tv);
+  if (merge != MergeKind::kReplicate) d->SetItem(a.Str("cat_dim"), a.Int(dim));
+  if (merge == MergeKind::kPadStrip) d->SetItem(a.Str("vocab_tensor"), a.Bool(true));
+  return w.Write(path, *d);
+}
+
+}  // namespace
+
+Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path& dst,
+                               const DeepSpeedUniversalOptions& options) {
+  std::error_code ec;
+  if (fs::exists(dst, ec)) return AlreadyExistsError("output " + dst.string() + " exists");
+  const fs::path tmp = dst.parent_path() / (".tmp-" + dst.filename().string());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp / "zero", ec);
+  if (ec) return IoError("cannot create " + (tmp / "zero").string() + ": " + ec.message());
+  const io::UniversalManifest& m = reader.manifest();
+  EngineNameContext context;
+  context.tied_embeddings = true;
+  for (const auto& p : m.params) {
+    context.num_layers = std::max(context.num_layers, LayerOf(p.name) + 1);
+    if (p.name.starts_with("output_layer.")) context.tied_embeddings = false;
+  }
+  UCP_ASSIGN_OR_RETURN(Naming naming, RecordedNaming(m, reader.dir().string()));
+  std::optional<DeepSpeedCheckpoint> source;
+  if (!options.model_states_from.empty()) {
+    OpenOptions o;
+    o.bind_model = false;
+    UCP_ASSIGN_OR_RETURN(source, DeepSpeedCheckpoint::Open(options.model_states_from, o),
+                         "--model-states-from");
+  }
+  std::vector<std::string> names;
+  for (const auto& p : m.params) names.push_back(p.name);
+  UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules,
+                       SelectRuleSet(RuleSetDir(options.data_dir),
+                                     options.model.empty() ? m.source_model : options.model, names),
+                       reader.dir().string());
+  for (const auto& p : m.params) {
+    UCP_ASSIGN_OR_RETURN(const patterns::Rule* rule, MatchRule(rules, p.name));
+    UCP_ASSIGN_OR_RETURN(auto merge, MergeOf(*rule, p.name), reader.dir().string());
+    UCP_ASSIGN_OR_RETURN(const std::string engine, EngineName(p.name, naming, context),
+                         reader.dir().string());
+    const fs::path pdir = tmp / "zero" / engine;
+    fs::create_directories(pdir, ec);
+    if (ec) return IoError("cannot create " + pdir.string() + ": " + ec.message());
+    for (const char* s : kStates) {
+      UCP_ASSIGN_OR_RETURN(Tensor t, reader.ReadState(p.name, s));
+      if (t.dtype() != DType::kFp32) {
+        return InvalidArgumentError("parameter \"" + p.name + "\" state " + s + " is " +
+                                    std::string(DTypeName(t.dtype())) + ", not fp32");
+      }
+      UCP_RETURN_IF_ERROR(
+          WriteStateFile(pdir / (std::string(s) + ".pt"), std::move(t), merge.first, merge.second));
+    }
+    torch::TorchWriter w;
+    UCP_ASSIGN_OR_RETURN(Tensor step, Tensor::Uninitialized(DType::kFp32, Shape{}));
+    step.as<float>()[0] = static_cast<float>(m.step);
+    UCP_ASSIGN_OR_RETURN(const PyValue* sv, w.AddOwnedTensor(std::move(step)));
+    UCP_RETURN_IF_ERROR(w.Write(pdir / "step.pt", *sv));
+  }
+  // zero/optimizer_state.pt: the source's rank-0 optimizer_state_dict minus the per-rank flat
+  // state when the source is at hand, plus the hyper-parameter groups.
+  {
+    torch::TorchWriter w;
+    torch::PyArena& a = w.arena();
+    torch::PyValue* d = a.Dict();
+    std::optional<TorchFile> src;
+    if (source) {
+      const DeepSpeedCheckpoint& ck = *source;
+      const std::string name = ck.OptimStatesFile(0, 0, 0);
+      UCP_ASSIGN_OR_RETURN(src, TorchFile::Open(ck.dir() / name));
+      UCP_ASSIGN_OR_RETURN(const PyValue* osd, src->root().Find("optimizer_state_dict", name));
+      for (const auto& [k, v] : osd->entries()) {
+        if (k->kind() == PyKind::kStr &&
+            (k->str() == "base_optimizer_state" || k->str() == "param_slice_mappings" ||
+             k->str() == "single_partition_of_fp32_groups")) {
+          continue;
+        }
+        UCP_ASSIGN_OR_RETURN(const PyValue* kc, w.CopyFrom(*src, *k));
+        UCP_ASSIGN_OR_RETURN(const PyValue* vc, w.CopyFrom(*src, *v));
+        d->SetItem(kc, vc);
+      }
+    }
+    torch::PyValue* groups = a.List();
+    for (int g = 0; g < 2; ++g) {
+      torch::PyValue* pg = a.Dict();
+      pg->SetItem(a.Str("lr"), a.Float(m.hyper.contains("lr") ? m.hyper.at("lr") : 0));
+      pg->SetItem(a.Str("betas"),
+                  a.Tuple({a.Float(m.hyper.contains("beta1") ? m.hyper.at("beta1") : 0.9),
+                           a.Float(m.hyper.contains("beta2") ? m.hyper.at("beta2") : 0.999)}));
+      pg->SetItem(a.Str("eps"), a.Float(m.hyper.contains("eps") ? m.hyper.at("eps") : 1e-8));
+      const double wd = m.hyper.contains("weight_decay") ? m.hyper.at("weight_decay") : 0;
+      pg->SetItem(a.Str("weight_decay"), a.Float(g == 0 ? wd : 0.0));
+      torch::PyValue* params = a.List();
+      params->Append(a.Int(g));
+      pg->SetItem(a.Str("params"), params);
+      groups->Append(pg);
+    }
+    d->SetItem(a.Str("param_groups"), groups);
+    UCP_RETURN_IF_ERROR(w.Write(tmp / "zero" / "optimizer_state.pt", *d));
+  }
+  // Model-state files: byte copies of the source's, or minimal ones.
+  if (source) {
+    const DeepSpeedCheckpoint& ck = *source;
+    for (int s = 0; s < ck.pp(); ++s) {
+      for (int r = 0; r < ck.tp(); ++r) {
+        const std::string name = ck.ModelStatesFile(s, r);
+        fs::copy_file(ck.dir() / name, tmp / name, ec);
+        if (ec) return IoError("cannot copy " + (ck.dir() / name).string() + ": " + ec.message());
+      }
+    }
+  } else {
+    for (int i = 0; i < options.tp * options.pp; ++i) {
+      torch::TorchWriter w;
+      torch::PyArena& a = w.arena();
+      torch::PyValue* d = a.Dict();
+      d->SetItem(a.Str("module"), a.None());
+      d->SetItem(a.Str("iteration"), a.Int(m.step));
+      d->SetItem(a.Str("global_steps"), a.Int(m.step));
+      d->SetItem(a.Str("mp_world_size"), a.Int(options.tp * options.pp));
+      torch::PyValue* dims = a.Dict();
+      dims->SetItem(a.Str("pp_degree"), a.Int(options.pp));
+      dims->SetItem(a.Str("tp_degree"), a.Int(options.tp));
+      d->SetItem(a.Str("checkpoint_parallel_dimensions"), dims);
+      d->SetItem(a.Str("ds_version"), a.Str("0.16.9"));
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "mp_rank_%02d_model_states.pt", i);
+      UCP_RETURN_IF_ERROR(w.Write(tmp / buf, *d));
+    }
+  }
+  fs::rename(tmp, dst, ec);
+  if (ec)
+    return IoError("cannot rename " + tmp.string() + " to " + dst.string() + ": " + ec.message());
+  UCP_RETURN_IF_ERROR(io::WriteFileAtomic(dst.parent_path() / "latest_universal",
+                                          std::string_view(dst.filename().string())));
+  return Status::Ok();
+}
+
+}  // namespace ucp::deepspeed

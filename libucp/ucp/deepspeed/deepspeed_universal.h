@@ -1,0 +1,39 @@
+// Writing DeepSpeed's own universal checkpoint layout (shared/reference/deepspeed_ucp.md 6) from a
+// ucp universal checkpoint, for DeepSpeed's `--universal-checkpoint` resume: one folder per
+// parameter under the engine's name, holding the full fp32 state tensors.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "ucp/base/status.h"
+#include "ucp/io/universal/universal_checkpoint.h"
+
+namespace ucp::deepspeed {
+
+struct DeepSpeedUniversalOptions {
+  /// The DeepSpeed tag folder the universal checkpoint came from: its mp_rank_*_model_states.pt
+  /// are copied byte for byte (client state: args, RNG, scheduler), as DeepSpeed's converter
+  /// does. Empty: minimal mp_rank_00_model_states.pt files are written from the manifest.
+  std::filesystem::path model_states_from;
+  int tp = 1;  ///< the layout the model-state files describe when written from scratch
+  int pp = 1;
+  /// The family or preset whose rule set gives cat_dim; "" is the manifest's source_model
+  /// (recognised from the names when that is empty too).
+  std::string model;
+  std::filesystem::path data_dir;  ///< as OpenOptions::data_dir
+};
+
+/// Writes DeepSpeed's universal layout at `dst` (a new folder): zero/<engine name>/{fp32,
+/// exp_avg,exp_avg_sq}.pt as dicts {'param': tensor, 'cat_dim': d, ['vocab_tensor': True]},
+/// zero/<engine name>/step.pt, zero/optimizer_state.pt, mp_rank_XX_model_states.pt and
+/// dirname(dst)/latest_universal naming basename(dst). Engine names follow the naming the
+/// client state's "deepspeed" object records (an extraction from DeepSpeed), else GPTModelPipe's.
+/// Errors: kAlreadyExists (dst exists); kInvalidArgument (a parameter matched by no rule or
+/// two, names no rule set fits); kUnimplemented (a rule kind DeepSpeed's loader cannot cut:
+/// average, fuse other than dim-0 interleaved_groups, pad_strip off dim 0, axis ep); errors of
+/// UniversalReader, DeepSpeedCheckpoint::Open (model_states_from) and TorchWriter.
+Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const std::filesystem::path& dst,
+                               const DeepSpeedUniversalOptions& options = {});
+
+}  // namespace ucp::deepspeed
