@@ -460,8 +460,13 @@ def cmd_extract(a):
                    {n: {"fp32": s["fp32"]} for n, s in want.items()})
     mm.check("DeepSpeed's own readers agree with the engine's state at the checkpoint")
 
-    # ucp's extraction: every state bitwise equal to DeepSpeed's converter, fp32 to zero_to_fp32.
+    # ucp's extraction: every state bitwise equal to DeepSpeed's converter, fp32 to zero_to_fp32,
+    # and the optimizer step the engine had.
     ucp = read_ucp_universal(a.ucp)
+    with open(os.path.join(a.ucp, "manifest.json")) as f:
+        ucp_step = json.load(f).get("step")
+    if ucp_step != truth["step"]:
+        mm.add(f"ucp extract manifest.json step: {ucp_step} != engine Adam step {truth['step']}")
     compare_states(mm, "ucp extract vs ds_to_universal", ucp, ds)
     compare_states(mm, "ucp extract fp32 vs zero_to_fp32",
                    {n: {"fp32": s.get("fp32")} for n, s in ucp.items()},
