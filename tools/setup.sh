@@ -9,6 +9,7 @@ packages=(
   libboost-program-options-dev libtbb-dev libgtest-dev libgmock-dev
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-h5py python3-torch python3-jsonschema
+  python3-venv  # tools/setup_peers.sh: the DeepSpeed venv of the peer tests
   g++-aarch64-linux-gnu qemu-user  # offload/: NEON/SVE cross-compile and qemu test
 )
 

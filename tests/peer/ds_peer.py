@@ -1,0 +1,633 @@
+"""Peer tests against the real DeepSpeed: ucp reads what DeepSpeed writes, DeepSpeed reads what
+ucp writes. Run with the peer venv's python (tools/setup_peers.sh); tests/peer/peer_test.sh strings
+the subcommands together with the ucp CLI, and docs/peers.md says what each test proves.
+
+    train        --work W --zero Z     a dp=2 CPU engine run: checkpoint at step SAVE_STEP
+                                       (W/ckpt), losses of steps 1..LAST_STEP (W/losses.json), the
+                                       engine's exact fp32/Adam state when it saved (W/truth.pt)
+    ds-universal --work W --out O      DeepSpeed's ds_to_universal on W/ckpt, into O
+    extract      --work W --ucp U --out O
+                                       ucp's extraction U == ds_to_universal (into O) ==
+                                       zero_to_fp32 == the engine's state, bitwise
+    fixtures     --data D              DeepSpeed's ds_to_universal on ucp's committed fixtures
+                                       gives D/expected.pt
+    resume       --work W --load L --dp P --mode universal|zero [--ucp U] [--zero Z]
+                                       a fresh engine at dp=P loads L: its state is the saved one,
+                                       bitwise, and its losses continue the run of `train`
+
+Everything is fp32: under gloo, torch 1.13 cannot broadcast bf16 (docs/peers.md).
+"""
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import io
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+# The run: a tiny GPT whose parameter names are ucp's canonical gpt.json names (gpt-peer.json is
+# its preset), trained on a fixed token stream so that every data-parallel size sees the same
+# global batch at every step.
+HIDDEN, HEADS, LAYERS, VOCAB, POSITIONS = 32, 4, 2, 64, 16
+GLOBAL_BATCH, SEQ = 8, 16
+SAVE_STEP, LAST_STEP = 4, 8
+STATES = ("fp32", "exp_avg", "exp_avg_sq")
+# Resuming at another dp size changes only the order of the gradient reductions (one process sums
+# 8 sequences, two sum 4 each and average). Measured with DeepSpeed's own universal checkpoint
+# resumed at dp=1: the losses of steps 5..8 move by at most 6.6e-8 relative. Wrong state moves them
+# far more: an Adam step off by one 6.2e-3, zeroed exp_avg 3.4e-2. (A single ulp in one weight
+# moves them by 6.6e-8 too, which is why the loaded state is also compared bitwise.)
+LOSS_RTOL_OTHER_DP = 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed on CPU
+
+
+def import_deepspeed():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
+    import logging
+    import deepspeed
+    import deepspeed.comm.torch
+    deepspeed.utils.logger.setLevel(logging.WARNING)  # the engine logs its whole config at INFO
+    # DeepSpeed's CPU TorchBackend JIT-compiles its shared-memory all-reduce op (deepspeed_shm_comm)
+    # at init; that needs torch/extension.h, which Debian's python3-torch does not ship (it is in
+    # libtorch-dev), so init fails. The op only speeds up all-reduce within a node; without it
+    # DeepSpeed uses torch.distributed (gloo) for the same reduction.
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    return deepspeed
+
+
+class Embedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.position_embeddings = torch.nn.Embedding(POSITIONS, HIDDEN)
+
+
+class SelfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query_key_value = torch.nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.dense = torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x):  # x: [batch, seq, hidden]
+        b, s, _ = x.shape
+        d = HIDDEN // HEADS
+        # Megatron's fused QKV rows are per head [q | k | v] (gpt.json's interleaved_groups).
+        qkv = self.query_key_value(x).view(b, s, HEADS, 3 * d)
+        q, k, v = (t.transpose(1, 2) for t in qkv.split(d, dim=-1))  # [batch, heads, seq, d]
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        return self.dense((att @ v).transpose(1, 2).reshape(b, s, HIDDEN))
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense_h_to_4h = torch.nn.Linear(HIDDEN, 4 * HIDDEN)
+        self.dense_4h_to_h = torch.nn.Linear(4 * HIDDEN, HIDDEN)
+
+    def forward(self, x):
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm = torch.nn.LayerNorm(HIDDEN)
+        self.self_attention = SelfAttention()
+        self.post_attention_layernorm = torch.nn.LayerNorm(HIDDEN)
+        self.mlp = Mlp()
+
+    def forward(self, x):
+        x = x + self.self_attention(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Gpt(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = Embedding()
+        self.layers = torch.nn.ModuleList(Layer() for _ in range(LAYERS))
+        self.final_layernorm = torch.nn.LayerNorm(HIDDEN)
+
+    def forward(self, tokens):  # tokens: [batch, seq + 1]
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        pos = torch.arange(x.shape[1])
+        h = self.embedding.word_embeddings(x) + self.embedding.position_embeddings(pos)
+        for layer in self.layers:
+            h = layer(h)
+        # Tied output layer: the word embedding, as Megatron's default.
+        logits = F.linear(self.final_layernorm(h), self.embedding.word_embeddings.weight)
+        return F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+
+
+def make_model():
+    torch.manual_seed(1234)
+    model = Gpt()
+    for name, p in model.named_parameters():  # Megatron's init: N(0, 0.02) weights, zero biases
+        if name.endswith(".bias"):
+            torch.nn.init.zeros_(p)
+        elif not name.endswith("layernorm.weight"):
+            torch.nn.init.normal_(p, std=0.02)
+    return model
+
+
+def param_groups(model):
+    """Megatron's two groups in named_parameters order: >=2-dim non-bias weights with weight decay,
+    then the rest without."""
+    named = list(model.named_parameters())
+    decay = [p for n, p in named if p.dim() >= 2 and not n.endswith(".bias")]
+    rest = [p for n, p in named if not (p.dim() >= 2 and not n.endswith(".bias"))]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+
+
+def global_batch(step):
+    """The global batch of optimizer step `step` (1-based), the same whatever the dp size."""
+    gen = torch.Generator().manual_seed(10_000 + step)
+    # A learnable stream: each sequence counts up by a random stride from a random start.
+    start = torch.randint(0, VOCAB, (GLOBAL_BATCH, 1), generator=gen)
+    stride = torch.randint(1, 4, (GLOBAL_BATCH, 1), generator=gen)
+    return (start + stride * torch.arange(SEQ + 1)) % VOCAB
+
+
+def ds_config(dp, zero, universal):
+    return {
+        "train_batch_size": GLOBAL_BATCH,
+        "train_micro_batch_size_per_gpu": GLOBAL_BATCH // dp,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.1, "torch_adam": True}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
+                                                     "warmup_num_steps": 6}},
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": zero},
+        "checkpoint": {"load_universal": universal},
+        "steps_per_print": 10_000,
+    }
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn, dp, *args):
+    """Runs fn(rank, dp, *args) in dp processes joined by gloo over loopback (dp=1: in-process)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if dp == 1:
+        _rank_main(0, fn, dp, args)
+    else:
+        torch.multiprocessing.spawn(_rank_main, args=(fn, dp, args), nprocs=dp, join=True)
+
+
+def _rank_main(rank, fn, dp, args):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(dp))
+    torch.set_num_threads(1)  # 2 ranks on 2 cores; also keeps every run's kernels the same
+    deepspeed = import_deepspeed()
+    # A short timeout: a rank that dies must not leave the other waiting gloo's default 30 min.
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False,
+                               timeout=datetime.timedelta(seconds=120))
+    # DeepSpeed gathers the updated ZeRO partitions with torch's all_gather_into_tensor because
+    # torch 1.13 has the function, but its gloo process group does not implement it ("no support
+    # for _allgather_base in Gloo process group"). Without it DeepSpeed uses its own fallback, a
+    # list all_gather: the same bytes (gathering copies, it does not add).
+    from deepspeed.comm import comm as ds_comm
+    ds_comm.cdb.all_gather_function = None
+    fn(rank, dp, *args)
+
+
+def make_engine(dp, zero, universal):
+    deepspeed = import_deepspeed()
+    model = make_model()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model),
+                                           config=ds_config(dp, zero, universal))
+    return engine
+
+
+def train_step(engine, step, rank, dp):
+    """One optimizer step on this rank's share of global_batch(step); returns the global loss."""
+    from deepspeed import comm as dist
+    rows = GLOBAL_BATCH // dp
+    loss = engine(global_batch(step)[rank * rows:(rank + 1) * rows])
+    engine.backward(loss)
+    engine.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return (total / dp).item()
+
+
+def gather_state(engine):
+    """Every parameter's fp32 master weight and Adam moments, assembled exactly from the ranks'
+    ZeRO fragments (DeepSpeed's safe_get_full_* sums fragments with zeros, which would turn -0.0
+    into +0.0), plus the Adam step. Checks every element comes from exactly one rank."""
+    from deepspeed import comm as dist
+    opt = engine.optimizer
+    local = {}
+    for name, p in engine.module.named_parameters():
+        m = p._hp_mapping
+        if m is None:  # no element of p in this rank's partition
+            continue
+        # Read from the flat fp32 partition and the torch optimizer's state of it, not through
+        # the fragment views DeepSpeed 0.14.4 keeps in m: it links the moment views once, right
+        # after group 0's first step, when group 1 has no state yet (so group 1's stay empty), and
+        # a universal load re-points m.hp_fragment at the last moment's buffer instead of the
+        # fp32 partition (map_to_flat_opt_states).
+        flat = opt.single_partition_of_fp32_groups[m.param_group_index]
+        adam = opt.optimizer.state[flat]
+        h = m.hp_fragment_address
+        frags = {"fp32": flat.narrow(0, h.start, h.numel)}
+        frags.update({s: adam[s].narrow(0, h.start, h.numel) for s in ("exp_avg", "exp_avg_sq")})
+        a = m.lp_fragment_address
+        local[name] = (a.start, a.numel, {s: t.detach().clone() for s, t in frags.items()})
+    steps = sorted({float(s["step"]) for s in opt.optimizer.state.values()})
+    everyone = [None] * dist.get_world_size()
+    torch.distributed.all_gather_object(everyone, (local, steps))
+    full = {}
+    for name, p in engine.module.named_parameters():
+        bufs = {s: torch.full((p.numel(),), float("nan")) for s in STATES}
+        hits = torch.zeros(p.numel(), dtype=torch.int32)
+        for rank_local, _ in everyone:
+            if name in rank_local:
+                start, numel, frags = rank_local[name]
+                for s in STATES:
+                    bufs[s][start:start + numel] = frags[s]
+                hits[start:start + numel] += 1
+        assert bool((hits == 1).all()), f"{name}: ZeRO fragments do not cover it exactly once"
+        full[name] = {s: bufs[s].reshape(p.shape) for s in STATES}
+    all_steps = sorted({s for _, st in everyone for s in st})
+    assert len(all_steps) == 1, f"ranks disagree on the Adam step: {all_steps}"
+    return full, all_steps[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def _train_rank(rank, dp, zero, work):
+    engine = make_engine(dp, zero, universal=False)
+    losses = {}
+    for step in range(1, LAST_STEP + 1):
+        losses[step] = train_step(engine, step, rank, dp)
+        if step == SAVE_STEP:
+            # A plain DeepSpeed client (as HF Trainer): no client_state, so no
+            # universal_checkpoint_info in the files.
+            engine.save_checkpoint(os.path.join(work, "ckpt"))
+            truth, adam_step = gather_state(engine)
+            if rank == 0:
+                torch.save({"states": truth, "step": adam_step}, os.path.join(work, "truth.pt"))
+    if rank == 0:
+        with open(os.path.join(work, "losses.json"), "w") as f:
+            json.dump({"dp": dp, "zero": zero, "save_step": SAVE_STEP, "losses": losses}, f,
+                      indent=1)
+
+
+def cmd_train(a):
+    if os.path.exists(a.work):
+        shutil.rmtree(a.work)
+    os.makedirs(a.work)
+    run_ranks(_train_rank, a.dp, a.zero, a.work)
+    losses = load_losses(a.work)
+    print(f"trained dp={a.dp} zero={a.zero}: checkpoint {tag_dir(a.work)}, losses",
+          " ".join(f"{losses[s]:.6f}" for s in sorted(losses)))
+    assert losses[LAST_STEP] < losses[1], "the run did not learn; the loss comparison would be weak"
+
+
+def load_losses(work):
+    with open(os.path.join(work, "losses.json")) as f:
+        return {int(k): v for k, v in json.load(f)["losses"].items()}
+
+
+def tag_dir(work):
+    return os.path.join(work, "ckpt", f"global_step{SAVE_STEP}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons
+
+
+class Mismatches:
+    """Collects every difference before failing, so one run names all of them."""
+
+    def __init__(self):
+        self.lines = []
+
+    def tensor(self, what, got, want):
+        if got is None:
+            self.lines.append(f"{what}: missing")
+            return
+        got, want = torch.as_tensor(got), torch.as_tensor(want)
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+            self.lines.append(f"{what}: {got.dtype}{tuple(got.shape)} != "
+                              f"{want.dtype}{tuple(want.shape)}")
+            return
+        g = got.contiguous().view(torch.int32) if got.dtype == torch.float32 else got
+        w = want.contiguous().view(torch.int32) if want.dtype == torch.float32 else want
+        if not torch.equal(g, w):
+            bad = (g != w)
+            diff = (got.double() - want.double()).abs()
+            self.lines.append(f"{what}: {int(bad.sum())} of {bad.numel()} elements differ in bits, "
+                              f"max |diff| {float(diff[bad].max()):.3g}")
+
+    def add(self, line):
+        self.lines.append(line)
+
+    def check(self, title):
+        if self.lines:
+            print(f"FAIL {title}: {len(self.lines)} mismatches")
+            for line in self.lines:
+                print("  " + line)
+            sys.exit(1)
+        print(f"ok {title}")
+
+
+def run_ds_to_universal(src_tag, out, inject_missing_state):
+    """DeepSpeed's own converter, in-process (one worker: the files are tiny). DeepSpeed 0.14.4
+    refuses a checkpoint without universal_checkpoint_info, which plain DeepSpeed clients (as HF
+    Trainer) do not save. Its `--inject_missing_state` (PR #5608, first in DeepSpeed 0.14.5) only
+    sets that info to {universal_checkpoint_version} when it is missing; inject_missing_state does
+    exactly that, in the converter's own check."""
+    import_deepspeed()
+    from deepspeed.checkpoint import ds_to_universal as dtu
+    from deepspeed.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO,
+                                                UNIVERSAL_CHECKPOINT_VERSION_KEY,
+                                                UNIVERSAL_CHECKPOINT_VERSION_VALUE)
+    if inject_missing_state:
+        def check(ds_checkpoint):
+            if ds_checkpoint.get_checkpoint_info(UNIVERSAL_CHECKPOINT_INFO) is None:
+                ds_checkpoint.global_state[UNIVERSAL_CHECKPOINT_INFO] = {
+                    UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
+        dtu._check_for_required_state = check
+    args = argparse.Namespace(input_folder=src_tag, output_folder=out, num_extract_workers=1,
+                              num_merge_workers=1, keep_temp_folder=False, strict=True)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            dtu.main(args)
+        except Exception:
+            sys.stdout.write(log.getvalue())
+            raise
+
+
+def read_ucp_universal(path):
+    """ucp's universal checkpoint (manifest.json + one HDF5 file per parameter), through h5py."""
+    import h5py
+    with open(os.path.join(path, "manifest.json")) as f:
+        manifest = json.load(f)
+    out = {}
+    for p in manifest["params"]:
+        with h5py.File(os.path.join(path, p["file"]), "r") as h:
+            out[p["name"]] = {s: torch.from_numpy(h[s][()]) for s in STATES if s in h}
+    return out
+
+
+def read_ds_universal(path):
+    """A DeepSpeed universal folder: zero/<name>/{fp32,exp_avg,exp_avg_sq}.pt ('param'), step.pt."""
+    zero = os.path.join(path, "zero")
+    out, steps = {}, {}
+    for name in sorted(os.listdir(zero)):
+        d = os.path.join(zero, name)
+        if not os.path.isdir(d):
+            continue
+        out[name] = {s: torch.load(os.path.join(d, f"{s}.pt"))["param"].detach()
+                     for s in STATES if os.path.exists(os.path.join(d, f"{s}.pt"))}
+        if os.path.exists(os.path.join(d, "step.pt")):
+            steps[name] = float(torch.load(os.path.join(d, "step.pt")))
+    return out, steps
+
+
+def compare_states(mm, label, got, want):
+    for name in sorted(set(got) | set(want)):
+        if name not in got:
+            mm.add(f"{label}: parameter {name} missing")
+        elif name not in want:
+            mm.add(f"{label}: unexpected parameter {name}")
+        else:
+            for s in sorted(set(got[name]) | set(want[name])):
+                if s not in want[name]:
+                    mm.add(f"{label} {name}/{s}: unexpected state")
+                else:
+                    mm.tensor(f"{label} {name}/{s}", got[name].get(s), want[name][s])
+
+
+# ---------------------------------------------------------------------------------------------
+# extract: ucp reads what DeepSpeed writes
+
+
+def ds_universal(work, out):
+    """DeepSpeed's universal checkpoint of the run's checkpoint, in out/global_step<K>_universal
+    (with out/latest_universal, as ds_to_universal writes it)."""
+    folder = os.path.join(out, f"global_step{SAVE_STEP}_universal")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    run_ds_to_universal(tag_dir(work), folder, inject_missing_state=True)
+    return folder
+
+
+def cmd_ds_universal(a):
+    print(f"ds_to_universal wrote {ds_universal(a.work, a.out)}")
+
+
+def cmd_extract(a):
+    truth = torch.load(os.path.join(a.work, "truth.pt"))
+    want = truth["states"]
+    mm = Mismatches()
+    # DeepSpeed's universal converter and its fp32 exporter, on the engine's own files.
+    ds, ds_steps = read_ds_universal(ds_universal(a.work, a.out))
+    compare_states(mm, "ds_to_universal vs engine", ds, want)
+    for name, st in ds_steps.items():
+        if st != truth["step"]:
+            mm.add(f"ds_to_universal {name}/step.pt: {st} != engine Adam step {truth['step']}")
+    import_deepspeed()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    with contextlib.redirect_stdout(io.StringIO()):
+        fp32 = get_fp32_state_dict_from_zero_checkpoint(os.path.join(a.work, "ckpt"))
+    compare_states(mm, "zero_to_fp32 vs engine", {n: {"fp32": t} for n, t in fp32.items()},
+                   {n: {"fp32": s["fp32"]} for n, s in want.items()})
+    mm.check("DeepSpeed's own readers agree with the engine's state at the checkpoint")
+
+    # ucp's extraction: every state bitwise equal to DeepSpeed's converter, fp32 to zero_to_fp32,
+    # and the optimizer step the engine had.
+    ucp = read_ucp_universal(a.ucp)
+    with open(os.path.join(a.ucp, "manifest.json")) as f:
+        ucp_step = json.load(f).get("step")
+    if ucp_step != truth["step"]:
+        mm.add(f"ucp extract manifest.json step: {ucp_step} != engine Adam step {truth['step']}")
+    compare_states(mm, "ucp extract vs ds_to_universal", ucp, ds)
+    compare_states(mm, "ucp extract fp32 vs zero_to_fp32",
+                   {n: {"fp32": s.get("fp32")} for n, s in ucp.items()},
+                   {n: {"fp32": t} for n, t in fp32.items()})
+    mm.check(f"ucp extract {a.ucp} == ds_to_universal == zero_to_fp32 "
+             f"({len(ds)} parameters x {len(STATES)} states)")
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures: ucp's committed DeepSpeed fixtures go through DeepSpeed's real converter
+
+
+def canonical_name(ds_name, layers):
+    """Megatron-DeepSpeed's GPTModelPipe / GPTModel names -> ucp's canonical GPT names (plain
+    DeepSpeed names already are canonical). Written from Megatron's conventions, independently of
+    the fixture generator's own map."""
+    m = re.fullmatch(r"tied_modules\.embed\.(.+)", ds_name)
+    if m:
+        return "embedding." + m.group(1)
+    m = re.fullmatch(r"(\d+)\.(.+)", ds_name)
+    if m:
+        idx, rest = int(m.group(1)), m.group(2)
+        if idx == layers + 2:
+            return "final_layernorm." + rest
+        return f"layers.{idx - 2}.{rest}"
+    for prefix, repl in (("language_model.encoder.", ""), ("language_model.", "")):
+        if ds_name.startswith(prefix):
+            return repl + ds_name[len(prefix):]
+    return ds_name
+
+
+def cmd_fixtures(a):
+    expected = torch.load(os.path.join(a.data, "expected.pt"))
+    layers = 1 + max(int(n.split(".")[1]) for n in expected if n.startswith("layers."))
+    failed = []
+    for name in sorted(os.listdir(a.data)):
+        folder = os.path.join(a.data, name)
+        if not os.path.isdir(folder):
+            continue
+        with open(os.path.join(folder, "latest")) as f:
+            tag = os.path.join(folder, f.read().strip())
+        mm = Mismatches()
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "universal")
+            try:
+                # Only the plain DeepSpeed fixture lacks universal_checkpoint_info; the Megatron
+                # ones carry their own, which the injection leaves alone.
+                run_ds_to_universal(tag, out, inject_missing_state=True)
+            except Exception as e:  # the converter asserts: name the fixture and go on
+                print(f"FAIL ds_to_universal on {name}: {type(e).__name__}: {e}")
+                failed.append(name)
+                continue
+            got, _ = read_ds_universal(out)
+        compare_states(mm, name, {canonical_name(n, layers): s for n, s in got.items()}, expected)
+        if mm.lines:
+            print(f"FAIL {name}: DeepSpeed's ds_to_universal output differs from expected.pt:")
+            for line in mm.lines:
+                print("  " + line)
+            failed.append(name)
+        else:
+            print(f"ok {name}: ds_to_universal output == expected.pt ({len(got)} parameters)")
+    if failed:
+        sys.exit(f"{len(failed)} fixture(s) not read as expected by DeepSpeed: {', '.join(failed)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# resume: DeepSpeed reads what ucp writes (and, as the control, what it wrote itself)
+
+
+def _resume_rank(rank, dp, zero, mode, load, wants, want_step, result):
+    engine = make_engine(dp, zero, universal=(mode == "universal"))
+    path, _ = engine.load_checkpoint(load)
+    assert path is not None, f"DeepSpeed found no checkpoint to load in {load}"
+    got, got_step = gather_state(engine)
+    mm = Mismatches()
+    if rank == 0:
+        for label, want in wants.items():
+            compare_states(mm, f"loaded engine vs {label}", got, want)
+        if got_step != want_step:
+            mm.add(f"loaded engine Adam step {got_step} != {want_step} at the checkpoint")
+        if engine.global_steps != SAVE_STEP:
+            mm.add(f"loaded engine global_steps {engine.global_steps} != {SAVE_STEP}")
+        masters = wants["the engine's state at the checkpoint"]
+        for name, p in engine.module.named_parameters():  # an fp32 run: module weights = masters
+            mm.tensor(f"loaded module weight {name}", p.detach(), masters[name]["fp32"])
+    losses = {step: train_step(engine, step, rank, dp)
+              for step in range(SAVE_STEP + 1, LAST_STEP + 1)}
+    if rank == 0:
+        torch.save({"mismatches": mm.lines, "losses": losses}, result)
+
+
+def cmd_resume(a):
+    """A fresh engine at dp=a.dp loads a.load (mode universal: load_universal, which follows
+    latest_universal; mode zero: DeepSpeed's own ZeRO load, which follows latest and needs the
+    saved dp size). Its fp32 masters, Adam moments and step must equal, bitwise, the state the
+    training run had when it saved (and ucp's universal checkpoint, with --ucp); then it trains
+    steps SAVE_STEP+1..LAST_STEP, whose losses must follow the uninterrupted run: exactly at the
+    saved dp size, within LOSS_RTOL_OTHER_DP at another."""
+    with open(os.path.join(a.work, "losses.json")) as f:
+        run = json.load(f)
+    truth = torch.load(os.path.join(a.work, "truth.pt"))
+    wants = {"the engine's state at the checkpoint": truth["states"]}
+    if a.ucp:
+        wants[f"ucp universal {a.ucp}"] = read_ucp_universal(a.ucp)
+    fd, result = tempfile.mkstemp(prefix="resume_", suffix=".pt", dir=a.work)
+    os.close(fd)
+    try:
+        run_ranks(_resume_rank, a.dp, a.zero or run["zero"], a.mode, a.load, wants, truth["step"],
+                  result)
+        r = torch.load(result)
+    finally:
+        os.remove(result)
+    mm = Mismatches()
+    for line in r["mismatches"]:
+        mm.add(line)
+    mm.check(f"DeepSpeed at dp={a.dp} loaded {a.load} ({a.mode}) with the saved state, bitwise")
+    ref = load_losses(a.work)
+    # The saved dp size: the same partitions and reductions in the same order, so the same bits.
+    rtol = 0.0 if a.dp == run["dp"] else LOSS_RTOL_OTHER_DP
+    worst = 0.0
+    for step, loss in sorted(r["losses"].items()):
+        rel = abs(loss - ref[step]) / abs(ref[step])
+        worst = max(worst, rel)
+        print(f"  step {step}: resumed {loss:.9f}  uninterrupted {ref[step]:.9f}  "
+              f"rel diff {rel:.3g}")
+    print(f"max relative loss difference over steps {SAVE_STEP + 1}..{LAST_STEP} at dp={a.dp} "
+          f"(saved at dp={run['dp']}): {worst:.3g}, tolerance {rtol:g}")
+    if worst > rtol:
+        sys.exit(f"FAIL: resumed losses leave the uninterrupted run by {worst:.3g} > {rtol:g}")
+    print(f"ok DeepSpeed at dp={a.dp} continues the run from {a.load}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--work", required=True)
+    t.add_argument("--zero", type=int, choices=(1, 2), required=True)
+    t.add_argument("--dp", type=int, default=2)
+    d = sub.add_parser("ds-universal")
+    d.add_argument("--work", required=True)
+    d.add_argument("--out", required=True, help="folder for latest_universal and the checkpoint")
+    e = sub.add_parser("extract")
+    e.add_argument("--work", required=True)
+    e.add_argument("--ucp", required=True, help="ucp extract's output for the work's checkpoint")
+    e.add_argument("--out", required=True, help="folder for ds_to_universal's output")
+    f = sub.add_parser("fixtures")
+    f.add_argument("--data", required=True, help="tests/data/deepspeed")
+    r = sub.add_parser("resume")
+    r.add_argument("--work", required=True)
+    r.add_argument("--load", required=True, help="the folder passed to engine.load_checkpoint")
+    r.add_argument("--dp", type=int, required=True)
+    r.add_argument("--mode", choices=("universal", "zero"), required=True)
+    r.add_argument("--ucp", help="universal mode: ucp's universal checkpoint the files came from")
+    r.add_argument("--zero", type=int, choices=(1, 2), help="ZeRO stage (default: the run's)")
+    a = p.parse_args()
+    print(f"peer: torch {torch.__version__}, deepspeed {importlib.metadata.version('deepspeed')}")
+    {"train": cmd_train, "ds-universal": cmd_ds_universal, "extract": cmd_extract,
+     "fixtures": cmd_fixtures, "resume": cmd_resume}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
