@@ -38,13 +38,6 @@ struct Catalog {
   std::vector<Op> fills;                      // dst indexes `tensors`
 };
 
-bool NonEmpty(const Shape& counts) {
-  for (int64_t c : counts) {
-    if (c <= 0) return false;
-  }
-  return true;
-}
-
 // Intersects box (a_start, a_counts) with (b_start, b_counts); false when empty.
 bool IntersectBox(const Shape& a_start, const Shape& a_counts, const Shape& b_start,
                   const Shape& b_counts, Shape* start, Shape* counts) {
@@ -572,18 +565,25 @@ Result<Plan> PlanConversion(const ResolvedModel& model, const Layout& from, cons
 
 namespace {
 
-// Calls fn(flat offset) for every element of the box.
+// Calls fn(first, length) for the flat runs a box covers: the innermost dimensions that are
+// contiguous in `r` are merged into one run, so a row-major box is one run and a column block
+// is one run per row.
 template <typename Fn>
-void ForEachElement(const std::vector<int64_t>& counts, const StridedRef& r, Fn&& fn) {
-  const size_t nd = counts.size();
+void ForEachRun(const std::vector<int64_t>& counts, const StridedRef& r, Fn&& fn) {
   for (int64_t c : counts) {
     if (c <= 0) return;
+  }
+  size_t nd = counts.size();
+  int64_t run = 1;
+  while (nd > 0 && (counts[nd - 1] == 1 || r.strides[nd - 1] == run)) {
+    run *= counts[nd - 1];
+    --nd;
   }
   std::vector<int64_t> idx(nd, 0);
   for (;;) {
     int64_t off = r.offset;
     for (size_t k = 0; k < nd; ++k) off += idx[k] * r.strides[k];
-    fn(off);
+    fn(off, run);
     size_t k = nd;
     while (k > 0) {
       --k;
@@ -605,10 +605,9 @@ std::pair<int64_t, int64_t> Extent(const std::vector<int64_t>& counts, const Str
 }  // namespace
 
 Status CheckCoverage(const Plan& plan) {
-  std::vector<std::vector<uint8_t>> writes(plan.targets.size());
-  for (size_t t = 0; t < plan.targets.size(); ++t) {
-    writes[t].assign(static_cast<size_t>(NumElementsOrDie(plan.targets[t].shape)), 0);
-  }
+  // Per target, the runs of elements the ops write; sorted, they must tile the tensor. Memory is
+  // a pair per run (a row or more), not a counter per element.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs(plan.targets.size());
   auto check_ref = [&](const Op& op, const StridedRef& r, const std::vector<TensorInfo>& tensors,
                        const char* side) -> Status {
     if (r.tensor < 0 || static_cast<size_t>(r.tensor) >= tensors.size() ||
@@ -643,19 +642,25 @@ Status CheckCoverage(const Plan& plan) {
       return InternalError(std::string(OpKindName(op.kind)) + " op for " + Q(op.param) + " has " +
                            std::to_string(op.srcs.size()) + " sources");
     }
-    auto& w = writes[op.dst.tensor];
-    ForEachElement(op.counts, op.dst, [&](int64_t off) {
-      if (w[off] < 255) ++w[off];
-    });
+    auto& r = runs[op.dst.tensor];
+    ForEachRun(op.counts, op.dst, [&](int64_t first, int64_t len) { r.emplace_back(first, len); });
   }
   for (size_t t = 0; t < plan.targets.size(); ++t) {
-    for (size_t e = 0; e < writes[t].size(); ++e) {
-      if (writes[t][e] != 1) {
-        return InternalError("target tensor " + Q(plan.targets[t].name) + ": element " +
-                             std::to_string(e) + " is written " + std::to_string(writes[t][e]) +
-                             " times (expected exactly once)");
-      }
+    auto& r = runs[t];
+    std::sort(r.begin(), r.end());
+    const int64_t n = NumElementsOrDie(plan.targets[t].shape);
+    int64_t next = 0;  // the first element no run has covered yet
+    auto fail = [&](int64_t e, const char* times) {
+      return InternalError("target tensor " + Q(plan.targets[t].name) + ": element " +
+                           std::to_string(e) + " is written " + times +
+                           " (expected exactly once)");
+    };
+    for (const auto& [first, len] : r) {
+      if (first > next) return fail(next, "0 times");
+      if (first < next) return fail(first, "at least 2 times");
+      next = first + len;
     }
+    if (next < n) return fail(next, "0 times");
   }
   return Status::Ok();
 }

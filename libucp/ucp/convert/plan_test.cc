@@ -374,7 +374,7 @@ TEST(Plan, CoverageCatchesDoubleAndMissingWrites) {
   Plan doubled = plan;
   doubled.ops.push_back(doubled.ops.front());
   EXPECT_THAT(CheckCoverage(doubled),
-              StatusIs(StatusCode::kInternal, HasSubstr("is written 2 times")));
+              StatusIs(StatusCode::kInternal, HasSubstr("is written at least 2 times")));
   Plan missing = plan;
   missing.ops.erase(missing.ops.begin());
   EXPECT_THAT(CheckCoverage(missing),
