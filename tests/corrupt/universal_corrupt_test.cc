@@ -73,7 +73,7 @@ const Case kCases[] = {
     {Corruption::kDTypeMismatch, "DTypeMismatch", false, StatusCode::kDataLoss,
      "field dtype: manifest says bf16 but the dataset holds fp32"},
     {Corruption::kDuplicateKey, "DuplicateKey", true, StatusCode::kDataLoss,
-     "duplicate key 'step' at /"},
+     "duplicate key \"step\" at /"},
     {Corruption::kUnknownKey, "UnknownKey", true, StatusCode::kDataLoss,
      "unknown key 'extra' at /params/0"},
     {Corruption::kMissingKey, "MissingKey", true, StatusCode::kDataLoss,

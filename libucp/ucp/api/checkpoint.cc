@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -22,6 +21,7 @@
 #include "ucp/dist/dist_checkpoint.h"
 #include "ucp/io/manifest/universal_manifest.h"
 #include "ucp/io/universal/universal_checkpoint.h"
+#include "ucp/json/strict_json.h"
 #include "ucp/tensor/cast.h"
 
 #ifndef UCP_DATA_DIR
@@ -90,22 +90,19 @@ dist::DistModel DescribeModel(const patterns::ModelSpec& spec) {
 // {"ucp_model": {...}} plus the members of the source's own client state (`extra`, a JSON
 // object or empty).
 Result<std::string> ModelJson(const patterns::ModelSpec& spec, const std::string& extra) {
-  nlohmann::json hyper = nlohmann::json::object();
+  json::Json hyper = json::Json::object();
   for (const auto& [k, v] : spec.hyper) hyper[k] = v;
-  nlohmann::json j = {{"ucp_model",
-                       {{"name", spec.name},
-                        {"family", spec.family},
-                        {"dtype", std::string(DTypeName(spec.dtype))},
-                        {"hyper", hyper}}}};
+  json::Json j = {{"ucp_model",
+                   {{"name", spec.name},
+                    {"family", spec.family},
+                    {"dtype", std::string(DTypeName(spec.dtype))},
+                    {"hyper", hyper}}}};
   if (!extra.empty()) {
-    try {
-      nlohmann::json e = nlohmann::json::parse(extra);
-      if (!e.is_object()) return InternalError("source client state is not a JSON object");
-      for (auto& [k, v] : e.items()) {
-        if (k != "ucp_model") j[k] = std::move(v);
-      }
-    } catch (const nlohmann::json::exception& e) {
-      return InternalError(std::string("source client state is not JSON: ") + e.what());
+    UCP_ASSIGN_OR_RETURN(json::Json e,
+                         json::ParseStrict(extra, "source client state", StatusCode::kInternal));
+    if (!e.is_object()) return InternalError("source client state is not a JSON object");
+    for (auto& [k, v] : e.items()) {
+      if (k != "ucp_model") j[k] = std::move(v);
     }
   }
   return j.dump();
@@ -113,19 +110,33 @@ Result<std::string> ModelJson(const patterns::ModelSpec& spec, const std::string
 
 Result<dist::DistModel> ParseModelJson(const std::string& text, const std::string& where) {
   const std::string err = where + ": client_state has no valid \"ucp_model\" description";
-  try {
-    nlohmann::json j = nlohmann::json::parse(text);
-    if (!j.is_object() || !j.contains("ucp_model")) return FailedPreconditionError(err);
-    const auto& m = j.at("ucp_model");
-    dist::DistModel d;
-    d.name = m.at("name").get<std::string>();
-    d.family = m.at("family").get<std::string>();
-    UCP_ASSIGN_OR_RETURN(d.dtype, DTypeFromName(m.at("dtype").get<std::string>()), where);
-    for (const auto& [k, v] : m.at("hyper").items()) d.hyper[k] = v.get<int64_t>();
-    return d;
-  } catch (const nlohmann::json::exception& e) {
-    return FailedPreconditionError(err + " (" + e.what() + ")");
+  Result<json::Json> parsed =
+      json::ParseStrict(text, where + ": client_state", StatusCode::kFailedPrecondition);
+  if (!parsed.ok()) return FailedPreconditionError(err + " (" + parsed.status().message() + ")");
+  const json::Json& j = *parsed;
+  if (!j.is_object() || !j.contains("ucp_model") || !j["ucp_model"].is_object()) {
+    return FailedPreconditionError(err);
   }
+  const json::Json& m = j["ucp_model"];
+  for (const char* key : {"name", "family", "dtype"}) {
+    if (!m.contains(key) || !m[key].is_string()) {
+      return FailedPreconditionError(err + " (ucp_model." + key + " is not a string)");
+    }
+  }
+  if (!m.contains("hyper") || !m["hyper"].is_object()) {
+    return FailedPreconditionError(err + " (ucp_model.hyper is not an object)");
+  }
+  dist::DistModel d;
+  d.name = m["name"].get<std::string>();
+  d.family = m["family"].get<std::string>();
+  UCP_ASSIGN_OR_RETURN(d.dtype, DTypeFromName(m["dtype"].get<std::string>()), where);
+  for (const auto& [k, v] : m["hyper"].items()) {
+    if (!v.is_number_integer()) {
+      return FailedPreconditionError(err + " (ucp_model.hyper." + k + " is not an integer)");
+    }
+    d.hyper[k] = v.get<int64_t>();
+  }
+  return d;
 }
 
 class DistSource final : public CheckpointSource {

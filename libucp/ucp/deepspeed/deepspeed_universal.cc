@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <utility>
@@ -14,6 +13,7 @@
 #include "ucp/io/atomic_file.h"
 #include "ucp/io/torch/torch_file.h"
 #include "ucp/io/torch/torch_writer.h"
+#include "ucp/json/strict_json.h"
 #include "ucp/patterns/model.h"
 
 namespace ucp::deepspeed {
@@ -150,17 +150,14 @@ int64_t LayerOf(const std::string& c) {
 // The engine naming a universal checkpoint extracted from DeepSpeed records in its client state
 // ({"deepspeed": {"naming": ...}}); GPTModelPipe's when it records none.
 Result<Naming> RecordedNaming(const io::UniversalManifest& m, const std::string& where) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(m.client_state_json.empty() ? "{}" : m.client_state_json);
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(where + ": client_state is not JSON (" + e.what() + ")");
-  }
+  UCP_ASSIGN_OR_RETURN(json::Json j,
+                       json::ParseStrict(m.client_state_json.empty() ? "{}" : m.client_state_json,
+                                         where + ": client_state", StatusCode::kDataLoss));
   if (!j.is_object() || !j.contains("deepspeed") || !j["deepspeed"].is_object() ||
       !j["deepspeed"].contains("naming")) {
     return Naming::kMegatronPipe;
   }
-  const nlohmann::json& n = j["deepspeed"]["naming"];
+  const json::Json& n = j["deepspeed"]["naming"];
   if (!n.is_string())
     return DataLossError(where + ": client_state.deepspeed.naming is not a string");
   UCP_ASSIGN_OR_RETURN(Naming naming, NamingFromName(n.get<std::string>()),

@@ -1,58 +1,24 @@
-// nlohmann-json adapter for ucp_layout.json. Exceptions from nlohmann stop in this file.
+// ucp_layout.json over ucp/json: a strict walk of the parsed document.
 #include "ucp/dist/dist_manifest.h"
 
 #include <cmath>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
 #include "ucp/base/status_macros.h"
 #include "ucp/io/checksum.h"
+#include "ucp/json/strict_json.h"
 
 namespace ucp::dist {
 namespace {
 
-using nlohmann::json;
+using json = ucp::json::Json;
 
 constexpr int kMaxDepth = 16;
 
-// Parses with a callback that rejects duplicate keys (nlohmann keeps the last one silently)
-// and deep nesting.
 Result<json> ParseStrict(std::string_view text, const std::string& file) {
-  std::vector<std::set<std::string>> keys;
-  std::string duplicate;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
-    if (depth > kMaxDepth) {
-      if (duplicate.empty()) duplicate = "<nesting deeper than 16>";
-      return false;
-    }
-    switch (event) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-            duplicate.empty()) {
-          duplicate = parsed.get<std::string>();
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
-  } catch (const json::exception& e) {
-    return DataLossError(file + ": invalid json: " + e.what());
-  }
-  if (!duplicate.empty()) return DataLossError(file + ": duplicate key \"" + duplicate + "\"");
-  return j;
+  return ucp::json::ParseStrict(text, file, StatusCode::kDataLoss, kMaxDepth);
 }
 
 // A JSON object whose keys must be exactly `allowed`.

@@ -1,19 +1,19 @@
-// Model presets, rule sets, rule resolution and per-rank slicing (see model.h). nlohmann::json is
-// used only here, and its exceptions are caught here.
+// Model presets, rule sets, rule resolution and per-rank slicing (see model.h). JSON comes
+// parsed from ucp/json; every access below checks the type first.
 #include "ucp/patterns/model.h"
 
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "ucp/base/check.h"
 #include "ucp/base/status_macros.h"
+#include "ucp/json/strict_json.h"
 
 namespace ucp::patterns {
 namespace {
 
-using json = nlohmann::json;
+using json = ucp::json::Json;
 
 std::string Q(std::string_view s) { return "\"" + std::string(s) + "\""; }
 
@@ -108,24 +108,7 @@ class ExprParser {
 // --- strict JSON ----------------------------------------------------------------------------
 
 Result<json> ParseStrictJson(std::string_view text, const std::string& what) {
-  std::vector<std::set<std::string>> keys;
-  std::string duplicate;
-  auto cb = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) keys.emplace_back();
-    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event == json::parse_event_t::key && !keys.empty()) {
-      const std::string k = parsed.get<std::string>();
-      if (!keys.back().insert(k).second && duplicate.empty()) duplicate = k;
-    }
-    return true;
-  };
-  try {
-    json j = json::parse(text.begin(), text.end(), cb);
-    if (!duplicate.empty()) return InvalidArgumentError(what + ": duplicate key " + Q(duplicate));
-    return j;
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(what + ": not valid json: " + e.what());
-  }
+  return ucp::json::ParseStrict(text, what, StatusCode::kInvalidArgument);
 }
 
 Result<std::string> ReadFile(const std::filesystem::path& path) {

@@ -1,85 +1,19 @@
-// nlohmann-json adapter for the universal manifest. Exceptions from nlohmann stop here.
+// The universal manifest over ucp/json: a strict walk of the parsed document.
 #include "ucp/io/manifest/universal_manifest.h"
 
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
 #include "ucp/base/status_macros.h"
 #include "ucp/io/checksum.h"
 #include "ucp/io/safe_name.h"
+#include "ucp/json/strict_json.h"
 
 namespace ucp::io {
 namespace {
 
-using nlohmann::json;
-constexpr int kMaxDepth = 64;
-
-// Parses `text` with a callback that records the first duplicate key (with its JSON pointer) and
-// rejects nesting deeper than kMaxDepth. nlohmann itself keeps the last duplicate silently.
-Result<json> StrictParse(std::string_view text, const std::string& what, StatusCode code) {
-  struct Frame {
-    bool is_object;
-    std::set<std::string> keys;
-    std::string last_key;
-    int64_t index = 0;
-    std::string path;
-  };
-  std::vector<Frame> stack;
-  std::string error;
-  auto child_path = [&]() -> std::string {
-    if (stack.empty()) return "";
-    const Frame& f = stack.back();
-    return f.path + "/" + (f.is_object ? f.last_key : std::to_string(f.index));
-  };
-  auto after_value = [&] {
-    if (!stack.empty() && !stack.back().is_object) ++stack.back().index;
-  };
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
-    if (!error.empty()) return true;
-    if (depth > kMaxDepth) {
-      error = "nesting deeper than " + std::to_string(kMaxDepth) + " levels at " + child_path();
-      return true;
-    }
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start: {
-        std::string p = child_path();
-        stack.push_back({event == json::parse_event_t::object_start, {}, {}, 0, std::move(p)});
-        break;
-      }
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!stack.empty()) stack.pop_back();
-        after_value();
-        break;
-      case json::parse_event_t::key: {
-        std::string k = parsed.get<std::string>();
-        if (!stack.empty()) {
-          if (!stack.back().keys.insert(k).second) {
-            error = "duplicate key '" + k + "' at " +
-                    (stack.back().path.empty() ? std::string("/") : stack.back().path);
-          }
-          stack.back().last_key = std::move(k);
-        }
-        break;
-      }
-      case json::parse_event_t::value:
-        after_value();
-        break;
-    }
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end(), cb);
-  } catch (const json::exception& e) {
-    return Status(code, what + " is not valid json: " + e.what());
-  }
-  if (!error.empty()) return Status(code, what + ": " + error);
-  return j;
-}
+using json = ucp::json::Json;
 
 // The strict walk: each accessor names the file and the JSON path in its errors.
 class Walker {
@@ -193,7 +127,7 @@ Result<UniversalParamInfo> ParseParam(const Walker& w, const json& j, const std:
 }  // namespace
 
 Status ValidateJsonObject(std::string_view text, const std::string& what) {
-  UCP_ASSIGN_OR_RETURN(json j, StrictParse(text, what, StatusCode::kInvalidArgument));
+  UCP_ASSIGN_OR_RETURN(json j, ucp::json::ParseStrict(text, what, StatusCode::kInvalidArgument));
   if (!j.is_object())
     return InvalidArgumentError(what + " is a json " + std::string(j.type_name()) +
                                 ", not an object");
@@ -242,7 +176,7 @@ Result<std::string> SerializeUniversalManifest(const UniversalManifest& m) {
 }
 
 Result<UniversalManifest> ParseUniversalManifest(std::string_view text, const std::string& file) {
-  UCP_ASSIGN_OR_RETURN(json j, StrictParse(text, file, StatusCode::kDataLoss));
+  UCP_ASSIGN_OR_RETURN(json j, ucp::json::ParseStrict(text, file, StatusCode::kDataLoss));
   Walker w(file);
   UniversalManifest m;
   // Format and version first, so a future version gets kUnimplemented, not a key complaint.
