@@ -253,7 +253,7 @@ TEST_P(CorruptTest, IsRejectedWithItsOwnError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Catalogue, CorruptTest, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         [](const auto& test_info) { return std::string(test_info.param.name); });
 
 TEST_F(CorruptTest, GoodCheckpointVerifies) {
   auto r = UniversalReader::Open(MakeGood());

@@ -95,13 +95,13 @@ TEST_F(CliTest, RoundTripThroughLayoutsIsBitwise) {
   ASSERT_EQ(r.rc, 0) << r.err;
   ExpectSameDist("a", "d");
   EXPECT_EQ(Slurp(P("a") / "ucp_layout.json"), Slurp(P("d") / "ucp_layout.json"));
-  for (const std::string& x : {"b", "c", "d"}) {
-    r = Ucp("diff a " + x);
+  for (const char* x : {"b", "c", "d"}) {
+    r = Ucp(std::string("diff a ") + x);
     EXPECT_EQ(r.rc, 0) << x << ": " << r.out << r.err;
     EXPECT_THAT(r.out, HasSubstr("equal: "));
   }
-  for (const std::string& x : {"a", "b", "c"}) {
-    r = Ucp("verify " + x);
+  for (const char* x : {"a", "b", "c"}) {
+    r = Ucp(std::string("verify ") + x);
     EXPECT_EQ(r.rc, 0) << r.err;
   }
 }

@@ -397,7 +397,6 @@ struct DistReader::Impl {
     std::call_once(l.once, [&] {
       l.status = [&]() -> Status {
         UCP_ASSIGN_OR_RETURN(io::H5File f, OpenH5(rank));
-        UCP_ASSIGN_OR_RETURN(std::shared_ptr<const io::RawFile> raw, files.Get(PathOf(rank)));
         for (const DistTensor& t : manifest.ranks[rank].tensors) {
           l.offsets.push_back(-1);
           l.tensor_status.push_back([&]() -> Status {
@@ -406,13 +405,6 @@ struct DistReader::Impl {
             if (!off.ok()) {
               return DataLossError(f.path().string() + ": tensor \"" + t.name +
                                    "\": " + off.status().message());
-            }
-            const int64_t bytes = NumElementsOrDie(t.shape) * DTypeSizeBytes(t.dtype);
-            if (*off >= 0 && *off + bytes > raw->size_bytes()) {
-              return DataLossError(f.path().string() + ": tensor \"" + t.name +
-                                   "\": data at bytes [" + std::to_string(*off) + ", " +
-                                   std::to_string(*off + bytes) + ") is past the end of the " +
-                                   std::to_string(raw->size_bytes()) + "-byte file: truncated");
             }
             l.offsets.back() = *off;
             return Status::Ok();

@@ -979,6 +979,15 @@ Result<int64_t> H5File::DirectOffset(std::string_view name) const {
     return DataLossError(impl_->Where(name) + " stores " + std::to_string(stored) + " bytes for " +
                          std::to_string(n) + " elements of " + std::string(DTypeName(meta.dtype)));
   }
+  // Readers pread these bytes straight from the file: they must all be in it.
+  std::error_code ec;
+  const uint64_t file_bytes = fs::file_size(impl_->path, ec);
+  if (ec) return IoError("cannot stat " + impl_->path.string() + ": " + ec.message());
+  if (addr + stored > file_bytes) {
+    return DataLossError(impl_->Where(name) + ": data at bytes [" + std::to_string(addr) + ", " +
+                         std::to_string(addr + stored) + ") is past the end of the " +
+                         std::to_string(file_bytes) + "-byte file: truncated");
+  }
   return static_cast<int64_t>(addr);
 }
 

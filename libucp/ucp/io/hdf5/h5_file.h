@@ -79,7 +79,7 @@ class H5File {
   /// of a contiguous, unfiltered dataset whose storage is allocated and holds exactly
   /// elements * dtype size bytes; -1 for any other (chunked or compressed, external, empty or
   /// not yet allocated), which ReadFlatRange reads instead.
-  /// Errors: as DatasetInfo.
+  /// Errors: as DatasetInfo; kDataLoss when the bytes reach past the end of the file.
   Result<int64_t> DirectOffset(std::string_view name) const;
 
   /// The dtype, shape and storage of dataset `name`.

@@ -462,21 +462,12 @@ struct UniversalReader::Impl {
       const UniversalParamInfo& p = manifest.params[pi];
       l.status = [&]() -> Status {
         UCP_ASSIGN_OR_RETURN(H5File f, OpenFile(p));
-        UCP_ASSIGN_OR_RETURN(std::shared_ptr<const RawFile> raw, files.Get(dir / p.file));
-        const int64_t n = NumElementsOrDie(p.shape);
         for (const UniversalStateInfo& s : p.states) {
           l.offsets.push_back(-1);
           l.state_status.push_back([&]() -> Status {
             UCP_RETURN_IF_ERROR(CheckMeta(f, p, s));
             Result<int64_t> off = f.DirectOffset(s.name);
             if (!off.ok()) return Err(p, s.name, off.status().message());
-            const int64_t bytes = n * DTypeSizeBytes(s.dtype);
-            if (*off >= 0 && *off + bytes > raw->size_bytes()) {
-              return Err(p, s.name,
-                         "data at bytes [" + std::to_string(*off) + ", " +
-                             std::to_string(*off + bytes) + ") is past the end of the " +
-                             std::to_string(raw->size_bytes()) + "-byte file: truncated");
-            }
             l.offsets.back() = *off;
             return Status::Ok();
           }());
