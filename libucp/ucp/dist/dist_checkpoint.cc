@@ -43,6 +43,13 @@ struct RankOut {
   bool remote_file = false;                                // another process reported the file
 };
 
+Status CheckComplete(const io::StreamedDataset& ds, const DistTensorDecl& d, int64_t rank) {
+  if (ds.complete()) return Status::Ok();
+  return FailedPreconditionError("tensor \"" + d.name + "\" of rank " + std::to_string(rank) +
+                                 " is incomplete: " + std::to_string(ds.elements_written()) +
+                                 " of " + std::to_string(ds.num_elems()) + " elements written");
+}
+
 }  // namespace
 
 struct DistWriter::Impl {
@@ -226,12 +233,7 @@ Result<std::string> DistWriter::LocalPart() {
     text += "file\t" + std::to_string(r) + "\n";
     for (size_t i = 0; i < out.decls.size(); ++i) {
       const io::StreamedDataset& ds = *out.streams[i];
-      if (!ds.complete()) {
-        return FailedPreconditionError(
-            "tensor \"" + out.decls[i].name + "\" of rank " + std::to_string(r) +
-            " is incomplete: " + std::to_string(ds.elements_written()) + " of " +
-            std::to_string(ds.num_elems()) + " elements written");
-      }
+      UCP_RETURN_IF_ERROR(CheckComplete(ds, out.decls[i], r));
       if (out.decls[i].name.find_first_of("\t\n") != std::string::npos) {
         return InvalidArgumentError("tensor name \"" + out.decls[i].name +
                                     "\" holds a tab or newline");
@@ -320,12 +322,7 @@ Status DistWriter::Commit(const DistManifest& header) {
     UCP_RETURN_IF_ERROR(impl_->EnsureFile(r));
     for (size_t i = 0; i < out.decls.size(); ++i) {
       const io::StreamedDataset& ds = *out.streams[i];
-      if (!ds.complete()) {
-        return FailedPreconditionError(
-            "tensor \"" + out.decls[i].name + "\" of rank " + std::to_string(r) +
-            " is incomplete: " + std::to_string(ds.elements_written()) + " of " +
-            std::to_string(ds.num_elems()) + " elements written");
-      }
+      UCP_RETURN_IF_ERROR(CheckComplete(ds, out.decls[i], r));
       rf.tensors.push_back(
           {out.decls[i].name, out.decls[i].dtype, out.decls[i].shape, ds.checksum()});
     }
