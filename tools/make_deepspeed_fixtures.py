@@ -16,7 +16,10 @@ vocabulary padded to a multiple of make_vocab_size_divisible_by * tp), the train
 weights in `module` (GPTModel, plain) or in layer_XX-model_TT files (GPTModelPipe), and one flat
 fp32 buffer per optimizer group padded to a multiple of 2 * dp and cut into dp partitions, with
 param_slice_mappings of fragment_address(numel, start). Alignment padding and vocabulary padding
-are poisoned (NaN / random) so that a reader that touches them is caught.
+are poisoned (NaN / random) so that a reader that touches them is caught. The Megatron folders'
+model states carry the universal_checkpoint_info Megatron-DeepSpeed writes for their args and
+model class (universal_info), which DeepSpeed's ds_to_universal needs (tests/peer checks it reads
+every folder back to the truth); the plain DeepSpeed folders carry none, as a plain client.
 
 Families: gpt (LayerNorm with bias, learned positions, MHA, GELU MLP, tied), llama
 (Megatron-DeepSpeed --swiglu --normalization rmsnorm --no-position-embedding
@@ -48,6 +51,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fixture_standins import LossScaler, ModelType, ZeroStageEnum, fragment_address  # noqa: E402,F401
+
+# The DeepSpeed release the files claim to come from (ds_version), and its
+# UNIVERSAL_CHECKPOINT_VERSION_VALUE, which Megatron-DeepSpeed copies into
+# universal_checkpoint_info: 0.2 up to DeepSpeed 0.19.1 (0.3 came with AutoEP in 0.19.2).
+DS_VERSION = "0.16.9"
+UNIVERSAL_CHECKPOINT_VERSION = 0.2
 
 # (suffix, shape expr, kind): col = dim 0, row = dim 1, rep = replicated, vocab = padded dim 0,
 # swiglu = [gate; up] on dim 0, each part split over tp.
@@ -199,6 +208,12 @@ def rng_state():
 
 
 def megatron_args(model, tp, pp, sp, lp, optimizer, dp, iteration):
+    # The flags Megatron-DeepSpeed's UniversalCheckpointInfo reads (normalization,
+    # add_position_embedding, add_bias_linear, swiglu, untie_embeddings_and_output_weights) are
+    # set for every family, as Megatron's argparse always sets them: GPT has Megatron's defaults.
+    # Real args also always hold model_type (megatron.core.enums.ModelType); only the llama
+    # fixtures carry it, since libucp's ds_universal_check.py torch.loads copies of the GPT
+    # fixtures' model states where no Megatron module is importable.
     kw = dict(
         num_layers=model.layers, hidden_size=model.h, num_attention_heads=model.heads,
         ffn_hidden_size=model.ffn, max_position_embeddings=model.positions, seq_length=16,
@@ -206,7 +221,9 @@ def megatron_args(model, tp, pp, sp, lp, optimizer, dp, iteration):
         ds_sequence_parallel_size=sp, make_vocab_size_divisible_by=model.divisible_by,
         padded_vocab_size=model.padded_vocab(tp), bf16=lp == "bf16", fp16=lp == "fp16",
         lr=3e-4, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8,
-        iteration=iteration, deepspeed=True, zero_stage=1 if optimizer != "zero2" else 2)
+        iteration=iteration, deepspeed=True, zero_stage=1 if optimizer != "zero2" else 2,
+        normalization="layernorm", add_position_embedding=True, add_bias_linear=True,
+        swiglu=False, untie_embeddings_and_output_weights=False)
     if model.family == "llama":  # Megatron-DeepSpeed's LLaMA recipe (examples_deepspeed)
         kw.update(num_key_value_heads=model.kv_heads, kv_channels=model.h // model.heads,
                   swiglu=True, normalization="rmsnorm", add_position_embedding=False,
@@ -215,21 +232,56 @@ def megatron_args(model, tp, pp, sp, lp, optimizer, dp, iteration):
     return argparse.Namespace(**kw)
 
 
-def universal_info(model, tp, flavour):
-    if model.tied:
-        vocab = [r"tied_modules.embed.word_embeddings.weight"]
-    elif flavour == "pipe":
-        vocab = [r"\d+.word_embeddings.weight", r"\d+.lm_head.weight"]
+def universal_info(model, args, pipe):
+    """universal_checkpoint_info exactly as Megatron-DeepSpeed writes it (HEAD 4efb479d:
+    checkpointing._universal_checkpoint_info + gpt_model.UniversalCheckpointInfo, translated line
+    by line, same keys, order and regex strings), from the run's args and model class (pipe:
+    GPTModelPipe, else GPTModel). Its lists are faithful, not right: a TP=1 run saves no
+    TP-replicated or row-parallel list (since Megatron-DeepSpeed 71e8407c), so DeepSpeed merges
+    such a checkpoint with cat_dim 0 for the row-parallel weights, and the fused QKV is never
+    declared as sub-parameters. ucp ignores these lists and uses its own rules (docs/deepspeed.md);
+    the fixtures carry them so that DeepSpeed's ds_to_universal reads the fixtures as it would
+    read a real run's files (tests/peer)."""
+    pre = "" if pipe else "language_model.encoder.layers."
+    if pipe:
+        vocab = ([r"\d+.word_embeddings.weight", r"\d+.lm_head.weight"]
+                 if args.untie_embeddings_and_output_weights
+                 else [r"tied_modules.embed.word_embeddings.weight"])
     else:
-        vocab = [r"language_model.embedding.word_embeddings.weight",
-                 r"language_model.output_layer.weight"]
-    uci = {"universal_checkpoint_version": 0.3, "original_vocab_size": model.vocab,
-           "padded_vocab_size": model.padded_vocab(tp), "vocabulary_parameter_patterns": vocab}
-    if tp > 1:  # as Megatron-DeepSpeed: row-parallel rules only when saved at tp > 1
+        vocab = ["language_model.embedding.word_embeddings.weight"]
+        if args.untie_embeddings_and_output_weights:
+            vocab.append("language_model.output_layer.weight")
+    uci = {"universal_checkpoint_version": UNIVERSAL_CHECKPOINT_VERSION,
+           "original_vocab_size": model.vocab, "padded_vocab_size": args.padded_vocab_size,
+           "vocabulary_parameter_patterns": vocab}
+    if pipe:  # the tied module's copies on the first and last stage: only stage 0's is kept
+        replicated = []
+        if not args.untie_embeddings_and_output_weights:
+            replicated = list(vocab)
+            if args.add_position_embedding:
+                replicated.append(r"tied_modules.embed.position_embeddings.weight")
+        uci["pipeline_replicated_parameter_patterns"] = replicated
+    if args.tensor_model_parallel_size > 1:
+        rep = [pre + r"\d+.input_layernorm.weight", pre + r"\d+.post_attention_layernorm.weight",
+               r"\d+.weight" if pipe else "language_model.encoder.final_layernorm.weight"]
+        if args.normalization == "layernorm":
+            rep.append(r"\d+.bias" if pipe else "language_model.encoder.final_layernorm.bias")
+        if args.add_position_embedding:
+            rep.append("tied_modules.embed.position_embeddings.weight" if pipe
+                       else "language_model.embedding.position_embeddings.weight")
+        if args.add_bias_linear:
+            rep += [pre + r"\d+.self_attention.dense.bias", pre + r"\d+.mlp.dense_4h_to_h.bias"]
+        if args.normalization == "layernorm":
+            rep += [pre + r"\d+.input_layernorm.bias", pre + r"\d+.post_attention_layernorm.bias"]
+        uci["tp_replicated_parameter_patterns"] = rep
         uci["parameter_with_row_parallelism_patterns"] = [
-            r"\d+.mlp.dense_4h_to_h.weight", r"\d+.self_attention.dense.weight"]
-        if model.family == "llama":
-            uci["parameter_with_2_sub_params_cat_dim_0"] = [r"\d+.mlp.dense_h_to_4h.weight"]
+            pre + r"\d+.mlp.dense_4h_to_h.weight", pre + r"\d+.self_attention.dense.weight"]
+    swiglu = []  # written at any TP, empty without --swiglu
+    if args.swiglu:
+        swiglu.append(pre + r"\d+.mlp.dense_h_to_4h.weight")
+        if args.add_bias_linear:
+            swiglu.append(pre + r"\d+.mlp.dense_h_to_4h.bias")
+    uci["parameter_with_2_sub_params_cat_dim_0"] = swiglu
     return uci
 
 
@@ -296,11 +348,12 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
                 global_samples=iteration * 8 * dp, dp_world_size=nd, mp_world_size=tp * pp)
             if meta_dims:
                 model_states["checkpoint_parallel_dimensions"] = {"pp_degree": pp, "tp_degree": tp}
-            model_states.update(ds_config=ds_config, ds_version="0.16.9")
+            model_states.update(ds_config=ds_config, ds_version=DS_VERSION)
             if flavour != "plain":
                 model_states.update(args=args, checkpoint_version=3.0, iteration=iteration,
                                     tokens=iteration * 128,
-                                    universal_checkpoint_info=universal_info(model, tp, flavour),
+                                    universal_checkpoint_info=universal_info(model, args,
+                                                                           flavour == "pipe"),
                                     rng_state=rng_state())
             torch.save(model_states, os.path.join(folder, f"mp_rank_{mp:02d}_model_states.pt"))
             if flavour == "pipe":
@@ -360,7 +413,7 @@ def write_optim(folder, prefix, d, mp, flat, optimizer, nd, ds_config, flavour, 
     if optimizer == "bf16":
         osd = collections.OrderedDict(
             clip_grad=1.0, base_optimizer_state=base, single_partition_of_fp32_groups=fp32_groups,
-            group_paddings=paddings, partition_count=[nd] * len(flat), ds_version="0.16.9",
+            group_paddings=paddings, partition_count=[nd] * len(flat), ds_version=DS_VERSION,
             param_slice_mappings=mappings)
     else:
         osd = collections.OrderedDict(
@@ -368,8 +421,8 @@ def write_optim(folder, prefix, d, mp, flat, optimizer, nd, ds_config, flavour, 
             clip_grad=1.0, base_optimizer_state=base,
             single_partition_of_fp32_groups=fp32_groups,
             zero_stage=ZeroStageEnum(2 if optimizer == "zero2" else 1), group_paddings=paddings,
-            partition_count=[nd] * len(flat), ds_version="0.16.9", param_slice_mappings=mappings)
-    torch.save({"optimizer_state_dict": osd, "ds_config": ds_config, "ds_version": "0.16.9"},
+            partition_count=[nd] * len(flat), ds_version=DS_VERSION, param_slice_mappings=mappings)
+    torch.save({"optimizer_state_dict": osd, "ds_config": ds_config, "ds_version": DS_VERSION},
                os.path.join(folder, f"{prefix}zero_pp_rank_{d}_mp_rank_{mp:02d}_optim_states.pt"))
 
 

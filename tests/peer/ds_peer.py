@@ -9,8 +9,8 @@ the subcommands together with the ucp CLI, and docs/peers.md says what each test
     extract      --work W --ucp U --out O
                                        ucp's extraction U == ds_to_universal (into O) ==
                                        zero_to_fp32 == the engine's state, bitwise
-    fixtures     --data D              DeepSpeed's ds_to_universal on ucp's committed fixtures
-                                       gives D/expected.pt
+    fixtures     --data D              DeepSpeed's ds_to_universal on each of ucp's committed
+                                       fixtures (FIXTURES) gives its model's D/expected*.pt
     resume       --work W --load L --dp P --mode universal|zero [--ucp U] [--zero Z]
                                        a fresh engine at dp=P loads L: its state is the saved one,
                                        bitwise, and its losses continue the run of `train`
@@ -479,18 +479,37 @@ def cmd_extract(a):
 # fixtures: ucp's committed DeepSpeed fixtures go through DeepSpeed's real converter
 
 
+# Every fixture folder of tests/data/deepspeed and the truth its model was cut from (the rest of
+# the folder, models/ and SHA256SUMS, is not a checkpoint). A folder holding a `latest` file that
+# is not listed here fails the test, so a new fixture cannot go unchecked.
+FIXTURES = {
+    "megatron_tp2_pp1_dp2_bf16": "expected.pt",
+    "megatron_tp1_pp2_dp2_bf16": "expected.pt",
+    "megatron_tp2_pp2_sp2_fp16_zero1": "expected.pt",
+    "deepspeed_tp1_pp1_dp4_fp16_zero2": "expected.pt",
+    "megatron_llama_tp2_pp2_dp2_bf16": "expected_llama.pt",
+    "megatron_llama_tp2_pp1_dp2_fp16_zero1": "expected_llama.pt",
+    "deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1": "expected_mixtral.pt",
+}
+
+
 def canonical_name(ds_name, layers):
-    """Megatron-DeepSpeed's GPTModelPipe / GPTModel names -> ucp's canonical GPT names (plain
+    """Megatron-DeepSpeed's GPTModelPipe / GPTModel names -> ucp's canonical names (plain
     DeepSpeed names already are canonical). Written from Megatron's conventions, independently of
-    the fixture generator's own map."""
+    the fixture generator's own map: GPTModelPipe's spec index 1 is the embedding (a tied module,
+    or plain `1.` when untied), 2..L+1 the layers, L+2 the final norm, L+3 the untied LM head."""
     m = re.fullmatch(r"tied_modules\.embed\.(.+)", ds_name)
     if m:
         return "embedding." + m.group(1)
     m = re.fullmatch(r"(\d+)\.(.+)", ds_name)
     if m:
         idx, rest = int(m.group(1)), m.group(2)
+        if idx == 1:
+            return "embedding." + rest
         if idx == layers + 2:
             return "final_layernorm." + rest
+        if idx == layers + 3 and rest.startswith("lm_head."):
+            return "output_layer." + rest[len("lm_head."):]
         return f"layers.{idx - 2}.{rest}"
     for prefix, repl in (("language_model.encoder.", ""), ("language_model.", "")):
         if ds_name.startswith(prefix):
@@ -498,22 +517,63 @@ def canonical_name(ds_name, layers):
     return ds_name
 
 
+def fixture_folders(data):
+    """FIXTURES, after checking it is exactly the set of checkpoint folders (those with `latest`)."""
+    found = {n for n in os.listdir(data) if os.path.isfile(os.path.join(data, n, "latest"))}
+    unlisted, missing = sorted(found - set(FIXTURES)), sorted(set(FIXTURES) - found)
+    if unlisted or missing:
+        sys.exit(f"tests/peer/ds_peer.py FIXTURES is not the fixture set of {data}: "
+                 f"unlisted {unlisted}, missing {missing}")
+    return sorted(FIXTURES)
+
+
+def megatron_enums_importable():
+    """The Megatron fixtures' `args` Namespace holds megatron.core.enums.ModelType, as every real
+    Megatron-DeepSpeed run's does (megatron/training.py sets args.model_type), so torch.load of
+    their model states needs Megatron importable; ds_to_universal is normally run next to a
+    Megatron-DeepSpeed checkout. Megatron is not in the peer venv (it is not on PyPI), so the one
+    class unpickling needs is registered under its module name, with Megatron-DeepSpeed's members
+    (HEAD 4efb479d). The converter only carries args along; it never reads model_type."""
+    try:
+        import megatron.core.enums  # noqa: F401
+        return
+    except ImportError:
+        pass
+    import enum
+    import types
+
+    class ModelType(enum.Enum):
+        encoder_or_decoder = 1
+        encoder_and_decoder = 2
+        retro_encoder = 3
+        retro_decoder = 4
+
+    for mod in ("megatron", "megatron.core", "megatron.core.enums"):
+        sys.modules.setdefault(mod, types.ModuleType(mod))
+    sys.modules["megatron"].core = sys.modules["megatron.core"]
+    sys.modules["megatron.core"].enums = sys.modules["megatron.core.enums"]
+    ModelType.__module__, ModelType.__qualname__ = "megatron.core.enums", "ModelType"
+    sys.modules["megatron.core.enums"].ModelType = ModelType
+
+
 def cmd_fixtures(a):
-    expected = torch.load(os.path.join(a.data, "expected.pt"))
-    layers = 1 + max(int(n.split(".")[1]) for n in expected if n.startswith("layers."))
     failed = []
-    for name in sorted(os.listdir(a.data)):
+    megatron_enums_importable()
+    for name in fixture_folders(a.data):
+        # ds_to_universal yields the fp32 masters and Adam moments only (no model weights): those
+        # are compared, bitwise, with the truth's; its model_bf16 / model_fp16 are not used here.
+        expected = {n: {s: st[s] for s in STATES}
+                    for n, st in torch.load(os.path.join(a.data, FIXTURES[name])).items()}
+        layers = 1 + max(int(n.split(".")[1]) for n in expected if n.startswith("layers."))
         folder = os.path.join(a.data, name)
-        if not os.path.isdir(folder):
-            continue
         with open(os.path.join(folder, "latest")) as f:
             tag = os.path.join(folder, f.read().strip())
         mm = Mismatches()
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "universal")
             try:
-                # Only the plain DeepSpeed fixture lacks universal_checkpoint_info; the Megatron
-                # ones carry their own, which the injection leaves alone.
+                # Only the plain DeepSpeed fixtures lack universal_checkpoint_info; the Megatron
+                # ones carry Megatron-DeepSpeed's own, which the injection leaves alone.
                 run_ds_to_universal(tag, out, inject_missing_state=True)
             except Exception as e:  # the converter asserts: name the fixture and go on
                 print(f"FAIL ds_to_universal on {name}: {type(e).__name__}: {e}")
@@ -522,12 +582,13 @@ def cmd_fixtures(a):
             got, _ = read_ds_universal(out)
         compare_states(mm, name, {canonical_name(n, layers): s for n, s in got.items()}, expected)
         if mm.lines:
-            print(f"FAIL {name}: DeepSpeed's ds_to_universal output differs from expected.pt:")
+            print(f"FAIL {name}: DeepSpeed's ds_to_universal output differs from {FIXTURES[name]}:")
             for line in mm.lines:
                 print("  " + line)
             failed.append(name)
         else:
-            print(f"ok {name}: ds_to_universal output == expected.pt ({len(got)} parameters)")
+            print(f"ok {name}: ds_to_universal output == {FIXTURES[name]} "
+                  f"({len(got)} parameters x {len(STATES)} states)")
     if failed:
         sys.exit(f"{len(failed)} fixture(s) not read as expected by DeepSpeed: {', '.join(failed)}")
 
