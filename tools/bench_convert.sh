@@ -3,7 +3,10 @@
 # then ROUNDS rounds, each timing in turn a durable copy (`cp -r` + `sync`, the baseline: ucp
 # fsyncs what it writes), `ucp extract`, `ucp reshard` of that extract to tp=4,pp=1,dp=2 and
 # `ucp convert` of the source to the same layout, with wall time and peak RSS (/usr/bin/time).
-# The machine's write speed swings by several times from one minute to the next, so the rounds
+# On this VM, writing into memory that was freed more than a second or two before costs several
+# times more than into memory freed just now (the hypervisor takes freed pages back), so every
+# measured command, baseline included, runs right after an unmeasured copy of the source is
+# written and deleted: all of them start with the same recently freed memory. The rounds
 # interleave baseline and ucp, and the summary gives medians and the ratio of medians.
 # Usage: tools/bench_convert.sh [BUILD_DIR] [WORK_DIR] [THREADS] [ROUNDS] [EXTRA UCP ARGS...]
 set -euo pipefail
@@ -19,6 +22,7 @@ cd "$work"
 rm -rf src copy uni resharded converted .times
 measure() {  # name, command...
   local name=$1; shift
+  cp -r src .warm && sync && rm -rf .warm
   sync
   /usr/bin/time -f "%e %M" -o .time "$@" >/dev/null
   read -r wall rss_kib <.time

@@ -30,9 +30,12 @@ namespace {
 
 constexpr int64_t kMinWindowBytes = int64_t{64} << 10;
 constexpr int64_t kMaxWindowBytes = int64_t{32} << 20;
-// A gather reads a source span in one call when the box fills at least half of it and the span
-// fits this bound; otherwise row by row. Page-cache copies cost less than a syscall per short row.
+// A gather reads a source span in one call when the box fills at least 1/kSpanDensity of it and
+// the span fits kSpanReadBytes; otherwise row by row. Copying the gaps from the page cache costs
+// about what a syscall per short row does (a tp=4 column slice: 3x the bytes, 1/rows the calls;
+// measured on the resharding benchmark, docs/PERFORMANCE.md).
 constexpr int64_t kSpanReadBytes = int64_t{4} << 20;
+constexpr int64_t kSpanDensity = 4;
 // Rows at least this long are read on their own even inside a dense span.
 constexpr int64_t kLongRowBytes = int64_t{64} << 10;
 // Elements per block when a check or an average works through a box.
@@ -323,7 +326,7 @@ struct Reader {
       return st;
     }
     const int64_t row_bytes = row_len * in_size;
-    const bool dense = span * in_size <= kSpanReadBytes && 2 * box >= span;
+    const bool dense = span * in_size <= kSpanReadBytes && kSpanDensity * box >= span;
     if (b.counts.size() >= 2 && dense && row_bytes < kLongRowBytes) {
       // A short-rowed, dense box: its whole source span in one read, rows picked from it.
       UCP_ASSIGN_OR_RETURN(std::span<std::byte> raw, Scratch::Get(scratch.read, span * in_size));
