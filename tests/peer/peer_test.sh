@@ -10,8 +10,9 @@
 #                           own ds_to_universal output at dp=1 (if these fail, the harness or
 #                           DeepSpeed is at fault, not ucp)
 #   deepspeed-loads-ucp Z   ucp convert --format deepspeed to dp=1 (same ZeRO stage), then of that
-#                           to dp=2 at the other stage: DeepSpeed's plain load_checkpoint loads
-#                           each and continues the run
+#                           to dp=2 at the other stage, and ucp reshard --format deepspeed of the
+#                           extraction to dp=2: DeepSpeed's plain load_checkpoint loads each and
+#                           continues the run
 #   ds-to-universal-reads-ucp 1  DeepSpeed's ds_to_universal on GPTModelPipe, GPTModel and plain
 #                           checkpoints ucp wrote == ucp's universal source
 #   deepspeed-reads-fixtures  DeepSpeed's ds_to_universal on tests/data/deepspeed == expected.pt
@@ -65,9 +66,14 @@ case $test_case in
       --model "$src/tests/peer/gpt-peer.json"
     # From ucp's own DeepSpeed output: its recorded model, naming and client state carry on.
     "$bin/ucp" convert "$out/dp1" "$out/dp2" --layout "tp=1,pp=1,dp=2,zero=$other" --format deepspeed
-    status=0  # both loads, so one failure does not hide the other's result
+    # From a universal extraction: the client state its JSON kept (scheduler, param groups, ...).
+    "$bin/ucp" extract "$(tag)" "$out/universal" --model "$src/tests/peer/gpt-peer.json"
+    "$bin/ucp" reshard "$out/universal" "$out/from-universal" --layout "tp=1,pp=1,dp=2,zero=$zero" \
+      --format deepspeed
+    status=0  # every load, so one failure does not hide another's result
     py resume --work "$run" --load "$out/dp1" --dp 1 --mode zero || status=1
     py resume --work "$run" --load "$out/dp2" --dp 2 --mode zero --zero "$other" || status=1
+    py resume --work "$run" --load "$out/from-universal" --dp 2 --mode zero || status=1
     exit $status
     ;;
   ds-to-universal-reads-ucp)

@@ -206,6 +206,82 @@ TEST(DeepSpeedWrite, CarriesAndRewritesClientStateFromADeepSpeedSource) {
   EXPECT_EQ(osd->Get("zero_stage")->items()[1]->str(), "gradients");
 }
 
+// From a universal checkpoint extracted from DeepSpeed: the client state its JSON kept (Megatron
+// args as a Namespace with the new sizes, iteration, scheduler, param-group hyper-parameters,
+// loss scaler, clip_grad, one param group for a one-group run), not the RNG tensors.
+TEST(DeepSpeedWrite, CarriesTheClientStateAnExtractionRecorded) {
+  ucp::testing::TempDir tmp;
+  const fs::path fixture = Root() / "tests/data/deepspeed/megatron_tp2_pp2_sp2_fp16_zero1";
+  UCP_ASSERT_OK_AND_ASSIGN(auto ds, CheckpointSource::Open(fixture, Patterns()));
+  UCP_ASSERT_OK(Extract(*ds, tmp / "u", RunOptions{}).status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto uni, CheckpointSource::Open(tmp / "u", Patterns()));
+  UCP_ASSERT_OK(
+      ToDeepSpeed(*uni, *layout::ParseLayout("tp=2,pp=1,dp=2,zero=1"), tmp / "ds", RunOptions{})
+          .status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto back, CheckpointSource::Open(tmp / "ds", Patterns()));
+  UCP_ASSERT_OK_AND_ASSIGN(DiffResult diff, Diff(*ds, *back, 0, RunOptions{}));
+  EXPECT_TRUE(diff.equal) << diff.first_difference;
+
+  const fs::path tag = tmp / "ds" / "global_step7";  // the source's tag
+  UCP_ASSERT_OK_AND_ASSIGN(
+      torch::TorchFile theirs,
+      torch::TorchFile::Open(fixture / "global_step7" / "mp_rank_00_model_states.pt"));
+  UCP_ASSERT_OK_AND_ASSIGN(torch::TorchFile ours,
+                           torch::TorchFile::Open(tag / "mp_rank_01_model_states.pt"));
+  const torch::PyValue& root = ours.root();
+  EXPECT_EQ(root.Get("args")->class_name(), "argparse.Namespace");
+  const torch::PyValue* args = deepspeed::ObjectState(root.Get("args"));
+  const torch::PyValue* their_args = deepspeed::ObjectState(theirs.root().Get("args"));
+  ASSERT_NE(args, nullptr);
+  EXPECT_EQ(args->Get("tensor_model_parallel_size")->int_value(), 2);
+  EXPECT_EQ(args->Get("pipeline_model_parallel_size")->int_value(), 1);
+  EXPECT_EQ(args->Get("num_attention_heads")->int_value(),
+            their_args->Get("num_attention_heads")->int_value());
+  EXPECT_EQ(root.Get("iteration")->int_value(), theirs.root().Get("iteration")->int_value());
+  EXPECT_EQ(root.Get("global_steps")->int_value(), theirs.root().Get("global_steps")->int_value());
+  EXPECT_EQ(root.Get("lr_scheduler")->entries().size(),
+            theirs.root().Get("lr_scheduler")->entries().size());
+  if (theirs.root().Get("rng_state") != nullptr) EXPECT_EQ(root.Get("rng_state"), nullptr);
+  UCP_ASSERT_OK_AND_ASSIGN(
+      torch::TorchFile optim,
+      torch::TorchFile::Open(tag / "zero_pp_rank_1_mp_rank_01_optim_states.pt"));
+  UCP_ASSERT_OK_AND_ASSIGN(torch::TorchFile their_optim,
+                           torch::TorchFile::Open(fixture / "global_step7" /
+                                                  "zero_pp_rank_0_mp_rank_00_optim_states.pt"));
+  const torch::PyValue* osd = optim.root().Get("optimizer_state_dict");
+  const torch::PyValue* their_osd = their_optim.root().Get("optimizer_state_dict");
+  EXPECT_EQ(osd->Get("loss_scaler")->class_name(), their_osd->Get("loss_scaler")->class_name());
+  EXPECT_EQ(osd->Get("clip_grad")->float_value(), their_osd->Get("clip_grad")->float_value());
+  const torch::PyValue* groups = osd->Get("base_optimizer_state")->Get("param_groups");
+  const torch::PyValue* their_groups = their_osd->Get("base_optimizer_state")->Get("param_groups");
+  ASSERT_EQ(groups->items().size(), their_groups->items().size());
+  for (size_t g = 0; g < groups->items().size(); ++g) {
+    EXPECT_EQ(groups->items()[g]->entries().size(), their_groups->items()[g]->entries().size());
+    EXPECT_EQ(groups->items()[g]->Get("weight_decay")->float_value(),
+              their_groups->items()[g]->Get("weight_decay")->float_value());
+  }
+
+  // A run with one param group (the plain-DeepSpeed Mixtral fixture) is written with one.
+  const fs::path mixtral = Root() / "tests/data/deepspeed/deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1";
+  UCP_ASSERT_OK_AND_ASSIGN(
+      auto mx, CheckpointSource::Open(
+                   mixtral, Patterns(),
+                   {(Root() / "tests/data/deepspeed/models/mixtral-plain.json").string()}));
+  UCP_ASSERT_OK(Extract(*mx, tmp / "mu", RunOptions{}).status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto mu, CheckpointSource::Open(tmp / "mu", Patterns()));
+  UCP_ASSERT_OK(
+      ToDeepSpeed(*mu, *layout::ParseLayout("tp=2,pp=1,dp=2,zero=2"), tmp / "mds", RunOptions{})
+          .status());
+  UCP_ASSERT_OK_AND_ASSIGN(
+      torch::TorchFile mfile,
+      torch::TorchFile::Open(tmp / "mds" / "global_step7" / "mp_rank_00_model_states.pt"));
+  EXPECT_EQ(mfile.root().Get("param_shapes")->items().size(), 1u);
+  EXPECT_NE(mfile.root().Get("module")->Get("layers.0.mlp.experts.3.linear_fc1.weight"), nullptr);
+  UCP_ASSERT_OK_AND_ASSIGN(auto mback, CheckpointSource::Open(tmp / "mds", Patterns()));
+  UCP_ASSERT_OK_AND_ASSIGN(DiffResult mdiff, Diff(*mx, *mback, 0, RunOptions{}));
+  EXPECT_TRUE(mdiff.equal) << mdiff.first_difference;
+}
+
 // A source that fails after some reads: the run fails and leaves nothing.
 class FailingSource final : public CheckpointSource {
  public:
