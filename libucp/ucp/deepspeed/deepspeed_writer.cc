@@ -3,9 +3,7 @@
 #include "ucp/deepspeed/deepspeed_writer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -15,6 +13,7 @@
 #include "ucp/deepspeed/deepspeed_checkpoint.h"
 #include "ucp/deepspeed/pickle_values.h"
 #include "ucp/io/atomic_file.h"
+#include "ucp/io/raw_file.h"
 #include "ucp/io/torch/torch_file.h"
 #include "ucp/io/torch/torch_writer.h"
 #include "ucp/tensor/cast.h"
@@ -97,11 +96,16 @@ const PyValue* FromJson(PyArena& a, const json& j) {
   }
 }
 
-// A Python value as JSON, where JSON can hold it (pickle_values.h AppendJson).
+// A Python value as JSON, where JSON can hold it (pickle_values.h AppendJson); null if the text
+// does not parse (it always should: strings from the unpickler are valid UTF-8).
 json ToJson(const PyValue* v) {
   std::string s;
   AppendJson(v, s);
-  return json::parse(s);
+  try {
+    return json::parse(s);
+  } catch (const json::exception&) {
+    return json();
+  }
 }
 
 const PyValue* Namespace(PyArena& a, const PyValue* state) {
@@ -568,9 +572,15 @@ class Builder {
       const json& v = c_.js["optimizer_state"][key];
       if (std::string(key) == "loss_scaler") {
         // {"class": "module.Name", "state": {...}}: the scaler object, its dtype restored (JSON
-        // has no torch dtypes; only fp16 training uses a dynamic scaler).
+        // has no torch dtypes; only fp16 training uses a dynamic scaler). The class becomes a
+        // global that torch.load imports, so only DeepSpeed's two scalers are accepted from a
+        // manifest (anything else is left to the engine).
+        static const std::set<std::string> kScalers = {
+            "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+            "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"};
         if (!v.is_object() || !v.contains("class") || !v["class"].is_string() ||
-            !v.contains("state") || !v["state"].is_object()) {
+            !kScalers.contains(v["class"].get<std::string>()) || !v.contains("state") ||
+            !v["state"].is_object()) {
           return static_cast<const PyValue*>(nullptr);
         }
         PyArena& a = w.arena();
@@ -833,6 +843,15 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
       io::IsTempName(impl->tag)) {
     return InvalidArgumentError("tag \"" + impl->tag + "\" is not a folder name");
   }
+  // Every file stays open until Commit: pp * tp model-state files, their dp * sp optimizer
+  // files each, and GPTModelPipe's layer files.
+  int64_t num_files = 0;
+  for (const TargetRank& r : impl->target.ranks) {
+    std::set<std::string> files;
+    for (const ModelRecord& m : r.model) files.insert(m.file);
+    num_files += 1 + impl->target.DpWorldSize() + static_cast<int64_t>(files.size());
+  }
+  UCP_RETURN_IF_ERROR(io::EnsureOpenFileLimit(num_files), "DeepSpeed output " + dst.string());
   UCP_ASSIGN_OR_RETURN(impl->tmp, io::MakeTempSiblingDir(dst));
   std::unique_ptr<DeepSpeedWriter> writer(new DeepSpeedWriter(std::move(impl)));
   Impl& m = *writer->impl_;
