@@ -38,7 +38,7 @@ Command MakeConvertCommand() {
       .name = "convert",
       .summary =
           "distributed (ucp or DeepSpeed) checkpoint -> distributed at another layout, "
-          "streaming (no universal copy)",
+          "streaming (no universal copy); any checkpoint -> DeepSpeed with --format deepspeed",
       .usage = "SRC DST --layout L [--model M] [--format ucp|deepspeed]",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
