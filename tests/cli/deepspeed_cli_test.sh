@@ -4,9 +4,10 @@
 #            tensors the fixture was made from (expected*.pt, real torch);
 #   inspect / verify: exit 0, inspect shows DeepSpeed's own layout beside the ucp view;
 #   convert DS -> ucp layout with another tp, then diff against DS and against the extraction;
-#   extract -> reshard -> extract round-trips (diff equal).
-# Then `ucp reshard --format deepspeed-universal` writes files real torch loads, `--format
-# deepspeed` is refused, and each bad input is one error line with its exit code and no output.
+#   extract -> reshard -> extract round-trips (diff equal);
+#   convert --format deepspeed to another DeepSpeed layout, diff against DS and the extraction.
+# Then `ucp reshard --format deepspeed-universal` writes files real torch loads, and each bad
+# input (--format deepspeed ones too) is one error line with its exit code and no output.
 set -euo pipefail
 src=$1 bin=$2
 ucp=$bin/ucp
@@ -16,16 +17,17 @@ data=$src/tests/data/deepspeed
 # The fixtures are what tools/make_deepspeed_fixtures.py writes, byte for byte.
 (cd "$data" && sha256sum --quiet -c SHA256SUMS)
 
-# name | expected file | --model | a ucp layout of another tp | a ucp layout to reshard to
-cases="megatron_tp2_pp1_dp2_bf16|expected.pt||tp=4,pp=2,dp=1,zero=1|tp=1,pp=1,dp=2,zero=2
-megatron_tp1_pp2_dp2_bf16|expected.pt||tp=2,pp=1,dp=2,zero=2|tp=4,pp=1,dp=1
-megatron_tp2_pp2_sp2_fp16_zero1|expected.pt||tp=1,pp=2,dp=3,zero=1|tp=2,pp=2,dp=2,sp=2,zero=3
-deepspeed_tp1_pp1_dp4_fp16_zero2|expected.pt|$data/models/gpt-plain.json|tp=2,pp=1,dp=2,zero=1|tp=4,pp=2,dp=1
-megatron_llama_tp2_pp2_dp2_bf16|expected_llama.pt||tp=1,pp=1,dp=2,zero=2|tp=2,pp=2,dp=1,zero=1
-megatron_llama_tp2_pp1_dp2_fp16_zero1|expected_llama.pt||tp=1,pp=2,dp=1|tp=2,pp=1,dp=3,zero=2
-deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1|expected_mixtral.pt|$data/models/mixtral-plain.json|tp=2,pp=1,dp=2,ep=2,zero=1|tp=1,pp=2,dp=4,ep=4,zero=2"
+# name | expected file | --model | a ucp layout of another tp | a ucp layout to reshard to |
+# a DeepSpeed layout to convert to (the fixture's naming)
+cases="megatron_tp2_pp1_dp2_bf16|expected.pt||tp=4,pp=2,dp=1,zero=1|tp=1,pp=1,dp=2,zero=2|tp=1,pp=1,dp=3,zero=2
+megatron_tp1_pp2_dp2_bf16|expected.pt||tp=2,pp=1,dp=2,zero=2|tp=4,pp=1,dp=1|tp=2,pp=2,dp=1,zero=1
+megatron_tp2_pp2_sp2_fp16_zero1|expected.pt||tp=1,pp=2,dp=3,zero=1|tp=2,pp=2,dp=2,sp=2,zero=3|tp=4,pp=1,dp=2,zero=2
+deepspeed_tp1_pp1_dp4_fp16_zero2|expected.pt|$data/models/gpt-plain.json|tp=2,pp=1,dp=2,zero=1|tp=4,pp=2,dp=1|tp=2,pp=1,dp=1,zero=1
+megatron_llama_tp2_pp2_dp2_bf16|expected_llama.pt||tp=1,pp=1,dp=2,zero=2|tp=2,pp=2,dp=1,zero=1|tp=1,pp=2,dp=4,zero=1
+megatron_llama_tp2_pp1_dp2_fp16_zero1|expected_llama.pt||tp=1,pp=2,dp=1|tp=2,pp=1,dp=3,zero=2|tp=2,pp=1,dp=2,sp=2,zero=2
+deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1|expected_mixtral.pt|$data/models/mixtral-plain.json|tp=2,pp=1,dp=2,ep=2,zero=1|tp=1,pp=2,dp=4,ep=4,zero=2|tp=2,pp=1,dp=2,zero=1"
 
-while IFS='|' read -r name expected model other reshard; do
+while IFS='|' read -r name expected model other reshard dslayout; do
   d=$data/$name
   m=()
   [ -n "$model" ] && m=(--model "$model")
@@ -65,7 +67,12 @@ PY
   "$ucp" reshard "$work/$name" "$work/$name.r" --layout "$reshard" >/dev/null
   "$ucp" extract "$work/$name.r" "$work/$name.u2" >/dev/null
   "$ucp" diff "$work/$name.u2" "$work/$name" | grep -q "^equal: "
-  echo "$name: extract, inspect, verify, convert to $other, diff, reshard to $reshard: ok"
+  # DeepSpeed -> DeepSpeed: the written folder records its model, so no --model reads it back.
+  "$ucp" convert "$d" "$work/$name.ds" --layout "$dslayout" --format deepspeed "${m[@]}" >/dev/null
+  "$ucp" diff "$work/$name.ds" "$work/$name" | grep -q "^equal: "
+  "$ucp" verify "$work/$name.ds" >/dev/null
+  echo "$name: extract, inspect, verify, convert to $other, diff, reshard to $reshard," \
+    "convert to DeepSpeed $dslayout: ok"
 done <<<"$cases"
 
 first=$data/megatron_tp2_pp1_dp2_bf16
@@ -81,11 +88,6 @@ for f in files:
 assert any("language_model.encoder.layers.0" in f for f in files), "GPTModel names expected"
 print(len(files), "DeepSpeed universal parameter files load in torch")
 PY
-if "$ucp" reshard "$work/megatron_tp2_pp1_dp2_bf16" "$work/z" --layout tp=2 --format deepspeed 2>"$work/err"; then
-  echo "--format deepspeed should be refused"; exit 1
-fi
-grep -q "not implemented" "$work/err"
-[ ! -e "$work/z" ]
 
 # expect_fail CODE TEXT -- COMMAND...: exit CODE, one stderr line holding TEXT, no output folder.
 expect_fail() {
@@ -134,4 +136,27 @@ expect_fail 5 'not a model of family "llama"' -- \
   "$ucp" extract "$data/megatron_tp2_pp1_dp2_bf16" "$work/out" --model llama-tiny
 expect_fail 3 "--model applies to DeepSpeed checkpoints" -- \
   "$ucp" verify "$work/megatron_tp2_pp1_dp2_bf16" --model gpt-tiny
+
+# --format deepspeed: what it refuses, and an existing output left alone.
+u=$work/megatron_tp2_pp1_dp2_bf16
+expect_fail 3 "zero=0 has no ZeRO optimizer files" -- \
+  "$ucp" reshard "$u" "$work/out" --layout tp=2,zero=0 --format deepspeed
+expect_fail 7 "writing ZeRO-3 checkpoints is not implemented" -- \
+  "$ucp" reshard "$u" "$work/out" --layout tp=2,zero=3 --format deepspeed
+expect_fail 5 "not divisible by tp=3" -- \
+  "$ucp" reshard "$u" "$work/out" --layout tp=3,zero=1 --format deepspeed
+expect_fail 3 "cannot express pp=2" -- \
+  "$ucp" reshard "$u" "$work/out" --layout pp=2,zero=1 --format deepspeed --naming megatron-gpt
+expect_fail 3 "BF16_Optimizer checkpoints need bf16 training at zero=1" -- \
+  "$ucp" convert "$data/megatron_tp2_pp2_sp2_fp16_zero1" "$work/out" --layout tp=2,zero=1 \
+  --format deepspeed --optimizer bf16
+mkdir "$work/out"
+set +e
+"$ucp" convert "$data/megatron_tp1_pp2_dp2_bf16" "$work/out" --layout tp=1,zero=1 \
+  --format deepspeed >/dev/null 2>"$work/err"
+rc=$?
+set -e
+[ "$rc" = 11 ] && grep -q "exists" "$work/err" && [ -z "$(ls -A "$work/out")" ] ||
+  { echo "an existing --format deepspeed output must be refused (exit 11), got $rc"; exit 1; }
+rmdir "$work/out"
 echo "deepspeed cli: ok"

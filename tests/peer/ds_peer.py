@@ -14,6 +14,10 @@ the subcommands together with the ucp CLI, and docs/peers.md says what each test
     resume       --work W --load L --dp P --mode universal|zero [--ucp U] [--zero Z]
                                        a fresh engine at dp=P loads L: its state is the saved one,
                                        bitwise, and its losses continue the run of `train`
+    reads-ucp    --tag T --ucp U --out O
+                                       DeepSpeed's ds_to_universal on T (a checkpoint ucp wrote
+                                       with --format deepspeed) gives U's fp32 / exp_avg /
+                                       exp_avg_sq bitwise and U's step
 
 Everything is fp32: under gloo, torch 1.13 cannot broadcast bf16 (docs/peers.md).
 """
@@ -660,6 +664,52 @@ def cmd_resume(a):
     print(f"ok DeepSpeed at dp={a.dp} continues the run from {a.load}")
 
 
+# ---------------------------------------------------------------------------------------------
+# reads-ucp: DeepSpeed's own converter reads what ucp's --format deepspeed wrote
+
+
+def engine_to_canonical(name, layers):
+    """GPTModelPipe (tied or untied), GPTModel and plain DeepSpeed names -> ucp's canonical names,
+    from Megatron's conventions (deepspeed_ucp.md 2.2, 5)."""
+    m = re.fullmatch(r"(?:tied_modules\.embed|1)\.((?:word|position)_embeddings\..+)", name)
+    if m:
+        return "embedding." + m.group(1)
+    m = re.fullmatch(r"\d+\.lm_head\.(.+)", name)
+    if m:
+        return "output_layer." + m.group(1)
+    m = re.fullmatch(r"(\d+)\.(.+)", name)
+    if m:
+        idx, rest = int(m.group(1)), m.group(2)
+        return f"final_layernorm.{rest}" if idx == layers + 2 else f"layers.{idx - 2}.{rest}"
+    for prefix in ("language_model.encoder.", "language_model."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def cmd_reads_ucp(a):
+    """ds_to_universal needs no injected state here: ucp writes universal_checkpoint_info made
+    from its own rules for the written tp (replicated, row-parallel, SwiGLU, vocabulary and
+    pipeline-replicated parameters by exact name)."""
+    shutil.rmtree(a.out, ignore_errors=True)
+    os.makedirs(a.out)
+    folder = os.path.join(a.out, "universal")
+    run_ds_to_universal(a.tag, folder, inject_missing_state=False)
+    got, steps = read_ds_universal(folder)
+    want = read_ucp_universal(a.ucp)
+    with open(os.path.join(a.ucp, "manifest.json")) as f:
+        want_step = json.load(f).get("step")
+    layers = 1 + max(int(n.split(".")[1]) for n in want if n.startswith("layers."))
+    mm = Mismatches()
+    compare_states(mm, "ds_to_universal vs ucp universal",
+                   {engine_to_canonical(n, layers): s for n, s in got.items()}, want)
+    for name, st in steps.items():
+        if st != want_step:
+            mm.add(f"ds_to_universal {name}/step.pt: {st} != the universal step {want_step}")
+    mm.check(f"DeepSpeed's ds_to_universal on {a.tag} == {a.ucp} ({len(got)} parameters x "
+             f"{len(STATES)} states, step {want_step})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -684,10 +734,14 @@ def main():
     r.add_argument("--mode", choices=("universal", "zero"), required=True)
     r.add_argument("--ucp", help="universal mode: ucp's universal checkpoint the files came from")
     r.add_argument("--zero", type=int, choices=(1, 2), help="ZeRO stage (default: the run's)")
+    u = sub.add_parser("reads-ucp")
+    u.add_argument("--tag", required=True, help="a tag folder ucp wrote with --format deepspeed")
+    u.add_argument("--ucp", required=True, help="the ucp universal checkpoint of the same model")
+    u.add_argument("--out", required=True, help="folder for ds_to_universal's output")
     a = p.parse_args()
     print(f"peer: torch {torch.__version__}, deepspeed {importlib.metadata.version('deepspeed')}")
     {"train": cmd_train, "ds-universal": cmd_ds_universal, "extract": cmd_extract,
-     "fixtures": cmd_fixtures, "resume": cmd_resume}[a.cmd](a)
+     "fixtures": cmd_fixtures, "resume": cmd_resume, "reads-ucp": cmd_reads_ucp}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,12 @@
 #   deepspeed-control Z     the same resumes without ucp: DeepSpeed's own ZeRO files at dp=2, its
 #                           own ds_to_universal output at dp=1 (if these fail, the harness or
 #                           DeepSpeed is at fault, not ucp)
+#   deepspeed-loads-ucp Z   ucp convert --format deepspeed to dp=1 (same ZeRO stage), then of that
+#                           to dp=2 at the other stage, and ucp reshard --format deepspeed of the
+#                           extraction to dp=2: DeepSpeed's plain load_checkpoint loads each and
+#                           continues the run
+#   ds-to-universal-reads-ucp 1  DeepSpeed's ds_to_universal on GPTModelPipe, GPTModel and plain
+#                           checkpoints ucp wrote == ucp's universal source
 #   deepspeed-reads-fixtures  DeepSpeed's ds_to_universal on tests/data/deepspeed == expected.pt
 set -euo pipefail
 test_case=$1 src=$2 bin=$3 work=$4 zero=${5:-}
@@ -51,6 +57,53 @@ case $test_case in
     py resume --work "$run" --load "$run/ckpt" --dp 2 --mode zero
     py ds-universal --work "$run" --out "$out/dsu"
     py resume --work "$run" --load "$out/dsu" --dp 1 --mode universal
+    ;;
+  deepspeed-loads-ucp)
+    out=$run/deepspeed-loads-ucp
+    rm -rf "$out" && mkdir -p "$out"
+    other=$((3 - zero))
+    "$bin/ucp" convert "$(tag)" "$out/dp1" --layout "tp=1,pp=1,dp=1,zero=$zero" --format deepspeed \
+      --model "$src/tests/peer/gpt-peer.json"
+    # From ucp's own DeepSpeed output: its recorded model, naming and client state carry on.
+    "$bin/ucp" convert "$out/dp1" "$out/dp2" --layout "tp=1,pp=1,dp=2,zero=$other" --format deepspeed
+    # From a universal extraction: the client state its JSON kept (scheduler, param groups, ...).
+    "$bin/ucp" extract "$(tag)" "$out/universal" --model "$src/tests/peer/gpt-peer.json"
+    "$bin/ucp" reshard "$out/universal" "$out/from-universal" --layout "tp=1,pp=1,dp=2,zero=$zero" \
+      --format deepspeed
+    status=0  # every load, so one failure does not hide another's result
+    py resume --work "$run" --load "$out/dp1" --dp 1 --mode zero || status=1
+    py resume --work "$run" --load "$out/dp2" --dp 2 --mode zero --zero "$other" || status=1
+    py resume --work "$run" --load "$out/from-universal" --dp 2 --mode zero || status=1
+    exit $status
+    ;;
+  ds-to-universal-reads-ucp)
+    out=$run/ds-to-universal-reads-ucp
+    rm -rf "$out" && mkdir -p "$out"
+    # The trained run's state under Megatron's names, and generated LLaMA / Mixtral checkpoints.
+    peer_model=(--model "$src/tests/peer/gpt-peer.json")
+    "$bin/ucp" extract "$(tag)" "$out/peer.u" "${peer_model[@]}"
+    for m in llama-tiny mixtral-tiny; do
+      "$bin/ucp" generate --model "$m" --layout tp=1,pp=1,dp=1 --seed 5 --out "$out/$m" >/dev/null
+      "$bin/ucp" extract "$out/$m" "$out/$m.u" >/dev/null
+    done
+    status=0
+    convert_and_read() {  # NAME SOURCE UNIVERSAL LAYOUT NAMING OPTIMIZER [--model M]
+      local name=$1 from=$2 uni=$3 layout=$4 naming=$5 optimizer=$6
+      shift 6
+      "$bin/ucp" convert "$from" "$out/$name" --layout "$layout" --format deepspeed \
+        --naming "$naming" --optimizer "$optimizer" "$@"
+      py reads-ucp --tag "$out/$name/$(cat "$out/$name/latest")" --ucp "$uni" \
+        --out "$out/$name.dtu" || status=1
+    }
+    convert_and_read gpt-pipe "$(tag)" "$out/peer.u" tp=2,pp=2,dp=2,zero=1 megatron-pipe zero \
+      "${peer_model[@]}"
+    convert_and_read gpt-model "$(tag)" "$out/peer.u" tp=2,pp=1,dp=2,zero=2 megatron-gpt zero \
+      "${peer_model[@]}"
+    convert_and_read llama-pipe "$out/llama-tiny" "$out/llama-tiny.u" tp=2,pp=2,dp=3,zero=1 \
+      megatron-pipe bf16
+    convert_and_read mixtral-plain "$out/mixtral-tiny" "$out/mixtral-tiny.u" \
+      tp=2,pp=1,dp=2,sp=2,zero=2 plain zero
+    exit $status
     ;;
   deepspeed-reads-fixtures)
     py fixtures --data "$src/tests/data/deepspeed"

@@ -15,6 +15,11 @@ Status RunConvert(const po::variables_map& vm, CommandIo& io) {
                        "--layout");
   const std::string src_path = vm["src"].as<std::string>();
   UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>()));
+  const std::string format = vm["format"].as<std::string>();
+  if (format == "deepspeed") return RunDeepSpeedOutput(vm, io, *setup, *src, l);
+  if (format != "ucp") {
+    return InvalidArgumentError("--format must be ucp or deepspeed, got \"" + format + "\"");
+  }
   if (src->meta().format == api::Format::kUniversal) {
     return InvalidArgumentError("SRC " + src_path + " is " +
                                 std::string(api::FormatName(src->meta().format)) +
@@ -33,13 +38,17 @@ Command MakeConvertCommand() {
       .name = "convert",
       .summary =
           "distributed (ucp or DeepSpeed) checkpoint -> distributed at another layout, "
-          "streaming (no universal copy)",
-      .usage = "SRC DST --layout L [--model M]",
+          "streaming (no universal copy); any checkpoint -> DeepSpeed with --format deepspeed",
+      .usage = "SRC DST --layout L [--model M] [--format ucp|deepspeed]",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
             o.add_options()("src", po::value<std::string>()->required(), "source checkpoint")(
                 "dst", po::value<std::string>()->required(), "output folder (must not exist)")(
-                "layout", po::value<std::string>()->required(), "target layout, tp=4,pp=1,dp=2");
+                "layout", po::value<std::string>()->required(), "target layout, tp=4,pp=1,dp=2")(
+                "format", po::value<std::string>()->default_value("ucp"),
+                "ucp (the per-rank format) or deepspeed (DeepSpeed ZeRO files at the layout, "
+                "from any source)");
+            AddDeepSpeedOutputOptions(o, /*with_model_states_from=*/true);
             AddModelOption(o);
             AddRunOptions(o);
             p.add("src", 1).add("dst", 1);

@@ -30,12 +30,16 @@ Status RunReshard(const po::variables_map& vm, CommandIo& io) {
     io.out << "wrote DeepSpeed universal checkpoint " << dst << "\n";
     return Status::Ok();
   }
-  if (format != "ucp") {
-    return InvalidArgumentError("--format must be ucp or deepspeed-universal, got \"" + format +
-                                "\" (writing DeepSpeed ZeRO checkpoints, --format deepspeed, is "
-                                "not implemented yet)");
+  if (format == "deepspeed") {
+    // A DeepSpeed ZeRO checkpoint at the layout, from any source.
+    UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>()));
+    return RunDeepSpeedOutput(vm, io, *setup, *src, l);
   }
-  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC"));
+  if (format != "ucp") {
+    return InvalidArgumentError("--format must be ucp, deepspeed or deepspeed-universal, got \"" +
+                                format + "\"");
+  }
+  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>()));
   if (src->meta().format != api::Format::kUniversal) {
     return InvalidArgumentError("SRC " + src_path + " is " +
                                 std::string(api::FormatName(src->meta().format)) +
@@ -51,18 +55,23 @@ Status RunReshard(const po::variables_map& vm, CommandIo& io) {
 Command MakeReshardCommand() {
   return {
       .name = "reshard",
-      .summary = "universal checkpoint -> distributed at a layout",
-      .usage = "SRC DST --layout L",
+      .summary =
+          "universal checkpoint -> distributed at a layout (any checkpoint -> DeepSpeed "
+          "with --format deepspeed)",
+      .usage = "SRC DST --layout L [--format ucp|deepspeed|deepspeed-universal]",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
             o.add_options()("src", po::value<std::string>()->required(), "source checkpoint")(
                 "dst", po::value<std::string>()->required(), "output folder (must not exist)")(
                 "layout", po::value<std::string>()->required(), "target layout, tp=4,pp=1,dp=2")(
                 "format", po::value<std::string>()->default_value("ucp"),
-                "ucp (the per-rank format) or deepspeed-universal (zero/<param>/fp32.pt ...)")(
+                "ucp (the per-rank format), deepspeed (DeepSpeed ZeRO files at the layout, "
+                "from any source) or deepspeed-universal (zero/<param>/fp32.pt ...)")(
                 "model-states-from", po::value<std::string>()->default_value(""),
-                "deepspeed-universal: the source DeepSpeed tag folder whose "
-                "mp_rank_*_model_states.pt (args, RNG, scheduler) are carried over");
+                "deepspeed, deepspeed-universal: a DeepSpeed tag folder whose client state "
+                "(args, RNG, scheduler, optimizer hyper-parameters) is carried over");
+            AddDeepSpeedOutputOptions(o, /*with_model_states_from=*/false);
+            AddModelOption(o);
             AddRunOptions(o);
             p.add("src", 1).add("dst", 1);
           },

@@ -10,8 +10,10 @@
 
 #include "ucp-cli/command.h"
 #include "ucp/api/checkpoint.h"
+#include "ucp/api/deepspeed_writer.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/exec/executor.h"
+#include "ucp/layout/layout.h"
 
 namespace ucp::cli {
 
@@ -84,6 +86,38 @@ inline std::string Gib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3f GiB", static_cast<double>(bytes) / (1 << 30));
   return buf;
+}
+
+/// The options of `--format deepspeed` (reshard and convert).
+inline void AddDeepSpeedOutputOptions(po::options_description& opts, bool with_model_states_from) {
+  opts.add_options()("optimizer", po::value<std::string>()->default_value(""),
+                     "--format deepspeed: zero (DeepSpeedZeroOptimizer files) or bf16 "
+                     "(BF16_Optimizer: bf16 at zero=1); default: the source's, else zero")(
+      "naming", po::value<std::string>()->default_value(""),
+      "--format deepspeed: megatron-pipe (GPTModelPipe), megatron-gpt (GPTModel) or plain; "
+      "default: the source's recorded naming, else megatron-pipe")(
+      "tag", po::value<std::string>()->default_value(""),
+      "--format deepspeed: the tag folder (default: the source's, else global_step<iteration>)");
+  if (with_model_states_from) {
+    opts.add_options()("model-states-from", po::value<std::string>()->default_value(""),
+                       "a DeepSpeed tag folder whose client state (args, scheduler, RNG, "
+                       "optimizer hyper-parameters) is carried over");
+  }
+}
+
+/// Runs `--format deepspeed` for reshard and convert.
+inline Status RunDeepSpeedOutput(const po::variables_map& vm, CommandIo& io, RunSetup& setup,
+                                 const api::CheckpointSource& src, const layout::Layout& l) {
+  api::DeepSpeedOutputOptions ds;
+  ds.optimizer = vm["optimizer"].as<std::string>();
+  ds.naming = vm["naming"].as<std::string>();
+  ds.tag = vm["tag"].as<std::string>();
+  ds.model_states_from = vm["model-states-from"].as<std::string>();
+  const std::string dst = vm["dst"].as<std::string>();
+  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats, api::ToDeepSpeed(src, l, dst, setup.options, ds));
+  io.out << "wrote DeepSpeed checkpoint " << dst << " at " << layout::ToString(l) << ": "
+         << stats.targets_written << " tensors, " << Gib(stats.bytes_written) << "\n";
+  return Status::Ok();
 }
 
 }  // namespace ucp::cli

@@ -426,6 +426,7 @@ Result<std::unique_ptr<CheckpointSource>> CheckpointSource::Open(const fs::path&
     meta.optimizer_kind = m.optimizer_kind;
     meta.optimizer_hyper = m.hyper;
     meta.optimizer_states = m.optimizer_states;
+    meta.client_state_json = m.client_state_json;
     return std::unique_ptr<CheckpointSource>(
         new UniversalSource(std::move(reader), std::move(meta)));
   }

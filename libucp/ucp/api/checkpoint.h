@@ -43,8 +43,11 @@ struct CheckpointMeta {
   std::string source_layout;
   std::string source_notes;
   /// A JSON object whose members extraction adds to the universal manifest's client_state next
-  /// to "ucp_model" ({"deepspeed": {"args": ..., ...}}); empty for none.
+  /// to "ucp_model" ({"deepspeed": {"args": ..., ...}}): a DeepSpeed source's, or the client
+  /// state a universal checkpoint recorded; empty for none.
   std::string client_state_json;
+  /// A DeepSpeed source's tag folder, whose files a DeepSpeed writer carries client state from.
+  std::filesystem::path deepspeed_dir;
   /// The plan options that describe what this checkpoint holds.
   convert::PlanOptions plan_options() const;
 };

@@ -77,6 +77,7 @@ Result<std::unique_ptr<CheckpointSource>> OpenDeepSpeedSource(const std::filesys
                       std::string(deepspeed::NamingName(ck.naming())) +
                       " names, hyper-parameters from " + ck.model_origin();
   meta.client_state_json = "{\"deepspeed\":" + ck.client_state_json() + "}";
+  meta.deepspeed_dir = ck.dir();
   return std::unique_ptr<CheckpointSource>(
       new DeepSpeedSource(std::move(tensors), std::move(meta)));
 }

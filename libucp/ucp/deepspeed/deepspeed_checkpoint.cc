@@ -459,10 +459,56 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
       AppendJson(v, js);
     }
   }
-  js += "}";
+  // What a DeepSpeed writer needs to carry the optimizer over: rank 0's clip_grad, loss scaler
+  // (class and attributes), param-group hyper-parameters, and where Adam keeps its step.
+  js += ",\"optimizer_state\":{";
+  bool first = true;
+  auto member = [&](const char* key) -> std::string& {
+    js += std::string(first ? "" : ",") + "\"" + key + "\":";
+    first = false;
+    return js;
+  };
+  for (const char* key : {"clip_grad", "dynamic_loss_scale", "overflow"}) {
+    if (const PyValue* v = osd->Get(key); v != nullptr) AppendJson(v, member(key));
+  }
+  if (const PyValue* scaler = osd->Get("loss_scaler"); ObjectState(scaler) != nullptr) {
+    AppendJsonString(scaler->class_name(), member("loss_scaler") += "{\"class\":");
+    js += ",\"state\":";
+    AppendJson(ObjectState(scaler), js);
+    js += "}";
+  }
+  if (const PyValue* groups = base->Get("param_groups");
+      groups != nullptr && groups->kind() == PyKind::kList) {
+    member("param_groups") += "[";
+    for (size_t g = 0; g < groups->items().size(); ++g) {
+      js += g ? ",{" : "{";
+      bool first_key = true;
+      for (const auto& [k, v] : groups->items()[g]->entries()) {
+        if (k->kind() != PyKind::kStr || k->str() == "params") continue;
+        js += first_key ? "" : ",";
+        first_key = false;
+        AppendJsonString(k->str(), js);
+        js += ":";
+        AppendJson(v, js);
+      }
+      js += "}";
+    }
+    js += "]";
+  }
+  if (const PyValue* st = s0->Get("step"); st != nullptr) {
+    AppendJsonString(st->kind() == PyKind::kTensor ? std::string(DTypeName(st->tensor().dtype))
+                                                   : std::string("int"),
+                     member("step"));
+  } else if (const PyValue* groups = base->Get("param_groups");
+             groups != nullptr && !groups->items().empty() && groups->items()[0]->Get("step")) {
+    AppendJsonString("param_groups", member("step"));
+  }
+  js += "}}";
   ck.client_state_json_ = std::move(js);
 
-  if (options.bind_model) UCP_RETURN_IF_ERROR(ck.BindModel(options, args));
+  if (options.bind_model) {
+    UCP_RETURN_IF_ERROR(ck.BindModel(options, args, root.Get("ucp_model")));
+  }
   return ck;
 }
 

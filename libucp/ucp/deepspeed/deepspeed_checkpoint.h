@@ -47,7 +47,8 @@ struct OpenOptions {
   /// `<data_dir>/gpt.json`). A preset or model file gives the hyper-parameters, checked against
   /// the checkpoint; a family or "" takes them from the Megatron args and the shapes. "" also
   /// recognises the family: the one rule set in data_dir whose parameter templates the
-  /// checkpoint's canonical names are exactly.
+  /// checkpoint's canonical names are exactly. With "", a checkpoint that records its model
+  /// (the client key `ucp_model` ucp's DeepSpeed writer saves) is bound to that, as a preset.
   std::string model;
   /// The folder holding the rule sets and models/; "" is env UCP_DATA_DIR + "/patterns" when
   /// set, else the source tree's patterns/ (as `ucp plan --data-dir`).
@@ -119,7 +120,8 @@ class DeepSpeedCheckpoint {
   static std::string LayerFile(int64_t layer_index, int tp_rank);
 
  private:
-  Status BindModel(const OpenOptions& options, const torch::PyValue* args);
+  Status BindModel(const OpenOptions& options, const torch::PyValue* args,
+                   const torch::PyValue* ucp_model);
 
   std::filesystem::path dir_;
   int tp_ = 1, pp_ = 1, dp_ = 1, sp_ = 1;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -101,6 +102,19 @@ TEST_P(LayoutTest, OpenReportsTopologyAndModel) {
                                    ",zero=" + (std::string(c.optimizer) == "zero2" ? "2" : "1"));
   EXPECT_THAT(ck.client_state_json(),
               HasSubstr("\"naming\":\"" + std::string(NamingName(c.naming)) + "\""));
+  // What a DeepSpeed writer carries of the optimizer: its groups' hyper-parameters, the form of
+  // Adam's step, and for DeepSpeedZeroOptimizer the loss scaler by class and attributes.
+  const nlohmann::json client = nlohmann::json::parse(ck.client_state_json());
+  const nlohmann::json& opt = client.at("optimizer_state");
+  EXPECT_FALSE(opt.at("param_groups").empty());
+  EXPECT_FALSE(opt.at("param_groups")[0].contains("params"));
+  EXPECT_TRUE(opt.at("param_groups")[0].contains("lr"));
+  EXPECT_TRUE(opt.contains("step")) << opt.dump();
+  if (std::string(c.optimizer) != "bf16_optimizer") {
+    EXPECT_THAT(opt.at("loss_scaler").at("class").get<std::string>(),
+                HasSubstr("deepspeed.runtime.fp16.loss_scaler."));
+    EXPECT_TRUE(opt.at("loss_scaler").at("state").contains("cur_scale"));
+  }
   EXPECT_TRUE(LooksLikeDeepSpeedCheckpoint(DataDir() / c.name));
   EXPECT_TRUE(LooksLikeDeepSpeedCheckpoint(ck.dir()));
 }

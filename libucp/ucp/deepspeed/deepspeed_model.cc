@@ -221,7 +221,8 @@ std::string HyperText(const std::map<std::string, int64_t>& hyper) {
 
 }  // namespace
 
-Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue* args) {
+Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue* args,
+                                      const PyValue* ucp_model) {
   const fs::path data_dir = RuleSetDir(options.data_dir);
   const std::string where = dir_.string();
   // 1. The family: named by --model (a family, or the preset's / model file's), else the one
@@ -240,16 +241,39 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
       family = preset->family;
     }
   }
+  // A checkpoint ucp wrote records its model (client key ucp_model): it is the preset then.
+  std::string label = options.model;
+  bool recorded = false;
+  if (options.model.empty() && ucp_model != nullptr && !ucp_model->is_none()) {
+    const std::string file = ModelStatesFile(0, 0);
+    const PyValue* name = ucp_model->Get("name");
+    const PyValue* fam = ucp_model->Get("family");
+    const PyValue* hyper = ucp_model->Get("hyper");
+    if (name == nullptr || name->kind() != PyKind::kStr || fam == nullptr ||
+        fam->kind() != PyKind::kStr || hyper == nullptr || hyper->kind() != PyKind::kDict) {
+      return DataLossError(file + ": ucp_model is not {name, family, hyper}");
+    }
+    patterns::ModelSpec spec;
+    spec.name = name->str();
+    spec.family = fam->str();
+    for (const auto& [k, v] : hyper->entries()) {
+      if (k->kind() != PyKind::kStr)
+        return DataLossError(file + ": ucp_model.hyper has a non-str key");
+      UCP_ASSIGN_OR_RETURN(spec.hyper[k->str()], AsInt(v, file + ": ucp_model.hyper." + k->str()));
+    }
+    family = spec.family;
+    label = spec.name;
+    preset = std::move(spec);
+    recorded = true;
+  }
   patterns::RuleSet rules;
   Fit fit;
   if (!family.empty()) {
-    UCP_ASSIGN_OR_RETURN(rules, patterns::LoadRuleSet(data_dir, family),
-                         "model " + Q(options.model));
+    UCP_ASSIGN_OR_RETURN(rules, patterns::LoadRuleSet(data_dir, family), "model " + Q(label));
     UCP_ASSIGN_OR_RETURN(fit, FitFamily(rules, params_));
     if (!fit.problem.empty()) {
       return FailedPreconditionError(where + ": the checkpoint is not a model of family " +
-                                     Q(family) + " (model " + Q(options.model) +
-                                     "): " + fit.problem);
+                                     Q(family) + " (model " + Q(label) + "): " + fit.problem);
     }
   } else {
     std::vector<std::string> families;
@@ -316,7 +340,9 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
   if (original_vocab_ > 0) from_args["vocab"] = original_vocab_;
   std::map<std::string, int64_t> hyper;
   if (preset) {
-    model_origin_ = (options.model.ends_with(".json") ? "model file " : "preset ") + options.model;
+    model_origin_ =
+        recorded ? "the ucp_model it records"
+                 : (options.model.ends_with(".json") ? "model file " : "preset ") + options.model;
     hyper = preset->hyper;
     auto check = [&](const std::map<std::string, int64_t>& have, const std::string& source) {
       for (const auto& [k, v] : have) {
@@ -324,7 +350,7 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
         auto it = hyper.find(k);
         const int64_t mine = it == hyper.end() ? 0 : it->second;
         if (mine != v) {
-          return FailedPreconditionError(where + ": model " + Q(options.model) + " has " + k + "=" +
+          return FailedPreconditionError(where + ": model " + Q(label) + " has " + k + "=" +
                                          std::to_string(mine) + " but the checkpoint's " + source +
                                          " give " + std::to_string(v));
         }

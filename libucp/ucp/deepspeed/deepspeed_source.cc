@@ -10,6 +10,7 @@
 
 #include "ucp/base/status_macros.h"
 #include "ucp/deepspeed/pickle_values.h"
+#include "ucp/io/raw_file.h"
 
 namespace ucp::deepspeed {
 
@@ -56,6 +57,11 @@ DeepSpeedTensorSource::~DeepSpeedTensorSource() = default;
 Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
     const DeepSpeedCheckpoint& ck) {
   std::unique_ptr<DeepSpeedTensorSource> src(new DeepSpeedTensorSource());
+  // Every optimizer file and every file holding weights stays open for reads: pp * tp * dp * sp
+  // optimizer files, pp * tp model-state files and at most a layer file per spec and tp rank.
+  UCP_RETURN_IF_ERROR(io::EnsureOpenFileLimit(int64_t{ck.pp()} * ck.tp() * (ck.dp_sp() + 1) +
+                                              (ck.model().num_layers + 4) * ck.tp()),
+                      ck.dir().string());
   const layout::Layout view = ck.view();
   UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors, convert::DescribeLayout(ck.model(), view),
                        ck.dir().string() + ": the ucp view " + layout::ToString(view));

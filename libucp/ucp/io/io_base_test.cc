@@ -1,14 +1,19 @@
 // Tests of atomic files and folders, safe names and checksums.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
 #include "ucp/io/atomic_file.h"
 #include "ucp/io/checksum.h"
+#include "ucp/io/raw_file.h"
 #include "ucp/io/safe_name.h"
 
 namespace ucp::io {
@@ -127,6 +132,31 @@ TEST(AtomicFile, TempSiblingAndNoReplaceRename) {
   EXPECT_THAT(MakeTempSiblingDir(dir / "no" / "ckpt"),
               StatusIs(StatusCode::kNotFound, HasSubstr("parent folder")));
   EXPECT_FALSE(IsTempName("ckpt"));
+}
+
+// The soft open-file limit is raised as far as the hard limit allows, the raised limit really
+// lets that many files open, and a need beyond the hard limit is refused with the numbers.
+TEST(OpenFileLimit, RaisesTheSoftLimitUpToTheHardOne) {
+  struct rlimit before {};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  if (before.rlim_max == RLIM_INFINITY || before.rlim_max < 600) GTEST_SKIP() << "hard limit";
+  struct rlimit low = before;
+  low.rlim_cur = 256;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  UCP_ASSERT_OK(io::EnsureOpenFileLimit(400));
+  struct rlimit now {};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &now), 0);
+  EXPECT_GE(now.rlim_cur, 400u);
+  std::vector<int> fds;
+  for (int i = 0; i < 400; ++i) {
+    const int fd = ::open("/dev/null", O_RDONLY);
+    ASSERT_GE(fd, 0) << "open " << i;
+    fds.push_back(fd);
+  }
+  for (int fd : fds) ::close(fd);
+  EXPECT_THAT(io::EnsureOpenFileLimit(static_cast<int64_t>(before.rlim_max) + 1),
+              StatusIs(StatusCode::kResourceExhausted, HasSubstr("raise ulimit -n")));
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
 }
 
 }  // namespace

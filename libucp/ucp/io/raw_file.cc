@@ -1,7 +1,9 @@
 // RawFile over open(2), pread(2), pwrite(2), fsync(2).
 #include "ucp/io/raw_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -149,6 +151,43 @@ Result<std::shared_ptr<const RawFile>> RawFileCache::Get(const fs::path& path) {
     lru_.pop_back();
   }
   return file;
+}
+
+namespace {
+
+// The descriptors this process holds now (/proc/self/fd, less the one that lists it).
+int64_t OpenFileCount() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 64;  // no /proc: a margin for what a process usually holds
+  int64_t n = 0;
+  while (::readdir(d) != nullptr) ++n;
+  ::closedir(d);
+  return n - 3;  // ".", ".." and the directory's own descriptor
+}
+
+}  // namespace
+
+Status EnsureOpenFileLimit(int64_t needed) {
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    return ErrnoError("cannot read the open-file limit", errno);
+  }
+  // A margin for what the executor, the readers and the libraries open meanwhile.
+  const int64_t want = OpenFileCount() + needed + 64;
+  if (lim.rlim_cur != RLIM_INFINITY && static_cast<int64_t>(lim.rlim_cur) >= want) {
+    return Status::Ok();
+  }
+  if (lim.rlim_cur == RLIM_INFINITY) return Status::Ok();
+  if (lim.rlim_max != RLIM_INFINITY && static_cast<int64_t>(lim.rlim_max) < want) {
+    return ResourceExhaustedError("writing needs " + std::to_string(want) +
+                                  " open files but the hard limit is " +
+                                  std::to_string(lim.rlim_max) + "; raise ulimit -n");
+  }
+  lim.rlim_cur = static_cast<rlim_t>(want);
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    return ErrnoError("cannot raise the open-file limit to " + std::to_string(want), errno);
+  }
+  return Status::Ok();
 }
 
 }  // namespace ucp::io

@@ -81,4 +81,12 @@ class RawFileCache {
   std::unordered_map<std::string, std::list<Entry>::iterator> index_;
 };
 
+/// Makes sure this process may hold `needed` more open files than it holds now: raises the soft
+/// RLIMIT_NOFILE (up to the hard limit) when it is too low. Writers that keep every output file
+/// of a checkpoint open while slices stream in (the DeepSpeed writer: one optimizer file per
+/// data-parallel rank per model rank) call it before opening them.
+/// Errors: kResourceExhausted naming both numbers when even the hard limit is too low ("raise
+/// ulimit -n"); kIoError when the limit cannot be read or set.
+Status EnsureOpenFileLimit(int64_t needed);
+
 }  // namespace ucp::io

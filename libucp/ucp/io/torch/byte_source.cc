@@ -135,4 +135,47 @@ uint32_t Crc32(std::span<const std::byte> bytes, uint32_t crc) {
   return ~c;
 }
 
+namespace {
+
+// Polynomials over GF(2) in the reflected bit order of the CRC (bit 31 is x^0): a * b mod P.
+uint32_t MultModP(uint32_t a, uint32_t b) {
+  uint32_t m = uint32_t{1} << 31;
+  uint32_t p = 0;
+  for (;;) {
+    if ((a & m) != 0) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) != 0 ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+  }
+  return p;
+}
+
+// x^(2^k) mod P for k = 0..63 (k = 3 is one byte's shift).
+constexpr size_t kX2nSize = 64;
+const std::array<uint32_t, kX2nSize>& X2nTable() {
+  static const std::array<uint32_t, kX2nSize> table = [] {
+    std::array<uint32_t, kX2nSize> t{};
+    uint32_t p = uint32_t{1} << 30;  // x^1
+    t[0] = p;
+    for (size_t k = 1; k < kX2nSize; ++k) t[k] = p = MultModP(p, p);
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, int64_t len_b) {
+  // Appending len_b bytes multiplies A's remainder by x^(8 len_b); the pre- and post-conditioning
+  // (~) of the two CRCs cancel in the xor, as they do in zlib's crc32_combine.
+  uint32_t shift = uint32_t{1} << 31;  // x^0
+  const auto& table = X2nTable();
+  for (size_t k = 3; len_b > 0; len_b >>= 1, ++k) {
+    if ((len_b & 1) != 0) shift = MultModP(table[k % kX2nSize], shift);
+  }
+  return MultModP(shift, crc_a) ^ crc_b;
+}
+
 }  // namespace ucp::torch

@@ -51,5 +51,10 @@ class ByteSource {
 uint32_t Crc32(std::span<const std::byte> bytes, uint32_t crc = 0);
 /// The byte-at-a-time reference Crc32 is tested against.
 uint32_t Crc32Reference(std::span<const std::byte> bytes, uint32_t crc = 0);
+/// The CRC-32 of A followed by B from crc_a = Crc32(A), crc_b = Crc32(B) and len_b = |B| in
+/// bytes, without B's bytes: writers that receive a record's bytes out of order (from many
+/// threads) checksum each piece as it passes and combine the pieces in offset order at the end.
+/// O(log len_b) multiplications in GF(2)[x] modulo the CRC polynomial.
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, int64_t len_b);
 
 }  // namespace ucp::torch

@@ -268,6 +268,40 @@ TEST(Crc32, SlicedEqualsReference) {
   EXPECT_EQ(Crc32(all.subspan(100), Crc32(all.first(100))), Crc32(all));
 }
 
+// Combining the CRCs of two pieces equals the CRC of their concatenation, for every split of a
+// buffer (including empty pieces), and over many pieces in order, as the streamed writers use it.
+TEST(Crc32, CombineEqualsCrcOfConcatenation) {
+  std::vector<std::byte> buf(1000);
+  uint32_t x = 777;
+  for (std::byte& b : buf) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  const auto all = std::span<const std::byte>(buf);
+  for (size_t split = 0; split <= all.size(); split += 7) {
+    const auto a = all.first(split), b = all.subspan(split);
+    ASSERT_EQ(Crc32Combine(Crc32(a), Crc32(b), static_cast<int64_t>(b.size())), Crc32(all))
+        << "split at " << split;
+  }
+  uint32_t crc = 0;
+  for (size_t at = 0; at < all.size(); at += 37) {
+    const auto piece = all.subspan(at, std::min<size_t>(37, all.size() - at));
+    crc = Crc32Combine(crc, Crc32(piece), static_cast<int64_t>(piece.size()));
+  }
+  EXPECT_EQ(crc, Crc32(all));
+  // Long runs: the CRC of 2^k zero bytes by repeated doubling (a run combined with itself)
+  // equals the direct CRC at 4 KiB, and two doubling chains that start at different lengths
+  // agree at 1 TiB, where the large powers x^(2^k) of the combine are used.
+  const std::vector<std::byte> zeros(4096, std::byte{0});
+  auto doubled = [](uint32_t run, int64_t len, int64_t to) {
+    for (; len < to; len *= 2) run = Crc32Combine(run, run, len);
+    return run;
+  };
+  const uint32_t one_zero = Crc32(std::span<const std::byte>(zeros).first(1));
+  EXPECT_EQ(doubled(one_zero, 1, 4096), Crc32(zeros));
+  EXPECT_EQ(doubled(one_zero, 1, int64_t{1} << 40), doubled(Crc32(zeros), 4096, int64_t{1} << 40));
+}
+
 TEST(TorchFileFixtures, MissingFileIsNotFound) {
   EXPECT_THAT(TorchFile::Open(FixtureDir() + "/no_such.pt"),
               StatusIs(StatusCode::kNotFound, HasSubstr("no_such.pt")));

@@ -1,6 +1,9 @@
 // TorchWriter: storage keys in pickle order, then the records of the minimal writer recipe.
 #include "ucp/io/torch/torch_writer.h"
 
+#include <limits>
+
+#include "ucp/base/checked_math.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/io/torch/pickler.h"
 #include "ucp/io/torch/unpickler.h"
@@ -119,38 +122,112 @@ Result<const PyValue*> TorchWriter::Copy(const TorchFile& file, const PyValue& v
   return out;
 }
 
-Status TorchWriter::Write(const std::filesystem::path& path, const PyValue& root) {
+Result<DeferredTensor> TorchWriter::AddDeferredTensor(DType dtype, const Shape& shape,
+                                                      int64_t storage_numel, bool requires_grad) {
+  UCP_ASSIGN_OR_RETURN(int64_t numel, CheckedProduct(shape, "deferred tensor shape"));
+  const int64_t item = DTypeSizeBytes(dtype);
+  if (storage_numel < numel || storage_numel > std::numeric_limits<int64_t>::max() / item) {
+    return InvalidArgumentError("deferred tensor of " + std::to_string(numel) +
+                                " elements cannot view a storage of " +
+                                std::to_string(storage_numel) + " elements");
+  }
+  TensorRef t;
+  t.dtype = dtype;
+  t.size = shape;
+  t.stride = ContiguousStrides(shape);
+  t.requires_grad = requires_grad;
+  t.storage.dtype =
+      StorageClassForDType(dtype).empty() ? std::nullopt : std::optional<DType>(dtype);
+  t.storage.location = "cpu";
+  t.storage.num_bytes = storage_numel * item;
+  t.storage.numel = t.storage.dtype ? storage_numel : t.storage.num_bytes;
+  const PyValue* node = arena_.Tensor(std::move(t));
+  const int32_t id = num_deferred_++;
+  deferred_.emplace(node, Deferred{id, storage_numel * item});
+  return DeferredTensor{node, id};
+}
+
+Status TorchWriter::Lay(const std::filesystem::path& path, const PyValue& root, bool allow_deferred,
+                        std::optional<ZipWriter>& zip, std::vector<int32_t>& record_of) {
   const std::string& prefix = options_.archive_name;
   if (prefix.empty() || prefix.find('/') != std::string::npos || prefix == "..") {
     return InvalidArgumentError("torch archive name '" + prefix + "' must be one path component");
   }
-  std::vector<std::pair<std::string, ConstTensorView>> records;
+  struct Record {
+    std::string key;
+    const ConstTensorView* view = nullptr;  // eager
+    const Deferred* deferred = nullptr;
+  };
+  std::vector<Record> records;
   std::unordered_map<const PyValue*, std::string> keys;
   StorageAssigner assign = [&](const PyValue& tensor) -> Result<StorageRef> {
-    auto it = views_.find(&tensor);
-    if (it == views_.end()) {
+    Record r;
+    if (auto it = views_.find(&tensor); it != views_.end()) {
+      r.view = &it->second;
+    } else if (auto d = deferred_.find(&tensor); d != deferred_.end()) {
+      if (!allow_deferred) {
+        return InvalidArgumentError("a deferred tensor can only be written by WriteStreamed");
+      }
+      r.deferred = &d->second;
+    } else {
       return InvalidArgumentError("tensor of storage '" + tensor.tensor().storage.key +
                                   "' was not added with this writer's AddTensor, so its bytes " +
                                   "are unknown; read it and add it");
     }
     StorageRef s = tensor.tensor().storage;
     auto [k, fresh] = keys.try_emplace(&tensor, std::to_string(records.size()));
-    if (fresh) records.emplace_back(k->second, it->second);
+    if (fresh) {
+      r.key = k->second;
+      records.push_back(r);
+    }
     s.key = k->second;
     return s;
   };
   UCP_ASSIGN_OR_RETURN(std::string pickle, PickleValue(root, assign),
                        "while pickling for " + path.string());
-  UCP_ASSIGN_OR_RETURN(ZipWriter zip, ZipWriter::Create(path, options_.zip));
-  UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/data.pkl", pickle));
-  UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/byteorder", "little"));
-  for (const auto& [key, view] : records) {
-    std::span<const std::byte> piece = view.bytes;
-    UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/data/" + key,
-                                      std::span<const std::span<const std::byte>>(&piece, 1)));
+  UCP_ASSIGN_OR_RETURN(ZipWriter z, ZipWriter::Create(path, options_.zip));
+  zip.emplace(std::move(z));
+  UCP_RETURN_IF_ERROR(zip->AddRecord(prefix + "/data.pkl", pickle));
+  UCP_RETURN_IF_ERROR(zip->AddRecord(prefix + "/byteorder", "little"));
+  record_of.assign(static_cast<size_t>(num_deferred_), -1);
+  for (const Record& r : records) {
+    const std::string name = prefix + "/data/" + r.key;
+    if (r.view != nullptr) {
+      std::span<const std::byte> piece = r.view->bytes;
+      UCP_RETURN_IF_ERROR(
+          zip->AddRecord(name, std::span<const std::span<const std::byte>>(&piece, 1)));
+    } else {
+      UCP_ASSIGN_OR_RETURN(record_of[static_cast<size_t>(r.deferred->id)],
+                           zip->ReserveRecord(name, static_cast<uint64_t>(r.deferred->num_bytes)));
+    }
   }
-  UCP_RETURN_IF_ERROR(zip.AddRecord(prefix + "/version", "3\n"));
-  return zip.Finish();
+  return zip->AddRecord(prefix + "/version", "3\n");
+}
+
+Status TorchWriter::Write(const std::filesystem::path& path, const PyValue& root) {
+  std::optional<ZipWriter> zip;
+  std::vector<int32_t> record_of;
+  UCP_RETURN_IF_ERROR(Lay(path, root, /*allow_deferred=*/false, zip, record_of));
+  return zip->Finish();
+}
+
+Result<StreamedTorchFile> TorchWriter::WriteStreamed(const std::filesystem::path& path,
+                                                     const PyValue& root) {
+  std::optional<ZipWriter> zip;
+  std::vector<int32_t> record_of;
+  UCP_RETURN_IF_ERROR(Lay(path, root, /*allow_deferred=*/true, zip, record_of));
+  return StreamedTorchFile(std::move(*zip), path, std::move(record_of));
+}
+
+Status StreamedTorchFile::WriteStorage(int32_t id, int64_t byte_offset,
+                                       std::span<const std::byte> data) {
+  if (id < 0 || static_cast<size_t>(id) >= record_of_.size() ||
+      record_of_[static_cast<size_t>(id)] < 0 || byte_offset < 0) {
+    return InvalidArgumentError(path_.string() + ": deferred tensor " + std::to_string(id) +
+                                " is not in the file");
+  }
+  return zip_.WriteReserved(record_of_[static_cast<size_t>(id)], static_cast<uint64_t>(byte_offset),
+                            data);
 }
 
 }  // namespace ucp::torch

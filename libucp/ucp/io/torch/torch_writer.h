@@ -1,10 +1,13 @@
 // TorchWriter: builds a Python value (dicts, lists, tuples, scalars, tensors, OrderedDict,
 // torch.Size, dtype globals, inert objects carried over from a read) and writes it as a zip-format
-// torch.save file that real torch.load reads. Tensor bytes are streamed from the caller's memory.
+// torch.save file that real torch.load reads. Tensor bytes are streamed from the caller's memory,
+// or, for deferred tensors, written into the laid-out file later (StreamedTorchFile).
 #pragma once
 
 #include <deque>
 #include <filesystem>
+#include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -21,6 +24,43 @@ struct TorchWriteOptions {
   /// The record prefix ("archive/" is what torch.save uses for a buffer).
   std::string archive_name = "archive";
   ZipWriteOptions zip;
+};
+
+/// A torch.save file laid out by TorchWriter::WriteStreamed whose deferred storages are still
+/// being written: the pickle, the eager tensors and every record header are on disk, and each
+/// deferred storage is a reserved zip record (zip_writer.h).
+class StreamedTorchFile {
+ public:
+  StreamedTorchFile(StreamedTorchFile&&) noexcept = default;
+  StreamedTorchFile& operator=(StreamedTorchFile&&) = delete;
+  StreamedTorchFile(const StreamedTorchFile&) = delete;
+
+  /// Writes bytes [byte_offset, byte_offset + data.size()) of deferred tensor `id`'s storage.
+  /// Thread-safe; ranges of one storage must not overlap.
+  /// Errors: kInvalidArgument (an id the pickle does not reference, a range outside the
+  /// storage); kIoError.
+  Status WriteStorage(int32_t id, int64_t byte_offset, std::span<const std::byte> data);
+
+  /// Completes the file (zip directory, CRC-32s of the deferred storages) and renames it into
+  /// place. Errors: as ZipWriter::Finish (kInternal when a storage is not written exactly once).
+  Status Finish() { return zip_.Finish(); }
+
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  friend class TorchWriter;
+  StreamedTorchFile(ZipWriter zip, std::filesystem::path path, std::vector<int32_t> record_of)
+      : zip_(std::move(zip)), path_(std::move(path)), record_of_(std::move(record_of)) {}
+  ZipWriter zip_;
+  std::filesystem::path path_;
+  std::vector<int32_t> record_of_;  // per deferred id: the reserved zip record, or -1
+};
+
+/// A tensor node whose storage bytes are written later; `id` names it to
+/// StreamedTorchFile::WriteStorage.
+struct DeferredTensor {
+  const PyValue* node = nullptr;
+  int32_t id = -1;
 };
 
 class TorchWriter {
@@ -43,6 +83,13 @@ class TorchWriter {
   Result<const PyValue*> AddOwnedTensor(Tensor tensor, bool requires_grad = false,
                                         bool is_parameter = false);
 
+  /// A tensor of `dtype` and `shape` whose bytes are not known yet: a contiguous view of the
+  /// first elements of a storage of `storage_numel` elements (at least the shape's; DeepSpeed
+  /// saves trimmed views of padded partitions). Only WriteStreamed can write it.
+  /// Errors: kInvalidArgument (storage_numel smaller than the shape, or a size that overflows).
+  Result<DeferredTensor> AddDeferredTensor(DType dtype, const Shape& shape, int64_t storage_numel,
+                                           bool requires_grad = false);
+
   /// Copies `value`, read from `file`, into this writer's arena: containers are copied (shared
   /// nodes stay shared), each tensor is read from `file` (contiguous now; views of one storage
   /// become separate storages) and owned by the writer, scalars, globals and inert objects are
@@ -57,13 +104,28 @@ class TorchWriter {
   /// pickler refuses, an archive name with '/'); kIoError.
   Status Write(const std::filesystem::path& path, const PyValue& root);
 
+  /// As Write, but for a value with deferred tensors: lays the file out (every record header,
+  /// the pickle and the eager tensors are written, each deferred storage gets room in its zip
+  /// record) and returns it open, for the storages to be written and the file finished.
+  /// Errors: as Write.
+  Result<StreamedTorchFile> WriteStreamed(const std::filesystem::path& path, const PyValue& root);
+
  private:
   TorchWriteOptions options_;
   PyArena arena_;
   Result<const PyValue*> Copy(const TorchFile& file, const PyValue& v, int depth,
                               std::unordered_map<const PyValue*, const PyValue*>& done);
 
+  struct Deferred {
+    int32_t id = -1;
+    int64_t num_bytes = 0;
+  };
+  Status Lay(const std::filesystem::path& path, const PyValue& root, bool allow_deferred,
+             std::optional<ZipWriter>& zip, std::vector<int32_t>& record_of);
+
   std::unordered_map<const PyValue*, ConstTensorView> views_;
+  std::unordered_map<const PyValue*, Deferred> deferred_;
+  int32_t num_deferred_ = 0;
   std::deque<Tensor> owned_;
 };
 

@@ -5,12 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
 
 #include "tests/testutil/gen.h"
 #include "tests/testutil/status_matchers.h"
@@ -293,6 +296,173 @@ TEST(TorchWriter, RefusesBadViewsAndNames) {
   ucp::testing::TempDir dir;
   EXPECT_THAT(w2.Write(dir / "x.pt", *w2.arena().None()),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("one path component")));
+}
+
+// A streamed file: deferred storages written in shuffled pieces from several threads, next to an
+// eager tensor. `trimmed` views the first 1000 elements of a 1024-element storage, as DeepSpeed
+// saves a padded partition without its padding.
+struct Streamed {
+  std::vector<Tensor> data;  // the bytes each deferred storage must hold (whole storage)
+  std::vector<DeferredTensor> deferred;
+  Tensor eager;
+  json expect;
+  const PyValue* root = nullptr;
+};
+
+Streamed BuildStreamed(TorchWriter& w, uint64_t seed) {
+  Streamed s;
+  PyArena& a = w.arena();
+  ucp::testing::Gen gen(seed);
+  PyValue* root = a.Dict(true);
+  s.root = root;
+  struct Spec {
+    const char* key;
+    DType dtype;
+    Shape shape;
+    int64_t storage;
+  };
+  const Spec specs[] = {{"trimmed", DType::kFp32, {1000}, 1024},
+                        {"weight", DType::kBf16, {37, 5}, 185},
+                        {"empty", DType::kFp32, {0}, 0}};
+  json tensors = json::array();
+  for (const Spec& spec : specs) {
+    s.data.push_back(gen.RandomTensor(spec.dtype, {spec.storage}));
+    s.deferred.push_back(*w.AddDeferredTensor(spec.dtype, spec.shape, spec.storage,
+                                              /*requires_grad=*/spec.dtype == DType::kFp32));
+    root->SetItem(a.Str(spec.key), s.deferred.back().node);
+    const Tensor& t = s.data.back();
+    const int64_t view_bytes = NumElementsOrDie(spec.shape) * DTypeSizeBytes(spec.dtype);
+    tensors.push_back({{"path", {spec.key}},
+                       {"dtype", std::string(DTypeTorchName(spec.dtype))},
+                       {"shape", spec.shape},
+                       {"requires_grad", spec.dtype == DType::kFp32},
+                       {"is_parameter", false},
+                       {"hex", Hex(std::span<const std::byte>(t.data(), view_bytes))}});
+  }
+  s.eager = gen.RandomTensor(DType::kFp32, {});
+  root->SetItem(a.Str("step"), *w.AddTensor(s.eager.view()));
+  tensors.push_back({{"path", {"step"}},
+                     {"dtype", "float32"},
+                     {"shape", json::array()},
+                     {"requires_grad", false},
+                     {"is_parameter", false},
+                     {"hex", Hex(std::span<const std::byte>(s.eager.data(), 4))}});
+  s.expect = {
+      {"tensors", tensors},
+      {"keys", {{{"path", json::array()}, {"keys", {"trimmed", "weight", "empty", "step"}}}}}};
+  return s;
+}
+
+// Writes every deferred storage in pieces of 1..97 bytes, shuffled, from 4 threads.
+void WritePieces(StreamedTorchFile& f, const Streamed& s, uint64_t seed) {
+  struct Piece {
+    int32_t id;
+    int64_t offset, size;
+  };
+  std::vector<Piece> pieces;
+  ucp::testing::Gen gen(seed);
+  for (size_t k = 0; k < s.deferred.size(); ++k) {
+    const int64_t n = s.data[k].num_bytes();
+    for (int64_t at = 0; at < n;) {
+      const int64_t len = std::min<int64_t>(gen.Int(1, 97), n - at);
+      pieces.push_back({s.deferred[k].id, at, len});
+      at += len;
+    }
+  }
+  std::shuffle(pieces.begin(), pieces.end(), gen.rng());
+  std::vector<std::thread> threads;
+  std::vector<Status> status(4);
+  for (size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = t; i < pieces.size(); i += 4) {
+        const Piece& p = pieces[i];
+        const Tensor& data = s.data[static_cast<size_t>(p.id)];
+        Status st =
+            f.WriteStorage(p.id, p.offset, {data.data() + p.offset, static_cast<size_t>(p.size)});
+        if (!st.ok() && status[t].ok()) status[t] = st;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& st : status) UCP_EXPECT_OK(st);
+}
+
+TEST(TorchWriter, StreamedFilesReadBackAndLoadInTorch) {
+  ucp::testing::TempDir dir;
+  std::vector<std::unique_ptr<TorchWriter>> writers;
+  for (bool zip64 : {false, true}) {
+    SCOPED_TRACE(zip64);
+    TorchWriteOptions opts;
+    opts.zip.force_zip64 = zip64;
+    opts.zip.sync = false;
+    writers.push_back(std::make_unique<TorchWriter>(opts));
+    Streamed s = BuildStreamed(*writers.back(), 31);
+    const std::string name = zip64 ? "streamed_zip64.pt" : "streamed.pt";
+    UCP_ASSERT_OK_AND_ASSIGN(StreamedTorchFile f,
+                             writers.back()->WriteStreamed(dir / name, *s.root));
+    EXPECT_FALSE(std::filesystem::exists(dir / name));  // invisible until finished
+    WritePieces(f, s, 5);
+    UCP_ASSERT_OK(f.Finish());
+    UCP_ASSERT_OK_AND_ASSIGN(TorchFile back, TorchFile::Open(dir / name));
+    for (const StorageRecord& r : back.storages()) {
+      UCP_EXPECT_OK(back.VerifyStorageCrc32(r));
+      EXPECT_EQ(r.data_offset % 64, 0) << r.key;
+    }
+    for (const json& t : s.expect["tensors"]) {
+      const PyValue* v = back.root().Get(t["path"][0].get<std::string>());
+      ASSERT_NE(v, nullptr);
+      UCP_ASSERT_OK_AND_ASSIGN(Tensor data, back.ReadTensor(v->tensor()));
+      EXPECT_EQ(Hex(std::span<const std::byte>(data.data(), data.num_bytes())),
+                t["hex"].get<std::string>());
+    }
+    // The trimmed view keeps its whole storage, padding included, as DeepSpeed's does.
+    EXPECT_EQ(back.root().Get("trimmed")->tensor().storage.numel, 1024);
+    json e = s.expect;
+    e["file"] = name;
+    WriteJson(dir / (name + ".expect.json"), e);
+  }
+  ExpectTorchLoads(dir.path());
+}
+
+TEST(TorchWriter, StreamedFileRefusesGapsOverlapsAndStrayWrites) {
+  ucp::testing::TempDir dir;
+  for (const char* fault : {"gap", "overlap", "outside"}) {
+    SCOPED_TRACE(fault);
+    TorchWriter w;
+    Streamed s = BuildStreamed(w, 3);
+    UCP_ASSERT_OK_AND_ASSIGN(StreamedTorchFile f, w.WriteStreamed(dir / "x.pt", *s.root));
+    const Tensor& t = s.data[0];
+    const auto bytes = std::span<const std::byte>(t.data(), t.num_bytes());
+    for (size_t k = 1; k < s.deferred.size(); ++k) {
+      UCP_ASSERT_OK(f.WriteStorage(s.deferred[k].id, 0,
+                                   {s.data[k].data(), static_cast<size_t>(s.data[k].num_bytes())}));
+    }
+    if (std::string(fault) == "gap") {
+      UCP_ASSERT_OK(f.WriteStorage(0, 0, bytes.first(100)));
+      UCP_ASSERT_OK(f.WriteStorage(0, 104, bytes.subspan(104)));
+      EXPECT_THAT(f.Finish(),
+                  StatusIs(StatusCode::kInternal, HasSubstr("no bytes written at 100")));
+    } else if (std::string(fault) == "overlap") {
+      UCP_ASSERT_OK(f.WriteStorage(0, 0, bytes.first(100)));
+      UCP_ASSERT_OK(f.WriteStorage(0, 96, bytes.subspan(96)));
+      EXPECT_THAT(f.Finish(),
+                  StatusIs(StatusCode::kInternal, HasSubstr("bytes written twice at 96")));
+    } else {
+      EXPECT_THAT(f.WriteStorage(0, 4090, bytes.first(10)),
+                  StatusIs(StatusCode::kInvalidArgument, HasSubstr("outside record")));
+      EXPECT_THAT(f.WriteStorage(7, 0, bytes.first(10)),
+                  StatusIs(StatusCode::kInvalidArgument, HasSubstr("not in the file")));
+    }
+  }
+  // Nothing is left behind: no file, no temporary sibling.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  // Deferred tensors need the streamed path.
+  TorchWriter w;
+  Streamed s = BuildStreamed(w, 4);
+  EXPECT_THAT(w.Write(dir / "y.pt", *s.root),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("WriteStreamed")));
+  EXPECT_THAT(w.AddDeferredTensor(DType::kFp32, {10}, 9),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("cannot view a storage")));
 }
 
 TEST(TorchWriter, RealTorchLoadsWhatUcpWrites) {

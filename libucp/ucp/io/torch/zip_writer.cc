@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -72,6 +73,7 @@ ZipWriter::ZipWriter(ZipWriter&& o) noexcept
       offset_(o.offset_),
       buf_(std::move(o.buf_)),
       entries_(std::move(o.entries_)),
+      reserved_(std::move(o.reserved_)),
       names_(std::move(o.names_)),
       finished_(o.finished_) {
   o.fd_ = -1;
@@ -115,8 +117,8 @@ Status ZipWriter::AddRecord(std::string_view name, std::string_view data) {
   return AddRecord(name, std::span<const std::span<const std::byte>>(&piece, 1));
 }
 
-Status ZipWriter::AddRecord(std::string_view name,
-                            std::span<const std::span<const std::byte>> pieces) {
+Result<ZipWriter::Entry> ZipWriter::AppendHeader(std::string_view name, uint64_t size,
+                                                 uint32_t crc) {
   if (finished_) return InvalidArgumentError("zip writer for " + path_.string() + " is finished");
   if (name.empty() || name.size() > 0xFFFF || name.front() == '/' ||
       name.find("..") != std::string_view::npos) {
@@ -128,11 +130,7 @@ Status ZipWriter::AddRecord(std::string_view name,
   Entry e;
   e.name = std::string(name);
   e.offset = offset_;
-  uint32_t crc = 0;
-  for (auto p : pieces) {
-    crc = Crc32(p, crc);
-    e.size += p.size();
-  }
+  e.size = size;
   e.crc = crc;
   e.zip64 = options_.force_zip64 || e.size >= k32Max || e.offset >= k32Max;
 
@@ -163,6 +161,18 @@ Status ZipWriter::AddRecord(std::string_view name,
   h.append(name);
   h += extra;
   UCP_RETURN_IF_ERROR(Buffer(h));
+  return e;
+}
+
+Status ZipWriter::AddRecord(std::string_view name,
+                            std::span<const std::span<const std::byte>> pieces) {
+  uint32_t crc = 0;
+  uint64_t size = 0;
+  for (auto p : pieces) {
+    crc = Crc32(p, crc);
+    size += p.size();
+  }
+  UCP_ASSIGN_OR_RETURN(Entry e, AppendHeader(name, size, crc));
   for (auto p : pieces) {
     if (p.size() < kBufferBytes) {
       UCP_RETURN_IF_ERROR(
@@ -177,8 +187,92 @@ Status ZipWriter::AddRecord(std::string_view name,
   return Status::Ok();
 }
 
+Result<int32_t> ZipWriter::ReserveRecord(std::string_view name, uint64_t size) {
+  UCP_ASSIGN_OR_RETURN(Entry e, AppendHeader(name, size, 0));
+  UCP_RETURN_IF_ERROR(Flush());
+  auto r = std::make_unique<Reserved>();
+  r->entry = entries_.size();
+  r->data_offset = offset_;
+  entries_.push_back(std::move(e));
+  // The data is left as a hole; WriteReserved fills it with pwrite, and appends continue after.
+  offset_ += size;
+  if (::lseek(fd_, static_cast<off_t>(offset_), SEEK_SET) < 0) {
+    return ErrnoError("seek in " + temp_.string() + " failed", errno);
+  }
+  reserved_.push_back(std::move(r));
+  return static_cast<int32_t>(reserved_.size() - 1);
+}
+
+Status ZipWriter::WriteReserved(int32_t record, uint64_t offset, std::span<const std::byte> data) {
+  if (finished_ || record < 0 || static_cast<size_t>(record) >= reserved_.size()) {
+    return InvalidArgumentError("zip writer for " + path_.string() +
+                                " has no open reserved record " + std::to_string(record));
+  }
+  Reserved& r = *reserved_[static_cast<size_t>(record)];
+  const Entry& e = entries_[r.entry];
+  if (offset > e.size || data.size() > e.size - offset) {
+    return InvalidArgumentError("bytes [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + data.size()) + ") are outside record '" +
+                                e.name + "' of " + std::to_string(e.size) + " bytes in " +
+                                path_.string());
+  }
+  const char* p = reinterpret_cast<const char*>(data.data());
+  size_t n = data.size();
+  uint64_t at = r.data_offset + offset;
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(at));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write of record '" + e.name + "' to " + temp_.string() + " failed", errno);
+    }
+    p += w;
+    at += static_cast<uint64_t>(w);
+    n -= static_cast<size_t>(w);
+  }
+  const uint32_t crc = Crc32(data);
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.pieces.push_back({offset, data.size(), crc});
+  return Status::Ok();
+}
+
+Status ZipWriter::FinishReserved(Reserved& r) {
+  Entry& e = entries_[r.entry];
+  std::sort(r.pieces.begin(), r.pieces.end(),
+            [](const Reserved::Piece& a, const Reserved::Piece& b) { return a.offset < b.offset; });
+  uint64_t at = 0;
+  uint32_t crc = 0;
+  for (const Reserved::Piece& piece : r.pieces) {
+    if (piece.size == 0) continue;
+    if (piece.offset != at) {
+      return InternalError(
+          "record '" + e.name + "' of " + path_.string() + ": " +
+          (piece.offset > at ? "no bytes written at " : "bytes written twice at ") +
+          std::to_string(std::min(piece.offset, at)));
+    }
+    crc = Crc32Combine(crc, piece.crc, static_cast<int64_t>(piece.size));
+    at += piece.size;
+  }
+  if (at != e.size) {
+    return InternalError("record '" + e.name + "' of " + path_.string() + ": no bytes written at " +
+                         std::to_string(at) + " of " + std::to_string(e.size));
+  }
+  e.crc = crc;
+  std::string le;
+  Put32(le, crc);
+  // The CRC field of the local header is 14 bytes into it.
+  if (::pwrite(fd_, le.data(), le.size(), static_cast<off_t>(e.offset + 14)) !=
+      static_cast<ssize_t>(le.size())) {
+    return ErrnoError(
+        "write of the header of record '" + e.name + "' to " + temp_.string() + " failed", errno);
+  }
+  r.pieces.clear();
+  r.pieces.shrink_to_fit();
+  return Status::Ok();
+}
+
 Status ZipWriter::Finish() {
   if (finished_) return InvalidArgumentError("zip writer for " + path_.string() + " is finished");
+  for (auto& r : reserved_) UCP_RETURN_IF_ERROR(FinishReserved(*r));
   const uint64_t cd_offset = offset_;
   for (const Entry& e : entries_) {
     const bool big_size = e.zip64, big_off = e.zip64;
@@ -239,7 +333,14 @@ Status ZipWriter::Finish() {
   Put16(end, 0);
   UCP_RETURN_IF_ERROR(Buffer(end));
   UCP_RETURN_IF_ERROR(Flush());
-  if (::fsync(fd_) != 0) return ErrnoError("fsync of " + temp_.string() + " failed", errno);
+  if (options_.sync) {
+    if (::fsync(fd_) != 0) return ErrnoError("fsync of " + temp_.string() + " failed", errno);
+  } else {
+#ifdef __linux__
+    // Writeback starts now; whoever commits the folder fsyncs it (nobody waits here).
+    (void)::sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+#endif
+  }
   if (::close(fd_) != 0) {
     fd_ = -1;
     return ErrnoError("close of " + temp_.string() + " failed", errno);
@@ -249,7 +350,7 @@ Status ZipWriter::Finish() {
     return ErrnoError("rename of " + temp_.string() + " to " + path_.string() + " failed", errno);
   }
   finished_ = true;
-  return FsyncDir(path_.parent_path());
+  return options_.sync ? FsyncDir(path_.parent_path()) : Status::Ok();
 }
 
 }  // namespace ucp::torch
