@@ -4,7 +4,10 @@
 #   2. converts it straight to tp=4,pp=1,dp=2 (no universal copy on disk),
 #   3. extracts both to universal checkpoints and verifies them,
 #   4. shows that both layouts hold the same model, bit for bit (ucp diff),
-#   5. reshards the universal checkpoint to tp=1,pp=4,dp=1 (ZeRO-2) and diffs it against the source.
+#   5. reshards the universal checkpoint to tp=1,pp=4,dp=1 (ZeRO-2) and diffs it against the source,
+#   6. reads a Megatron-DeepSpeed checkpoint (a tiny LLaMA-style GPTModelPipe at tp=2,pp=2,dp=2,
+#      bf16 + BF16_Optimizer, from tests/data/deepspeed) and converts it to a ucp layout and to a
+#      DeepSpeed ZeRO-1 checkpoint at tp=1,pp=1,dp=4, both holding the same model bit for bit.
 # Usage: tools/demo.sh [work dir]   (default: a fresh temporary folder, removed afterwards)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +29,10 @@ run verify "$work/ua"
 run diff "$work/ua" "$work/ub"
 run reshard "$work/ua" "$work/c" --layout tp=1,pp=4,dp=1,zero=2
 run diff "$work/a" "$work/c"
+ds=tests/data/deepspeed/megatron_llama_tp2_pp2_dp2_bf16
+run inspect "$ds"
+run convert "$ds" "$work/d" --layout tp=1,pp=2,dp=2,zero=1
+run convert "$ds" "$work/e" --layout tp=1,pp=1,dp=4,zero=1 --format deepspeed
+run diff "$work/d" "$work/e"
+run diff "$ds" "$work/e"
 echo "demo: every layout holds the same model, bit for bit"
