@@ -80,7 +80,7 @@ class CheckpointSource : public exec::TensorSource {
   virtual Status VerifyChecksums() const = 0;
   /// Share `part` of `parts` of VerifyChecksums, for processes that convert one checkpoint
   /// together (RunOptions::group). The default has part 0 verify everything.
-  virtual Status VerifyChecksumsPart(int part, int parts) const {
+  virtual Status VerifyChecksumsPart(int part, int /*parts*/) const {
     return part == 0 ? VerifyChecksums() : Status::Ok();
   }
 };

@@ -2,26 +2,22 @@
 // deepspeed_writer.h).
 #include "ucp/api/deepspeed_writer.h"
 
-#include <nlohmann/json.hpp>
-
 #include "ucp/base/status_macros.h"
 #include "ucp/deepspeed/deepspeed_writer.h"
+#include "ucp/json/strict_json.h"
 
 namespace ucp::api {
 namespace {
 
-using json = nlohmann::json;
+using json = ::ucp::json::Json;
 
 // client_state.deepspeed of the source (a DeepSpeed folder's, or a universal checkpoint's
 // record of one), or null.
 Result<json> RecordedDeepSpeed(const CheckpointMeta& meta) {
   if (meta.client_state_json.empty()) return json();
-  json j;
-  try {
-    j = json::parse(meta.client_state_json);
-  } catch (const json::exception& e) {
-    return DataLossError(std::string("the source's client state is not JSON: ") + e.what());
-  }
+  UCP_ASSIGN_OR_RETURN(json j,
+                       ::ucp::json::ParseStrict(meta.client_state_json, "the source's client state",
+                                                StatusCode::kDataLoss));
   if (!j.is_object() || !j.contains("deepspeed") || !j["deepspeed"].is_object()) return json();
   return j["deepspeed"];
 }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -16,6 +15,7 @@
 #include "ucp/io/raw_file.h"
 #include "ucp/io/torch/torch_file.h"
 #include "ucp/io/torch/torch_writer.h"
+#include "ucp/json/strict_json.h"
 #include "ucp/tensor/cast.h"
 
 namespace ucp::deepspeed {
@@ -24,7 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using convert::TensorInfo;
 using convert::TensorKind;
-using json = nlohmann::ordered_json;
+using json = ::ucp::json::OrderedJson;
 using torch::PyArena;
 using torch::PyKind;
 using torch::PyValue;
@@ -101,11 +101,8 @@ const PyValue* FromJson(PyArena& a, const json& j) {
 json ToJson(const PyValue* v) {
   std::string s;
   AppendJson(v, s);
-  try {
-    return json::parse(s);
-  } catch (const json::exception&) {
-    return json();
-  }
+  Result<json> j = ::ucp::json::ParseStrictOrdered(s, "a pickled value", StatusCode::kInternal);
+  return j.ok() ? std::move(*j) : json();
 }
 
 const PyValue* Namespace(PyArena& a, const PyValue* state) {
@@ -163,12 +160,9 @@ Result<Carried> LoadCarried(const DeepSpeedWriteOptions& o) {
     return c;
   }
   if (!o.client_state_json.empty()) {
-    try {
-      c.js = json::parse(o.client_state_json);
-    } catch (const json::exception& e) {
-      return InvalidArgumentError(std::string("the source's client state is not JSON: ") +
-                                  e.what());
-    }
+    UCP_ASSIGN_OR_RETURN(
+        c.js, ::ucp::json::ParseStrictOrdered(o.client_state_json, "the source's client state",
+                                              StatusCode::kInvalidArgument));
     if (!c.js.is_object()) {
       return InvalidArgumentError("the source's client state \"deepspeed\" is not an object");
     }

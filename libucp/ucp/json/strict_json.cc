@@ -9,8 +9,10 @@
 
 namespace ucp::json {
 
-Result<Json> ParseStrict(std::string_view text, const std::string& what, StatusCode code,
-                         int max_depth) {
+namespace {
+
+template <typename J>
+Result<J> Parse(std::string_view text, const std::string& what, StatusCode code, int max_depth) {
   struct Frame {
     bool is_object;
     std::set<std::string> keys;
@@ -28,26 +30,27 @@ Result<Json> ParseStrict(std::string_view text, const std::string& what, StatusC
   auto after_value = [&] {
     if (!stack.empty() && !stack.back().is_object) ++stack.back().index;
   };
-  Json::parser_callback_t cb = [&](int depth, Json::parse_event_t event, Json& parsed) -> bool {
+  typename J::parser_callback_t cb = [&](int depth, typename J::parse_event_t event,
+                                         J& parsed) -> bool {
     if (!error.empty()) return true;
     if (depth > max_depth) {
       error = "nesting deeper than " + std::to_string(max_depth) + " levels at " + child_path();
       return true;
     }
     switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start: {
+      case J::parse_event_t::object_start:
+      case J::parse_event_t::array_start: {
         std::string p = child_path();
-        stack.push_back({event == Json::parse_event_t::object_start, {}, {}, 0, std::move(p)});
+        stack.push_back({event == J::parse_event_t::object_start, {}, {}, 0, std::move(p)});
         break;
       }
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
+      case J::parse_event_t::object_end:
+      case J::parse_event_t::array_end:
         if (!stack.empty()) stack.pop_back();
         after_value();
         break;
-      case Json::parse_event_t::key: {
-        std::string k = parsed.get<std::string>();
+      case J::parse_event_t::key: {
+        std::string k = parsed.template get<std::string>();
         if (!stack.empty()) {
           if (!stack.back().keys.insert(k).second) {
             error = "duplicate key \"" + k + "\" at " +
@@ -57,20 +60,32 @@ Result<Json> ParseStrict(std::string_view text, const std::string& what, StatusC
         }
         break;
       }
-      case Json::parse_event_t::value:
+      case J::parse_event_t::value:
         after_value();
         break;
     }
     return true;
   };
-  Json j;
+  J j;
   try {
-    j = Json::parse(text.begin(), text.end(), cb);
-  } catch (const Json::exception& e) {
+    j = J::parse(text.begin(), text.end(), cb);
+  } catch (const typename J::exception& e) {
     return Status(code, what + " is not valid json: " + e.what());
   }
   if (!error.empty()) return Status(code, what + ": " + error);
   return j;
+}
+
+}  // namespace
+
+Result<Json> ParseStrict(std::string_view text, const std::string& what, StatusCode code,
+                         int max_depth) {
+  return Parse<Json>(text, what, code, max_depth);
+}
+
+Result<OrderedJson> ParseStrictOrdered(std::string_view text, const std::string& what,
+                                       StatusCode code, int max_depth) {
+  return Parse<OrderedJson>(text, what, code, max_depth);
 }
 
 }  // namespace ucp::json

@@ -15,6 +15,9 @@
 namespace ucp::json {
 
 using Json = nlohmann::json;
+/// Keeps object keys in document order (for values that are re-pickled in their original order,
+/// such as Megatron's args).
+using OrderedJson = nlohmann::ordered_json;
 
 /// Parses `text` as one JSON value.
 /// Errors, all with `code` and starting with `what`: "<what> is not valid json: <parser
@@ -22,5 +25,8 @@ using Json = nlohmann::json;
 /// key, "/" for the top); "<what>: nesting deeper than N levels at /a/...".
 Result<Json> ParseStrict(std::string_view text, const std::string& what, StatusCode code,
                          int max_depth = 64);
+/// As ParseStrict, keeping keys in document order.
+Result<OrderedJson> ParseStrictOrdered(std::string_view text, const std::string& what,
+                                       StatusCode code, int max_depth = 64);
 
 }  // namespace ucp::json
