@@ -133,10 +133,10 @@ TEST_P(DeepSpeedWriteTest, ReadsBackAsTheSourceBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeepSpeedWriteTest, ::testing::ValuesIn(kWriteCases),
-                         [](const auto& info) {
-                           std::string n = std::string(info.param.model) + "_" + info.param.dtype +
-                                           "_" + info.param.naming + "_" +
-                                           std::to_string(info.index);
+                         [](const auto& test_info) {
+                           std::string n = std::string(test_info.param.model) + "_" + test_info.param.dtype +
+                                           "_" + test_info.param.naming + "_" +
+                                           std::to_string(test_info.index);
                            for (char& ch : n) {
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            }
@@ -241,7 +241,9 @@ TEST(DeepSpeedWrite, CarriesTheClientStateAnExtractionRecorded) {
   EXPECT_EQ(root.Get("global_steps")->int_value(), theirs.root().Get("global_steps")->int_value());
   EXPECT_EQ(root.Get("lr_scheduler")->entries().size(),
             theirs.root().Get("lr_scheduler")->entries().size());
-  if (theirs.root().Get("rng_state") != nullptr) EXPECT_EQ(root.Get("rng_state"), nullptr);
+  if (theirs.root().Get("rng_state") != nullptr) {
+    EXPECT_EQ(root.Get("rng_state"), nullptr);
+  }
   UCP_ASSERT_OK_AND_ASSIGN(
       torch::TorchFile optim,
       torch::TorchFile::Open(tag / "zero_pp_rank_1_mp_rank_01_optim_states.pt"));
