@@ -618,6 +618,61 @@ struct H5File::Impl {
     return Status::Ok();
   }
 
+  // What every new dataset starts from (under the lock): the file writable and the name free,
+  // its parent groups, its storage type and dataspace, and creation properties with no
+  // timestamps and no fill value writes (every byte gets written).
+  struct NewDataset {
+    Handle type, space, dcpl;
+  };
+  Result<NewDataset> PrepareDataset(std::string_view name, DType dtype, const Shape& shape) {
+    if (!writable) {
+      return FailedPreconditionError("cannot write " + Where(name) + ": file is read-only");
+    }
+    if (LinkExists(file.get(), name)) return AlreadyExistsError(Where(name) + " already exists");
+    UCP_RETURN_IF_ERROR(EnsureParentGroups(name));
+    NewDataset d;
+    UCP_ASSIGN_OR_RETURN(d.type, StorageType(dtype));
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    UCP_ASSIGN_OR_RETURN(
+        d.space,
+        Wrap(shape.empty() ? H5Screate(H5S_SCALAR)
+                           : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+             H5Sclose, StatusCode::kInternal, "H5Screate"));
+    UCP_ASSIGN_OR_RETURN(
+        d.dcpl, Wrap(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, StatusCode::kInternal, "H5Pcreate"));
+    UCP_RETURN_IF_ERROR(Check(H5Pset_obj_track_times(d.dcpl.get(), false), StatusCode::kInternal,
+                              "H5Pset_obj_track_times"));
+    UCP_RETURN_IF_ERROR(Check(H5Pset_fill_time(d.dcpl.get(), H5D_FILL_TIME_NEVER),
+                              StatusCode::kInternal, "H5Pset_fill_time"));
+    return d;
+  }
+
+  // Creates the prepared dataset and its dtype attribute.
+  Result<Handle> CreateDataset(std::string_view name, DType dtype, const NewDataset& d) {
+    std::string n(name);
+    UCP_ASSIGN_OR_RETURN(Handle dset,
+                         Wrap(H5Dcreate2(file.get(), n.c_str(), d.type.get(), d.space.get(),
+                                         H5P_DEFAULT, d.dcpl.get(), H5P_DEFAULT),
+                              H5Dclose, StatusCode::kIoError, "cannot create " + Where(name)));
+    UCP_RETURN_IF_ERROR(StringAttr(name, kDTypeAttribute, DTypeName(dtype)));
+    return dset;
+  }
+
+  // A variable-length UTF-8 string attribute (h5py reads a `str`).
+  Status StringAttr(std::string_view object, std::string_view name, std::string_view value) {
+    UCP_ASSIGN_OR_RETURN(Handle type,
+                         Wrap(H5Tcopy(H5T_C_S1), H5Tclose, StatusCode::kInternal, "H5Tcopy"));
+    UCP_RETURN_IF_ERROR(
+        Check(H5Tset_size(type.get(), H5T_VARIABLE), StatusCode::kInternal, "H5Tset_size"));
+    UCP_RETURN_IF_ERROR(
+        Check(H5Tset_cset(type.get(), H5T_CSET_UTF8), StatusCode::kInternal, "H5Tset_cset"));
+    UCP_ASSIGN_OR_RETURN(Handle space,
+                         Wrap(H5Screate(H5S_SCALAR), H5Sclose, StatusCode::kInternal, "H5Screate"));
+    std::string v(value);
+    const char* p = v.c_str();
+    return CreateAttr(object, name, type.get(), space.get(), &p);
+  }
+
   Status WriteCompressed(hid_t dset, const ConstTensorView& data, const ChunkGrid& g, int level) {
     const auto elem = static_cast<size_t>(g.element_bytes);
     const auto chunk_raw = static_cast<size_t>(g.chunk_elems) * elem;
@@ -850,26 +905,8 @@ Status H5File::WriteDataset(std::string_view name, const ConstTensorView& data,
   Handle dset;
   {
     Hdf5Lock lock;
-    if (!impl_->writable) {
-      return FailedPreconditionError("cannot write " + impl_->Where(name) + ": file is read-only");
-    }
-    if (LinkExists(impl_->file.get(), name)) {
-      return AlreadyExistsError(impl_->Where(name) + " already exists");
-    }
-    UCP_RETURN_IF_ERROR(impl_->EnsureParentGroups(name));
-    UCP_ASSIGN_OR_RETURN(Handle type, StorageType(data.dtype));
-    std::vector<hsize_t> dims(data.shape.begin(), data.shape.end());
-    UCP_ASSIGN_OR_RETURN(Handle space,
-                         Wrap(data.shape.empty() ? H5Screate(H5S_SCALAR)
-                                                 : H5Screate_simple(static_cast<int>(dims.size()),
-                                                                    dims.data(), nullptr),
-                              H5Sclose, StatusCode::kInternal, "H5Screate"));
-    UCP_ASSIGN_OR_RETURN(Handle dcpl, Wrap(H5Pcreate(H5P_DATASET_CREATE), H5Pclose,
-                                           StatusCode::kInternal, "H5Pcreate"));
-    UCP_RETURN_IF_ERROR(Check(H5Pset_obj_track_times(dcpl.get(), false), StatusCode::kInternal,
-                              "H5Pset_obj_track_times"));
-    UCP_RETURN_IF_ERROR(Check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER),
-                              StatusCode::kInternal, "H5Pset_fill_time"));
+    UCP_ASSIGN_OR_RETURN(Impl::NewDataset nd, impl_->PrepareDataset(name, data.dtype, data.shape));
+    const Handle& dcpl = nd.dcpl;
     if (compress) {
       grid = ChunkGrid::Make(data.shape, DTypeSizeBytes(data.dtype), options.chunk_bytes);
       std::vector<hsize_t> chunk(grid.chunk.begin(), grid.chunk.end());
@@ -886,16 +923,11 @@ Status H5File::WriteDataset(std::string_view name, const ConstTensorView& data,
       UCP_RETURN_IF_ERROR(Check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_INCR),
                                 StatusCode::kInternal, "H5Pset_alloc_time"));
     }
-    std::string n_str(name);
-    UCP_ASSIGN_OR_RETURN(
-        dset, Wrap(H5Dcreate2(impl_->file.get(), n_str.c_str(), type.get(), space.get(),
-                              H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                   H5Dclose, StatusCode::kIoError, "cannot create " + impl_->Where(name)));
-    UCP_RETURN_IF_ERROR(WriteStringAttribute(name, kDTypeAttribute, DTypeName(data.dtype)));
+    UCP_ASSIGN_OR_RETURN(dset, impl_->CreateDataset(name, data.dtype, nd));
     if (!compress && n > 0) {
-      UCP_RETURN_IF_ERROR(
-          Check(H5Dwrite(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.bytes.data()),
-                StatusCode::kIoError, "cannot write " + impl_->Where(name)));
+      UCP_RETURN_IF_ERROR(Check(
+          H5Dwrite(dset.get(), nd.type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.bytes.data()),
+          StatusCode::kIoError, "cannot write " + impl_->Where(name)));
     }
   }
   if (compress) {
@@ -916,38 +948,13 @@ Result<int64_t> H5File::CreateDirectDataset(std::string_view name, DType dtype,
   }
   UCP_ASSIGN_OR_RETURN(int64_t n, NumElements(shape), impl_->Where(name));
   Hdf5Lock lock;
-  if (!impl_->writable) {
-    return FailedPreconditionError("cannot write " + impl_->Where(name) + ": file is read-only");
-  }
-  if (LinkExists(impl_->file.get(), name)) {
-    return AlreadyExistsError(impl_->Where(name) + " already exists");
-  }
-  UCP_RETURN_IF_ERROR(impl_->EnsureParentGroups(name));
-  UCP_ASSIGN_OR_RETURN(Handle type, StorageType(dtype));
-  std::vector<hsize_t> dims(shape.begin(), shape.end());
-  UCP_ASSIGN_OR_RETURN(
-      Handle space,
-      Wrap(shape.empty() ? H5Screate(H5S_SCALAR)
-                         : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-           H5Sclose, StatusCode::kInternal, "H5Screate"));
-  UCP_ASSIGN_OR_RETURN(Handle dcpl, Wrap(H5Pcreate(H5P_DATASET_CREATE), H5Pclose,
-                                         StatusCode::kInternal, "H5Pcreate"));
-  UCP_RETURN_IF_ERROR(Check(H5Pset_obj_track_times(dcpl.get(), false), StatusCode::kInternal,
-                            "H5Pset_obj_track_times"));
+  UCP_ASSIGN_OR_RETURN(Impl::NewDataset nd, impl_->PrepareDataset(name, dtype, shape));
   UCP_RETURN_IF_ERROR(
-      Check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), StatusCode::kInternal, "H5Pset_layout"));
-  // Early allocation gives the dataset its final place in the file now; no fill, since every
-  // byte is written afterwards.
-  UCP_RETURN_IF_ERROR(Check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY),
+      Check(H5Pset_layout(nd.dcpl.get(), H5D_CONTIGUOUS), StatusCode::kInternal, "H5Pset_layout"));
+  // Early allocation gives the dataset its final place in the file now.
+  UCP_RETURN_IF_ERROR(Check(H5Pset_alloc_time(nd.dcpl.get(), H5D_ALLOC_TIME_EARLY),
                             StatusCode::kInternal, "H5Pset_alloc_time"));
-  UCP_RETURN_IF_ERROR(Check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER),
-                            StatusCode::kInternal, "H5Pset_fill_time"));
-  std::string n_str(name);
-  UCP_ASSIGN_OR_RETURN(Handle dset,
-                       Wrap(H5Dcreate2(impl_->file.get(), n_str.c_str(), type.get(), space.get(),
-                                       H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                            H5Dclose, StatusCode::kIoError, "cannot create " + impl_->Where(name)));
-  UCP_RETURN_IF_ERROR(WriteStringAttribute(name, kDTypeAttribute, DTypeName(dtype)));
+  UCP_ASSIGN_OR_RETURN(Handle dset, impl_->CreateDataset(name, dtype, nd));
   if (n == 0) return int64_t{-1};
   const haddr_t addr = H5Dget_offset(dset.get());
   if (addr == HADDR_UNDEF) {
@@ -1133,17 +1140,7 @@ Status H5File::ReadFlatRange(std::string_view name, int64_t begin_elem, int64_t 
 Status H5File::WriteStringAttribute(std::string_view object, std::string_view name,
                                     std::string_view value) {
   Hdf5Lock lock;
-  UCP_ASSIGN_OR_RETURN(Handle type,
-                       Wrap(H5Tcopy(H5T_C_S1), H5Tclose, StatusCode::kInternal, "H5Tcopy"));
-  UCP_RETURN_IF_ERROR(
-      Check(H5Tset_size(type.get(), H5T_VARIABLE), StatusCode::kInternal, "H5Tset_size"));
-  UCP_RETURN_IF_ERROR(
-      Check(H5Tset_cset(type.get(), H5T_CSET_UTF8), StatusCode::kInternal, "H5Tset_cset"));
-  UCP_ASSIGN_OR_RETURN(Handle space,
-                       Wrap(H5Screate(H5S_SCALAR), H5Sclose, StatusCode::kInternal, "H5Screate"));
-  std::string v(value);
-  const char* p = v.c_str();
-  return impl_->CreateAttr(object, name, type.get(), space.get(), &p);
+  return impl_->StringAttr(object, name, value);
 }
 
 Status H5File::WriteInt64Attribute(std::string_view object, std::string_view name, int64_t value) {
