@@ -404,6 +404,7 @@ Result<std::unique_ptr<CheckpointSource>> CheckpointSource::Open(const fs::path&
     meta.optimizer_kind = m.optimizer_kind;
     meta.optimizer_hyper = m.optimizer_hyper;
     meta.optimizer_states = m.optimizer_states;
+    meta.client_state_json = m.client_state_json;
     if (static_cast<int64_t>(m.ranks.size()) != layout::WorldSize(meta.layout)) {
       return DataLossError(where + ": " + std::to_string(m.ranks.size()) + " rank files for " +
                            m.layout + " (" + std::to_string(layout::WorldSize(meta.layout)) +
@@ -578,6 +579,7 @@ Result<exec::ExecStats> ToLayout(const CheckpointSource& src, const layout::Layo
   header.optimizer_kind = meta.optimizer_kind;
   header.optimizer_hyper = meta.optimizer_hyper;
   header.optimizer_states = meta.optimizer_states;
+  header.client_state_json = meta.client_state_json;  // carried, as Extract carries it
   for (const auto& p : meta.model.params) header.params.push_back({p.name, p.shape, p.dtype});
   const int64_t world = layout::WorldSize(to);
   return RunShared<dist::DistWriter, DistSink>(

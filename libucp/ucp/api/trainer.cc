@@ -178,6 +178,7 @@ Status RankSaver::Commit() {
     header.optimizer_kind = m.optimizer_kind;
     header.optimizer_hyper = m.optimizer_hyper;
     header.optimizer_states = m.optimizer_states;
+    header.client_state_json = m.client_state_json;  // the trainer's own state
     for (const auto& p : m.model.params) header.params.push_back({p.name, p.shape, p.dtype});
     st = impl_->writer->Commit(header);
   }

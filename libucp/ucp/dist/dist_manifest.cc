@@ -15,18 +15,21 @@ namespace {
 
 using json = ucp::json::Json;
 
-constexpr int kMaxDepth = 16;
+// As the universal manifest (docs/format.md): deep enough for carried client state.
+constexpr int kMaxDepth = 64;
 
 Result<json> ParseStrict(std::string_view text, const std::string& file) {
   return ucp::json::ParseStrict(text, file, StatusCode::kDataLoss, kMaxDepth);
 }
 
-// A JSON object whose keys must be exactly `allowed`.
+// A JSON object whose keys must be exactly `allowed`, plus any of `optional`.
 Status CheckKeys(const json& j, const std::string& file, const std::string& path,
-                 const std::set<std::string>& allowed) {
+                 const std::set<std::string>& allowed, const std::set<std::string>& optional = {}) {
   if (!j.is_object()) return DataLossError(file + ": " + path + ": expected an object");
   for (const auto& [k, v] : j.items()) {
-    if (!allowed.count(k)) return DataLossError(file + ": " + path + ": unknown key \"" + k + "\"");
+    if (!allowed.count(k) && !optional.count(k)) {
+      return DataLossError(file + ": " + path + ": unknown key \"" + k + "\"");
+    }
   }
   for (const auto& k : allowed) {
     if (!j.contains(k)) return DataLossError(file + ": " + path + ": missing key \"" + k + "\"");
@@ -86,7 +89,8 @@ json ShapeJson(const Shape& s) {
 Result<DistManifest> ParseImpl(const json& j, const std::string& file) {
   UCP_RETURN_IF_ERROR(
       CheckKeys(j, file, "$",
-                {"format", "version", "model", "layout", "step", "optimizer", "params", "ranks"}));
+                {"format", "version", "model", "layout", "step", "optimizer", "params", "ranks"},
+                {"client_state"}));
   UCP_ASSIGN_OR_RETURN(std::string format, GetString(j, "format", file, "$"));
   if (format != kDistFormatName) {
     return DataLossError(file + ": $.format: expected \"ucp-distributed\", found \"" + format +
@@ -98,6 +102,14 @@ Result<DistManifest> ParseImpl(const json& j, const std::string& file) {
                               " is not supported (this build reads version 1)");
   }
   DistManifest m;
+  if (j.contains("client_state")) {
+    const json& cs = j.at("client_state");
+    if (!cs.is_object()) return DataLossError(file + ": $.client_state: expected an object");
+    if (cs.contains("ucp_model")) {
+      return DataLossError(file + ": $.client_state.ucp_model: not allowed (the model is $.model)");
+    }
+    m.client_state_json = cs.dump();
+  }
   const json& model = j.at("model");
   UCP_RETURN_IF_ERROR(CheckKeys(model, file, "$.model", {"name", "family", "dtype", "hyper"}));
   UCP_ASSIGN_OR_RETURN(m.model.name, GetString(model, "name", file, "$.model"));
@@ -236,6 +248,13 @@ Result<std::string> SerializeDistManifest(const DistManifest& m) {
     ranks.push_back({{"rank", r.rank}, {"file", r.file}, {"tensors", std::move(tensors)}});
   }
   j["ranks"] = std::move(ranks);
+  if (!m.client_state_json.empty()) {
+    UCP_ASSIGN_OR_RETURN(json cs, ucp::json::ParseStrict(m.client_state_json, "client state",
+                                                         StatusCode::kInvalidArgument, kMaxDepth));
+    if (!cs.is_object()) return InvalidArgumentError("client state is not a JSON object");
+    cs.erase("ucp_model");
+    if (!cs.empty()) j["client_state"] = std::move(cs);
+  }
   return j.dump(2) + "\n";
 }
 

@@ -58,6 +58,10 @@ struct DistManifest {
   std::vector<std::string> optimizer_states;  ///< "fp32", "exp_avg", "exp_avg_sq"
   std::vector<DistParam> params;              ///< canonical model order
   std::vector<DistRankFile> ranks;            ///< sorted by rank, one per global rank
+  /// Optional opaque JSON object carried through (a trainer's own state: consumed samples,
+  /// schedule, scaler, config; or a DeepSpeed source's client state); "" for none. Stored as
+  /// `client_state` with sorted keys; it never holds "ucp_model" (the model is `model`).
+  std::string client_state_json;
 };
 
 /// "rank_00003.h5".

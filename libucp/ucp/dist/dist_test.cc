@@ -180,5 +180,33 @@ TEST(DistTest, StrictManifest) {
               StatusIs(StatusCode::kDataLoss, HasSubstr("unknown dtype \"bf17\"")));
 }
 
+// The optional client_state (a trainer's own state) round-trips as an object, sorted; it cannot
+// be anything but an object nor smuggle a second model description.
+TEST(DistTest, ClientState) {
+  DistManifest m = Header();
+  m.client_state_json = R"({"ucp_train":{"consumed_samples":96,"seed":1},"a":[1,2]})";
+  UCP_ASSERT_OK_AND_ASSIGN(std::string text, SerializeDistManifest(m));
+  UCP_ASSERT_OK_AND_ASSIGN(DistManifest back, ParseDistManifest(text, "m.json"));
+  EXPECT_EQ(back.client_state_json, R"({"a":[1,2],"ucp_train":{"consumed_samples":96,"seed":1}})");
+  EXPECT_EQ(*SerializeDistManifest(back), text);
+  // Absent stays absent; a ucp_model member is dropped on write (the model is $.model).
+  m.client_state_json = R"({"ucp_model":{"name":"x"}})";
+  UCP_ASSERT_OK_AND_ASSIGN(text, SerializeDistManifest(m));
+  EXPECT_EQ(text.find("client_state"), std::string::npos);
+  UCP_ASSERT_OK_AND_ASSIGN(back, ParseDistManifest(text, "m.json"));
+  EXPECT_EQ(back.client_state_json, "");
+  std::string bad = text;
+  bad.replace(bad.find("\"step\""), 6, "\"client_state\": [1], \"step\"");
+  EXPECT_THAT(ParseDistManifest(bad, "m.json").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("m.json: $.client_state: expected an object")));
+  bad = text;
+  bad.replace(bad.find("\"step\""), 6, "\"client_state\": {\"ucp_model\": {}}, \"step\"");
+  EXPECT_THAT(ParseDistManifest(bad, "m.json").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("$.client_state.ucp_model: not allowed")));
+  m.client_state_json = "[1]";
+  EXPECT_THAT(SerializeDistManifest(m).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("not a JSON object")));
+}
+
 }  // namespace
 }  // namespace ucp::dist
