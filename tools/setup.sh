@@ -11,6 +11,8 @@ packages=(
   python3 python3-numpy python3-h5py python3-torch python3-jsonschema
   python3-venv  # tools/setup_peers.sh: the DeepSpeed venv of the peer tests
   g++-aarch64-linux-gnu qemu-user  # offload/: NEON/SVE cross-compile and qemu test
+  libopenblas-dev  # offload/model: CPU matrix products (docs/adr/0007)
+  fortunes         # offload/data: the built-in English training corpus
 )
 
 missing=()
