@@ -1,0 +1,549 @@
+// GPT and LLaMA, forward and backward, as one graph templated on the ops (fast fp32 or the scalar
+// reference in double), so the model and its oracle cannot drift apart.
+//
+// THE MATH (the single source of truth; a PyTorch reference copies this block).
+//   Notation: x rows are tokens, N = B*T; Linear layers store weight [out, in] and compute
+//   y = x W^T (+ b). Names are the canonical parameter names (patterns/gpt.json, llama.json).
+//   Embedding and output matrices have padded_vocab rows; rows >= vocab are never read by the
+//   loss and get exactly zero gradient.
+//
+//   GPT:
+//     x = wte[tok] + wpe[pos]                      embedding.word/position_embeddings.weight
+//     per layer:
+//       h = LN1(x)                                 input_layernorm.{weight,bias}
+//       qkv = h Wqkv^T + bqkv                      self_attention.query_key_value.{weight,bias}
+//       a = attention(qkv)
+//       x = x + (a Wo^T + bo)                      self_attention.dense.{weight,bias}
+//       h = LN2(x)                                 post_attention_layernorm.{weight,bias}
+//       x = x + (gelu_tanh(h W1^T + b1) W2^T + b2) mlp.dense_h_to_4h / mlp.dense_4h_to_h
+//     x = LN_f(x)                                  final_layernorm.{weight,bias}
+//     logits = x wte[:vocab]^T (tied) or x output_layer[:vocab]^T
+//     LN(x) = (x - mean) / sqrt(var + eps) * w + b, biased variance, eps = norm_eps (1e-5).
+//   LLaMA (no biases, no position embedding):
+//     x = wte[tok]
+//     per layer:
+//       h = RMSNorm1(x)                            input_layernorm.weight
+//       qkv = h Wqkv^T; RoPE on every q and k head
+//       x = x + attention(qkv) Wo^T
+//       h = RMSNorm2(x)                            post_attention_layernorm.weight
+//       [gate | up] = h W1^T                       W1 = mlp.dense_h_to_4h.weight [2*ffn, hidden]:
+//                                                  rows [0, ffn) gate, rows [ffn, 2 ffn) up
+//       x = x + (silu(gate) * up) W2^T             mlp.dense_4h_to_h.weight
+//     x = RMSNorm_f(x)                             final_layernorm.weight
+//     logits = x output_layer[:vocab]^T (untied) or x wte[:vocab]^T (tied)
+//     RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w, eps = norm_eps (1e-5).
+//   Fused QKV rows (Megatron interleaved_groups): kv_heads groups; group g holds, in order, the q
+//     rows of its heads/kv_heads query heads (head after head, head_dim rows each), then k
+//     (head_dim rows), then v (head_dim rows). Query head h uses group h / (heads / kv_heads).
+//     GPT is kv_heads == heads: per head [q | k | v].
+//   Attention: per (sequence, query head), causal, s_tj = (q_t . k_j) / sqrt(head_dim) for j <= t,
+//     softmax over j in fp32 with the max subtracted, a_t = sum_j p_tj v_j; the heads' outputs are
+//     concatenated head after head: a[:, h*head_dim:(h+1)*head_dim].
+//   RoPE (rotate_half, HF LLaMA / Megatron non-interleaved): position p = 0..T-1 within the
+//     sequence; for i in [0, head_dim/2): inv_freq_i = theta^(-2i/head_dim), angle = p * inv_freq_i,
+//     with inv_freq, angle, cos and sin all evaluated in DOUBLE and cos/sin then rounded to float
+//     once (torch: (p.double()[:, None] * inv_freq.double()).cos().float()). This differs from
+//     HF's float32 inv_freq by ~1 ulp of the angle; we pick double so the value does not depend
+//     on how a library rounds float32 pow. Then (x_i, x_{i+d/2}) -> (x_i cos - x_{i+d/2} sin,
+//     x_{i+d/2} cos + x_i sin), theta = rope_theta (10000).
+//   silu(g) = g / (1 + exp(-g)); gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+//   Loss: sum over positions with target >= 0 of -log softmax(logits[:vocab])[target] (natural
+//     log), returned in double; ForwardBackward backpropagates grad_scale * sum and ADDS the
+//     gradients into `grads`. With tied embeddings wte gets the embedding and the classifier
+//     gradients.
+//
+// Activations kept for backward (per layer, llm.c's layout): the norm outputs and their
+// statistics, qkv (after RoPE), the attention output and its row log-sum-exp (the probabilities
+// are recomputed in backward), the residual stream after attention and after the MLP, the MLP's
+// pre-activation and activation.
+#include "offload/model/model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "offload/model/model_ref.h"
+#include "offload/model/ops.h"
+#include "ucp/base/check.h"
+#include "ucp/base/status_macros.h"
+
+namespace ucp::offload {
+namespace ops {
+extern bool g_split_gemm;
+}
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+Status ValidateConfig(const ModelConfig& c) {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"vocab", c.vocab},   {"padded_vocab", c.padded_vocab}, {"hidden", c.hidden},
+      {"layers", c.layers}, {"heads", c.heads},               {"kv_heads", c.kv_heads},
+      {"head_dim", c.head_dim}, {"ffn_hidden", c.ffn_hidden}};
+  for (const auto& [name, v] : positive) {
+    if (v < 1) return InvalidArgumentError(std::string(name) + "=" + Str(v) + " must be >= 1");
+  }
+  if (c.padded_vocab < c.vocab) {
+    return InvalidArgumentError("padded_vocab=" + Str(c.padded_vocab) + " < vocab=" +
+                                Str(c.vocab));
+  }
+  if (c.heads % c.kv_heads != 0) {
+    return InvalidArgumentError("heads=" + Str(c.heads) + " not divisible by kv_heads=" +
+                                Str(c.kv_heads));
+  }
+  if (c.family == Family::kGpt) {
+    if (c.kv_heads != c.heads) {
+      return InvalidArgumentError("gpt: kv_heads=" + Str(c.kv_heads) + " must equal heads=" +
+                                  Str(c.heads));
+    }
+    if (c.max_positions < 1) {
+      return InvalidArgumentError("gpt: max_positions=" + Str(c.max_positions) +
+                                  " must be >= 1");
+    }
+  } else if (c.head_dim % 2 != 0) {
+    return InvalidArgumentError("llama: head_dim=" + Str(c.head_dim) + " must be even (RoPE)");
+  }
+  if (!(c.norm_eps > 0.0f)) return InvalidArgumentError("norm_eps must be > 0");
+  return Status::Ok();
+}
+
+// Offsets (elements) of one layer's parameters in the flat buffer; -1 where the family has none.
+struct LayerOffsets {
+  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fc2_w = -1, fc2_b = -1;
+};
+
+struct Layout {
+  std::vector<ParamInfo> params;
+  int64_t wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1, out = -1;
+  std::vector<LayerOffsets> layers;
+  int64_t total = 0;
+};
+
+// The canonical parameter list, mirroring the "parameters" templates of patterns/gpt.json and
+// patterns/llama.json (model_test checks the two agree) with the vocabulary rows padded.
+Result<Layout> BuildLayout(const ModelConfig& c) {
+  UCP_RETURN_IF_ERROR(ValidateConfig(c));
+  Layout lay;
+  const bool gpt = c.family == Family::kGpt;
+  const int64_t C = c.hidden, qkv_rows = (c.heads + 2 * c.kv_heads) * c.head_dim;
+  const int64_t ah = c.heads * c.head_dim, F = c.ffn_hidden;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.numel = 1;
+    for (int64_t d : shape) p.numel *= d;
+    p.shape = std::move(shape);
+    p.offset = lay.total;
+    lay.total += p.numel;
+    lay.params.push_back(std::move(p));
+    return lay.params.back().offset;
+  };
+  lay.wte = add("embedding.word_embeddings.weight", {c.padded_vocab, C});
+  if (gpt) lay.wpe = add("embedding.position_embeddings.weight", {c.max_positions, C});
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = "layers." + Str(l) + ".";
+    LayerOffsets o;
+    o.ln1_w = add(p + "input_layernorm.weight", {C});
+    if (gpt) o.ln1_b = add(p + "input_layernorm.bias", {C});
+    o.qkv_w = add(p + "self_attention.query_key_value.weight", {qkv_rows, C});
+    if (gpt) o.qkv_b = add(p + "self_attention.query_key_value.bias", {qkv_rows});
+    o.proj_w = add(p + "self_attention.dense.weight", {C, ah});
+    if (gpt) o.proj_b = add(p + "self_attention.dense.bias", {C});
+    o.ln2_w = add(p + "post_attention_layernorm.weight", {C});
+    if (gpt) o.ln2_b = add(p + "post_attention_layernorm.bias", {C});
+    o.fc_w = add(p + "mlp.dense_h_to_4h.weight", {gpt ? F : 2 * F, C});
+    if (gpt) o.fc_b = add(p + "mlp.dense_h_to_4h.bias", {F});
+    o.fc2_w = add(p + "mlp.dense_4h_to_h.weight", {C, F});
+    if (gpt) o.fc2_b = add(p + "mlp.dense_4h_to_h.bias", {C});
+    lay.layers.push_back(o);
+  }
+  lay.lnf_w = add("final_layernorm.weight", {C});
+  if (gpt) lay.lnf_b = add("final_layernorm.bias", {C});
+  if (!c.tied_embeddings) lay.out = add("output_layer.weight", {c.padded_vocab, C});
+  return lay;
+}
+
+// Activations and backward scratch for up to `rows` = max_batch * max_seq_len tokens.
+template <typename T>
+struct Acts {
+  int64_t rows = 0, max_t = 0;
+  std::vector<T> encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean,
+      ln2_rstd, fch, fch_act, resid_out, lnf, lnf_mean, lnf_rstd, tmp;
+  std::vector<T> dres, dln, dfch_act, dfch, datty, dqkv;
+  std::vector<T> rope_cos, rope_sin;  // [max_t, head_dim/2]
+
+  void Allocate(const ModelConfig& c, int64_t max_rows, int64_t max_seq) {
+    rows = max_rows;
+    max_t = max_seq;
+    const int64_t L = c.layers, C = c.hidden, N = max_rows;
+    const int64_t qkv_dim = (c.heads + 2 * c.kv_heads) * c.head_dim, ah = c.heads * c.head_dim;
+    const int64_t F = c.ffn_hidden, F1 = c.family == Family::kGpt ? F : 2 * F;
+    auto sz = [](std::vector<T>& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); };
+    sz(encoded, N * C);
+    sz(ln1, L * N * C), sz(ln1_mean, L * N), sz(ln1_rstd, L * N);
+    sz(qkv, L * N * qkv_dim), sz(atty, L * N * ah), sz(lse, L * N * c.heads);
+    sz(resid_mid, L * N * C);
+    sz(ln2, L * N * C), sz(ln2_mean, L * N), sz(ln2_rstd, L * N);
+    sz(fch, L * N * F1), sz(fch_act, L * N * F), sz(resid_out, L * N * C);
+    sz(lnf, N * C), sz(lnf_mean, N), sz(lnf_rstd, N), sz(tmp, N * C);
+    sz(dres, N * C), sz(dln, N * C), sz(dfch_act, N * F), sz(dfch, N * F1), sz(datty, N * ah);
+    sz(dqkv, N * qkv_dim);
+    if (c.family == Family::kLlama) {
+      sz(rope_cos, max_seq * c.head_dim / 2), sz(rope_sin, max_seq * c.head_dim / 2);
+      ops::ref::RopeTables<T>(rope_cos.data(), rope_sin.data(), max_seq, c.head_dim,
+                              static_cast<double>(c.rope_theta));
+    }
+  }
+};
+
+// The fast fp32 ops on a Parallel (sgemm from this thread, the rest on the arena).
+struct FastOps {
+  Parallel* par;
+  void Zero(float* p, int64_t n) {
+    par->For(n, [&](int, int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, 0.0f); });
+  }
+  // clang-format off
+  template <typename... A> void EncoderForward(A... a) { ops::EncoderForward(*par, a...); }
+  template <typename... A> void EncoderBackward(A... a) { ops::EncoderBackward(*par, a...); }
+  template <typename... A> void LayerNormForward(A... a) { ops::LayerNormForward(*par, a...); }
+  template <typename... A> void LayerNormBackward(A... a) { ops::LayerNormBackward(*par, a...); }
+  template <typename... A> void RmsNormForward(A... a) { ops::RmsNormForward(*par, a...); }
+  template <typename... A> void RmsNormBackward(A... a) { ops::RmsNormBackward(*par, a...); }
+  template <typename... A> void MatmulForward(A... a) { ops::MatmulForward(*par, a...); }
+  template <typename... A> void MatmulBackward(A... a) { ops::MatmulBackward(*par, a...); }
+  template <typename... A> void AttentionForward(A... a) { ops::AttentionForward(*par, a...); }
+  template <typename... A> void AttentionBackward(A... a) { ops::AttentionBackward(*par, a...); }
+  template <typename... A> void RopeForward(A... a) { ops::RopeForward(*par, a...); }
+  template <typename... A> void RopeBackward(A... a) { ops::RopeBackward(*par, a...); }
+  template <typename... A> void GeluForward(A... a) { ops::GeluForward(*par, a...); }
+  template <typename... A> void GeluBackward(A... a) { ops::GeluBackward(*par, a...); }
+  template <typename... A> void SwigluForward(A... a) { ops::SwigluForward(*par, a...); }
+  template <typename... A> void SwigluBackward(A... a) { ops::SwigluBackward(*par, a...); }
+  template <typename... A> void ResidualForward(A... a) { ops::ResidualForward(*par, a...); }
+  // clang-format on
+  double Classifier(float* dx, float* dw, const float* x, const float* w, const int32_t* tg,
+                    int64_t N, int64_t C, int64_t V, float grad_scale) {
+    return ops::ClassifierForwardBackward(*par, dx, dw, x, w, tg, N, C, V, grad_scale);
+  }
+};
+
+// The scalar reference ops in T.
+template <typename T>
+struct RefOps {
+  std::vector<T> logits;
+  void Zero(T* p, int64_t n) { std::fill(p, p + n, T(0)); }
+  // clang-format off
+  template <typename... A> void EncoderForward(A... a) { ops::ref::EncoderForward<T>(a...); }
+  template <typename... A> void EncoderBackward(A... a) { ops::ref::EncoderBackward<T>(a...); }
+  template <typename... A> void LayerNormForward(A... a) { ops::ref::LayerNormForward<T>(a...); }
+  template <typename... A> void LayerNormBackward(A... a) { ops::ref::LayerNormBackward<T>(a...); }
+  template <typename... A> void RmsNormForward(A... a) { ops::ref::RmsNormForward<T>(a...); }
+  template <typename... A> void RmsNormBackward(A... a) { ops::ref::RmsNormBackward<T>(a...); }
+  template <typename... A> void MatmulForward(A... a) { ops::ref::MatmulForward<T>(a...); }
+  template <typename... A> void MatmulBackward(A... a) { ops::ref::MatmulBackward<T>(a...); }
+  template <typename... A> void AttentionForward(A... a) { ops::ref::AttentionForward<T>(a...); }
+  template <typename... A> void AttentionBackward(A... a) { ops::ref::AttentionBackward<T>(a...); }
+  template <typename... A> void RopeForward(A... a) { ops::ref::RopeForward<T>(a...); }
+  template <typename... A> void RopeBackward(A... a) { ops::ref::RopeBackward<T>(a...); }
+  template <typename... A> void GeluForward(A... a) { ops::ref::GeluForward<T>(a...); }
+  template <typename... A> void GeluBackward(A... a) { ops::ref::GeluBackward<T>(a...); }
+  template <typename... A> void SwigluForward(A... a) { ops::ref::SwigluForward<T>(a...); }
+  template <typename... A> void SwigluBackward(A... a) { ops::ref::SwigluBackward<T>(a...); }
+  template <typename... A> void ResidualForward(A... a) { ops::ref::ResidualForward<T>(a...); }
+  // clang-format on
+  double Classifier(T* dx, T* dw, const T* x, const T* w, const int32_t* tg, int64_t N, int64_t C,
+                    int64_t V, T grad_scale) {
+    logits.resize(static_cast<size_t>(N * V));
+    return ops::ref::ClassifierForwardBackward<T>(dx, dw, logits.data(), x, w, tg, N, C, V,
+                                                  grad_scale);
+  }
+};
+
+// Forward (and backward when g != nullptr) of the whole model; returns the loss sum.
+template <typename T, typename Ops>
+double RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a, const T* w, T* g,
+                const int32_t* inputs, const int32_t* targets, int64_t B, int64_t Tn,
+                T grad_scale) {
+  const bool gpt = cfg.family == Family::kGpt;
+  const int64_t C = cfg.hidden, NH = cfg.heads, KV = cfg.kv_heads, hd = cfg.head_dim;
+  const int64_t qkv_dim = (NH + 2 * KV) * hd, ah = NH * hd, F = cfg.ffn_hidden;
+  const int64_t F1 = gpt ? F : 2 * F, N = B * Tn, R = a.rows, V = cfg.vocab;
+  const T eps = static_cast<T>(cfg.norm_eps);
+  auto P = [&](int64_t off) -> const T* { return off < 0 ? nullptr : w + off; };
+  auto G = [&](int64_t off) -> T* { return off < 0 ? nullptr : g + off; };
+  // Layer l's slice of a per-layer activation of `dim` values per row.
+  auto At = [&](std::vector<T>& v, int64_t l, int64_t dim) { return v.data() + l * R * dim; };
+  auto Norm = [&](T* out, T* mean, T* rstd, const T* x, int64_t w_off, int64_t b_off) {
+    if (gpt) {
+      ops.LayerNormForward(out, mean, rstd, x, P(w_off), P(b_off), N, C, eps);
+    } else {
+      ops.RmsNormForward(out, rstd, x, P(w_off), N, C, eps);
+    }
+  };
+  auto NormBackward = [&](T* dx, const T* dout, const T* x, const T* mean, const T* rstd,
+                          int64_t w_off, int64_t b_off) {
+    if (gpt) {
+      ops.LayerNormBackward(dx, G(w_off), G(b_off), dout, x, P(w_off), mean, rstd, N, C);
+    } else {
+      ops.RmsNormBackward(dx, G(w_off), dout, x, P(w_off), rstd, N, C);
+    }
+  };
+
+  // ---- forward
+  ops.EncoderForward(a.encoded.data(), inputs, P(lay.wte), gpt ? P(lay.wpe) : nullptr, B, Tn, C);
+  const T* x = a.encoded.data();
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    const LayerOffsets& o = lay.layers[l];
+    T* ln1 = At(a.ln1, l, C);
+    T* qkv = At(a.qkv, l, qkv_dim);
+    T* atty = At(a.atty, l, ah);
+    T* resid_mid = At(a.resid_mid, l, C);
+    T* ln2 = At(a.ln2, l, C);
+    T* fch = At(a.fch, l, F1);
+    T* fch_act = At(a.fch_act, l, F);
+    T* resid_out = At(a.resid_out, l, C);
+    Norm(ln1, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), x, o.ln1_w, o.ln1_b);
+    ops.MatmulForward(qkv, ln1, P(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
+    if (!gpt) ops.RopeForward(qkv, a.rope_cos.data(), a.rope_sin.data(), B, Tn, NH, KV, hd);
+    ops.AttentionForward(atty, At(a.lse, l, NH), qkv, B, Tn, NH, KV, hd);
+    ops.MatmulForward(a.tmp.data(), atty, P(o.proj_w), P(o.proj_b), N, ah, C);
+    ops.ResidualForward(resid_mid, x, a.tmp.data(), N * C);
+    Norm(ln2, At(a.ln2_mean, l, 1), At(a.ln2_rstd, l, 1), resid_mid, o.ln2_w, o.ln2_b);
+    ops.MatmulForward(fch, ln2, P(o.fc_w), P(o.fc_b), N, C, F1);
+    if (gpt) {
+      ops.GeluForward(fch_act, fch, N * F);
+    } else {
+      ops.SwigluForward(fch_act, fch, N, F);
+    }
+    ops.MatmulForward(a.tmp.data(), fch_act, P(o.fc2_w), P(o.fc2_b), N, F, C);
+    ops.ResidualForward(resid_out, resid_mid, a.tmp.data(), N * C);
+    x = resid_out;
+  }
+  Norm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, lay.lnf_w, lay.lnf_b);
+  const int64_t head = cfg.tied_embeddings ? lay.wte : lay.out;
+  T* dlnf = a.dln.data();
+  if (g) ops.Zero(dlnf, N * C);
+  const double loss = ops.Classifier(g ? dlnf : nullptr, G(head), a.lnf.data(), P(head), targets,
+                                     N, C, V, grad_scale);
+  if (!g) return loss;
+
+  // ---- backward: dres is the gradient of the residual stream, flowing down the layers.
+  T* dres = a.dres.data();
+  ops.Zero(dres, N * C);
+  NormBackward(dres, dlnf, x, a.lnf_mean.data(), a.lnf_rstd.data(), lay.lnf_w, lay.lnf_b);
+  for (int64_t l = cfg.layers - 1; l >= 0; --l) {
+    const LayerOffsets& o = lay.layers[l];
+    const T* x_in = l == 0 ? a.encoded.data() : At(a.resid_out, l - 1, C);
+    T* qkv = At(a.qkv, l, qkv_dim);
+    // MLP branch.
+    ops.Zero(a.dfch_act.data(), N * F);
+    ops.MatmulBackward(a.dfch_act.data(), G(o.fc2_w), G(o.fc2_b), dres, At(a.fch_act, l, F),
+                       P(o.fc2_w), N, F, C);
+    ops.Zero(a.dfch.data(), N * F1);
+    if (gpt) {
+      ops.GeluBackward(a.dfch.data(), At(a.fch, l, F1), a.dfch_act.data(), N * F);
+    } else {
+      ops.SwigluBackward(a.dfch.data(), At(a.fch, l, F1), a.dfch_act.data(), N, F);
+    }
+    ops.Zero(a.dln.data(), N * C);
+    ops.MatmulBackward(a.dln.data(), G(o.fc_w), G(o.fc_b), a.dfch.data(), At(a.ln2, l, C),
+                       P(o.fc_w), N, C, F1);
+    NormBackward(dres, a.dln.data(), At(a.resid_mid, l, C), At(a.ln2_mean, l, 1),
+                 At(a.ln2_rstd, l, 1), o.ln2_w, o.ln2_b);
+    // Attention branch.
+    ops.Zero(a.datty.data(), N * ah);
+    ops.MatmulBackward(a.datty.data(), G(o.proj_w), G(o.proj_b), dres, At(a.atty, l, ah),
+                       P(o.proj_w), N, ah, C);
+    ops.Zero(a.dqkv.data(), N * qkv_dim);
+    ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH, KV,
+                          hd);
+    if (!gpt) {
+      ops.RopeBackward(a.dqkv.data(), a.rope_cos.data(), a.rope_sin.data(), B, Tn, NH, KV, hd);
+    }
+    ops.Zero(a.dln.data(), N * C);
+    ops.MatmulBackward(a.dln.data(), G(o.qkv_w), G(o.qkv_b), a.dqkv.data(), At(a.ln1, l, C),
+                       P(o.qkv_w), N, C, qkv_dim);
+    NormBackward(dres, a.dln.data(), x_in, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), o.ln1_w,
+                 o.ln1_b);
+  }
+  ops.EncoderBackward(G(lay.wte), gpt ? G(lay.wpe) : nullptr, dres, inputs, B, Tn, C);
+  return loss;
+}
+
+Status ValidateBatch(const ModelConfig& c, const Batch& batch, int64_t max_batch,
+                     int64_t max_seq_len) {
+  if (batch.batch < 1 || batch.batch > max_batch) {
+    return InvalidArgumentError("batch=" + Str(batch.batch) + " not in [1, " + Str(max_batch) +
+                                "]");
+  }
+  if (batch.seq_len < 1 || batch.seq_len > max_seq_len) {
+    return InvalidArgumentError("seq_len=" + Str(batch.seq_len) + " not in [1, " +
+                                Str(max_seq_len) + "]");
+  }
+  const int64_t n = batch.batch * batch.seq_len;
+  if (static_cast<int64_t>(batch.inputs.size()) != n ||
+      static_cast<int64_t>(batch.targets.size()) != n) {
+    return InvalidArgumentError("inputs/targets hold " + Str(batch.inputs.size()) + "/" +
+                                Str(batch.targets.size()) + " tokens, batch*seq_len=" + Str(n));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (batch.inputs[i] < 0 || batch.inputs[i] >= c.vocab) {
+      return InvalidArgumentError("input token " + Str(batch.inputs[i]) + " at index " + Str(i) +
+                                  " not in [0, vocab=" + Str(c.vocab) + ")");
+    }
+    if (batch.targets[i] >= c.vocab) {
+      return InvalidArgumentError("target token " + Str(batch.targets[i]) + " at index " +
+                                  Str(i) + " >= vocab=" + Str(c.vocab));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ModelConfig> ModelConfig::FromSpec(const patterns::ModelSpec& spec) {
+  ModelConfig c;
+  if (spec.family == "gpt") {
+    c.family = Family::kGpt;
+  } else if (spec.family == "llama") {
+    c.family = Family::kLlama;
+  } else {
+    return InvalidArgumentError("model \"" + spec.name + "\": family \"" + spec.family +
+                                "\" is not gpt or llama");
+  }
+  auto get = [&](const char* key, int64_t fallback) {
+    auto it = spec.hyper.find(key);
+    return it == spec.hyper.end() ? fallback : it->second;
+  };
+  for (const char* key : {"hidden", "layers", "heads", "vocab", "ffn_hidden"}) {
+    if (!spec.hyper.contains(key)) {
+      return InvalidArgumentError("model \"" + spec.name + "\": missing hyper-parameter " + key);
+    }
+  }
+  c.hidden = get("hidden", 0);
+  c.layers = get("layers", 0);
+  c.heads = get("heads", 0);
+  c.kv_heads = get("kv_heads", c.heads);
+  c.head_dim = get("head_dim", c.heads > 0 ? c.hidden / c.heads : 0);
+  c.ffn_hidden = get("ffn_hidden", 0);
+  c.vocab = get("vocab", 0);
+  c.max_positions = get("max_positions", 0);
+  c.tied_embeddings = get("tied_embeddings", 0) != 0;
+  const int64_t divisible_by = get("make_vocab_size_divisible_by", 1);
+  if (divisible_by < 1) {
+    return InvalidArgumentError("model \"" + spec.name + "\": make_vocab_size_divisible_by=" +
+                                Str(divisible_by) + " must be >= 1");
+  }
+  c.padded_vocab = (c.vocab + divisible_by - 1) / divisible_by * divisible_by;
+  UCP_RETURN_IF_ERROR(ValidateConfig(c), "model \"" + spec.name + "\"");
+  return c;
+}
+
+Result<std::vector<ParamInfo>> ModelParams(const ModelConfig& config) {
+  UCP_ASSIGN_OR_RETURN(Layout lay, BuildLayout(config));
+  return std::move(lay.params);
+}
+
+Result<double> RefForwardBackward(const ModelConfig& config, std::span<const double> weights,
+                                  std::span<double> grads, const Batch& batch,
+                                  double grad_scale) {
+  UCP_ASSIGN_OR_RETURN(Layout lay, BuildLayout(config));
+  const int64_t max_seq = std::max(batch.seq_len, int64_t{1});
+  UCP_RETURN_IF_ERROR(ValidateBatch(config, batch, std::max(batch.batch, int64_t{1}), max_seq));
+  if (static_cast<int64_t>(weights.size()) != lay.total ||
+      (!grads.empty() && static_cast<int64_t>(grads.size()) != lay.total)) {
+    return InvalidArgumentError("weights/grads hold " + Str(weights.size()) + "/" +
+                                Str(grads.size()) + " values, the model has " + Str(lay.total));
+  }
+  Acts<double> acts;
+  acts.Allocate(config, batch.batch * batch.seq_len, batch.seq_len);
+  RefOps<double> ops;
+  return RunGraph<double>(ops, config, lay, acts, weights.data(),
+                          grads.empty() ? nullptr : grads.data(), batch.inputs.data(),
+                          batch.targets.data(), batch.batch, batch.seq_len, grad_scale);
+}
+
+struct Model::Impl {
+  ModelConfig config;
+  Layout layout;
+  int64_t max_batch = 0, max_seq_len = 0;
+  int num_threads = 1;
+  Parallel par{1};
+  Acts<float> acts;
+
+  Result<double> Run(std::span<const float> weights, std::span<float> grads, bool backward,
+                     const Batch& batch, float grad_scale) {
+    UCP_RETURN_IF_ERROR(ValidateBatch(config, batch, max_batch, max_seq_len));
+    if (static_cast<int64_t>(weights.size()) != layout.total) {
+      return InvalidArgumentError("weights hold " + Str(weights.size()) +
+                                  " values, the model has " + Str(layout.total));
+    }
+    if (backward && static_cast<int64_t>(grads.size()) != layout.total) {
+      return InvalidArgumentError("grads hold " + Str(grads.size()) + " values, the model has " +
+                                  Str(layout.total));
+    }
+    // A process may hold models with different thread counts; BLAS's count is global.
+    openblas_set_num_threads(ops::g_split_gemm ? 1 : num_threads);
+    FastOps ops{&par};
+    return RunGraph<float>(ops, config, layout, acts, weights.data(),
+                           backward ? grads.data() : nullptr, batch.inputs.data(),
+                           batch.targets.data(), batch.batch, batch.seq_len, grad_scale);
+  }
+};
+
+Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
+                            int num_threads) {
+  UCP_ASSIGN_OR_RETURN(Layout layout, BuildLayout(config));
+  if (max_batch < 1 || max_seq_len < 1) {
+    return InvalidArgumentError("max_batch=" + Str(max_batch) + " and max_seq_len=" +
+                                Str(max_seq_len) + " must be >= 1");
+  }
+  if (config.family == Family::kGpt && max_seq_len > config.max_positions) {
+    return InvalidArgumentError("max_seq_len=" + Str(max_seq_len) + " > max_positions=" +
+                                Str(config.max_positions));
+  }
+  if (num_threads < 1) return InvalidArgumentError("num_threads=" + Str(num_threads) + " < 1");
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->layout = std::move(layout);
+  impl->max_batch = max_batch;
+  impl->max_seq_len = max_seq_len;
+  impl->num_threads = num_threads;
+  impl->par = Parallel(num_threads);
+  const int64_t rows = max_batch * max_seq_len;
+  try {
+    impl->acts.Allocate(config, rows, max_seq_len);
+    impl->par.Reserve(std::max(
+        ops::ClassifierScratch(rows, config.vocab, num_threads),
+        ops::OpsScratch(rows, std::max({config.hidden, config.ffn_hidden * 2,
+                                        (config.heads + 2 * config.kv_heads) * config.head_dim}),
+                        max_seq_len, config.head_dim, num_threads)));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("activations for " + Str(max_batch) + " x " +
+                                  Str(max_seq_len) + " tokens do not fit in memory");
+  }
+  return Model(std::move(impl));
+}
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+const ModelConfig& Model::config() const { return impl_->config; }
+const std::vector<ParamInfo>& Model::params() const { return impl_->layout.params; }
+int64_t Model::num_params() const { return impl_->layout.total; }
+
+Result<double> Model::Forward(std::span<const float> weights, const Batch& batch) {
+  return impl_->Run(weights, {}, false, batch, 0.0f);
+}
+
+Result<double> Model::ForwardBackward(std::span<const float> weights, std::span<float> grads,
+                                      const Batch& batch, float grad_scale) {
+  return impl_->Run(weights, grads, true, batch, grad_scale);
+}
+
+}  // namespace ucp::offload

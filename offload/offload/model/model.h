@@ -1,0 +1,98 @@
+// The engine's models: GPT-2 / Megatron GPT and LLaMA, forward and backward on the CPU in fp32,
+// written llm.c style as one flat function per op (ops.h, each with a scalar reference twin).
+// Parameters are named and shaped exactly as ucp's canonical names at tp=1, pp=1 (patterns/
+// gpt.json, llama.json), with the vocabulary rows padded as the tp=1 rank holds them, so a
+// checkpoint slice is a parameter with no translation.
+//
+// The model is stateless across calls apart from its activation scratch: the caller owns the
+// weights (fp32, the compute copy; the trainer widens its bf16/fp16 weights into it) and the
+// gradients (fp32, accumulated with +=, so micro-batches add up).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ucp/base/result.h"
+#include "ucp/patterns/model.h"
+
+namespace ucp::offload {
+
+enum class Family : uint8_t { kGpt, kLlama };
+
+/// Hyper-parameters the math needs. From a patterns::ModelSpec (FromSpec) or set by hand in tests.
+struct ModelConfig {
+  Family family = Family::kGpt;
+  int64_t vocab = 0;         ///< real vocabulary; the loss and logits cover only these rows
+  int64_t padded_vocab = 0;  ///< rows of the embedding / output matrices (vocab rounded up to
+                             ///< make_vocab_size_divisible_by, as the tp=1 rank holds them)
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  ///< == heads for GPT
+  int64_t head_dim = 0;  ///< from the preset, never re-derived
+  int64_t ffn_hidden = 0;
+  int64_t max_positions = 0;  ///< longest sequence (GPT: rows of the position embedding)
+  bool tied_embeddings = true;
+  float norm_eps = 1e-5f;       ///< LayerNorm (GPT) and RMSNorm (LLaMA)
+  float rope_theta = 10000.0f;  ///< LLaMA only; half-split (rotate_half) rotary over head_dim
+
+  /// Errors: kInvalidArgument naming the hyper-parameter (unknown family, heads % kv_heads,
+  /// non-positive sizes).
+  static Result<ModelConfig> FromSpec(const patterns::ModelSpec& spec);
+};
+
+/// One parameter of the flat weight / gradient buffers.
+struct ParamInfo {
+  std::string name;            ///< canonical global name ("layers.3.mlp.dense_h_to_4h.weight")
+  std::vector<int64_t> shape;  ///< as the tp=1 rank holds it (vocab rows padded)
+  int64_t offset = 0;          ///< in elements, into the flat buffers
+  int64_t numel = 0;
+};
+
+/// What one training micro-batch is: B sequences of T tokens, inputs and next-token targets.
+/// A target < 0 contributes no loss (padding / masked).
+struct Batch {
+  std::span<const int32_t> inputs;   ///< [B, T]
+  std::span<const int32_t> targets;  ///< [B, T]
+  int64_t batch = 0;                 ///< B
+  int64_t seq_len = 0;               ///< T (<= max_positions for GPT)
+};
+
+class Model {
+ public:
+  /// Allocates activation scratch for micro-batches up to `max_batch` x `max_seq_len`.
+  /// `num_threads` bounds every parallel region (BLAS and oneTBB together).
+  /// Errors: kInvalidArgument (config; max_seq_len > max_positions for GPT), kResourceExhausted.
+  static Result<Model> Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
+                              int num_threads);
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  ~Model();
+
+  const ModelConfig& config() const;
+  /// In canonical order (the rule set's template order, layers expanded), tiling [0, num_params).
+  const std::vector<ParamInfo>& params() const;
+  int64_t num_params() const;
+
+  /// Sum over the batch of the per-token cross-entropy (natural log) of tokens with target >= 0,
+  /// in double. Writes nothing but scratch. Errors: kInvalidArgument (sizes, a token >= vocab).
+  Result<double> Forward(std::span<const float> weights, const Batch& batch);
+
+  /// Forward, then backward of `grad_scale * sum of per-token losses`, adding the gradients into
+  /// `grads` (+=, fp32, the same layout as weights). Returns the same loss sum as Forward. The
+  /// trainer passes grad_scale = loss_scale / (global count of target tokens), so the gradients
+  /// are those of the mean loss over the global batch whatever the micro-batching.
+  /// Deterministic: the same inputs and thread count give the same bits.
+  Result<double> ForwardBackward(std::span<const float> weights, std::span<float> grads,
+                                 const Batch& batch, float grad_scale);
+
+ private:
+  struct Impl;
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ucp::offload

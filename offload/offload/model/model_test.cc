@@ -1,0 +1,276 @@
+// The models: parameter names/shapes/order against the rule sets, the double-precision reference
+// graph against finite differences, the fp32 model against that reference and against finite
+// differences of its own Forward, determinism, accumulation and the padded vocabulary rows.
+#include "offload/model/model.h"
+
+#include <cmath>
+#include <cstdint>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "offload/model/model_ref.h"
+#include "ucp/patterns/model.h"
+
+namespace ucp::offload {
+namespace {
+
+const std::string kPatterns = std::string(UCP_TEST_SOURCE_DIR) + "/patterns";
+
+ModelConfig Tiny(Family family, bool tied) {
+  ModelConfig c;
+  c.family = family;
+  c.vocab = 29;
+  c.padded_vocab = 32;
+  c.hidden = 12;
+  c.layers = 2;
+  if (family == Family::kGpt) {
+    c.heads = c.kv_heads = 3;
+    c.head_dim = 5;  // != hidden / heads
+  } else {
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.head_dim = 6;
+  }
+  c.ffn_hidden = 10;
+  c.max_positions = 9;
+  c.tied_embeddings = tied;
+  return c;
+}
+
+struct Case {
+  Family family;
+  bool tied;
+};
+std::string CaseName(const Case& c) {
+  return std::string(c.family == Family::kGpt ? "Gpt" : "Llama") + (c.tied ? "Tied" : "Untied");
+}
+std::string Name(const testing::TestParamInfo<Case>& info) { return CaseName(info.param); }
+void PrintTo(const Case& c, std::ostream* os) { *os << CaseName(c); }
+
+// Weights like an initialised model (norm weights near 1), deterministic.
+std::vector<double> InitWeights(const std::vector<ParamInfo>& params, int64_t total,
+                                uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 0.3);
+  std::vector<double> w(total);
+  for (const ParamInfo& p : params) {
+    const bool norm_w = p.name.find("layernorm.weight") != std::string::npos;
+    for (int64_t i = 0; i < p.numel; ++i) w[p.offset + i] = (norm_w ? 1.0 : 0.0) + nd(rng);
+  }
+  return w;
+}
+
+struct Tokens {
+  std::vector<int32_t> in, tg;
+  Batch batch;
+};
+Tokens MakeTokens(const ModelConfig& c, int64_t B, int64_t T, uint64_t seed) {
+  Tokens t;
+  std::mt19937_64 rng(seed);
+  for (int64_t i = 0; i < B * T; ++i) {
+    t.in.push_back(static_cast<int32_t>(rng() % c.vocab));
+    t.tg.push_back(i % 5 == 2 ? -1 : static_cast<int32_t>(rng() % c.vocab));  // some masked
+  }
+  t.batch = Batch{t.in, t.tg, B, T};
+  return t;
+}
+
+TEST(ModelParams, MatchTheRuleSetsWithPaddedVocab) {
+  for (const char* preset :
+       {"gpt-tiny", "gpt2-small", "gpt2-medium", "llama-tiny", "llama-tiny-tied"}) {
+    SCOPED_TRACE(preset);
+    auto spec = patterns::LoadModel(kPatterns, preset);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    auto cfg = ModelConfig::FromSpec(*spec);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    EXPECT_EQ(cfg->padded_vocab % spec->hyper.at("make_vocab_size_divisible_by"), 0);
+    EXPECT_GE(cfg->padded_vocab, cfg->vocab);
+    EXPECT_LT(cfg->padded_vocab - cfg->vocab, spec->hyper.at("make_vocab_size_divisible_by"));
+    auto expected = spec->Parameters();
+    ASSERT_TRUE(expected.ok());
+    auto got = ModelParams(*cfg);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->size(), expected->size());
+    int64_t offset = 0;
+    for (size_t i = 0; i < got->size(); ++i) {
+      const ParamInfo& p = (*got)[i];
+      const patterns::ParamSpec& e = (*expected)[i];
+      EXPECT_EQ(p.name, e.name);
+      std::vector<int64_t> shape(e.shape.begin(), e.shape.end());
+      if (p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight") {
+        shape[0] = cfg->padded_vocab;
+      }
+      EXPECT_EQ(p.shape, shape) << p.name;
+      EXPECT_EQ(p.offset, offset) << p.name;
+      offset += p.numel;
+    }
+  }
+  EXPECT_EQ(ModelConfig::FromSpec(*patterns::LoadModel(kPatterns, "gpt2-small"))->padded_vocab,
+            50304);
+}
+
+TEST(ModelConfig, FromSpecRejectsBadHyperParameters) {
+  auto spec = *patterns::LoadModel(kPatterns, "llama-tiny");
+  auto bad = spec;
+  bad.family = "mixtral";
+  auto r = ModelConfig::FromSpec(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("family"), std::string::npos);
+  bad = spec;
+  bad.hyper["kv_heads"] = 3;
+  r = ModelConfig::FromSpec(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("kv_heads"), std::string::npos);
+  bad = spec;
+  bad.hyper.erase("ffn_hidden");
+  r = ModelConfig::FromSpec(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("ffn_hidden"), std::string::npos);
+}
+
+class ModelGrad : public testing::TestWithParam<Case> {};
+
+// The double reference graph against central differences of its own forward, every parameter
+// tensor probed at a few elements.
+TEST_P(ModelGrad, ReferenceMatchesFiniteDifferences) {
+  const ModelConfig c = Tiny(GetParam().family, GetParam().tied);
+  auto params = *ModelParams(c);
+  const int64_t total = params.back().offset + params.back().numel;
+  std::vector<double> w = InitWeights(params, total, 7);
+  Tokens t = MakeTokens(c, 2, 7, 8);
+  std::vector<double> g(total, 0.0);
+  ASSERT_TRUE(RefForwardBackward(c, w, g, t.batch, 1.0).ok());
+  std::mt19937_64 rng(9);
+  for (const ParamInfo& p : params) {
+    for (int k = 0; k < 3; ++k) {
+      const int64_t i = p.offset + static_cast<int64_t>(rng() % p.numel);
+      const double saved = w[i], h = 1e-5;
+      w[i] = saved + h;
+      const double up = *RefForwardBackward(c, w, {}, t.batch, 1.0);
+      w[i] = saved - h;
+      const double down = *RefForwardBackward(c, w, {}, t.batch, 1.0);
+      w[i] = saved;
+      const double fd = (up - down) / (2 * h);
+      EXPECT_NEAR(g[i], fd, 1e-6 * (1 + std::abs(fd))) << p.name << " element " << i - p.offset;
+    }
+  }
+}
+
+// The fp32 model against the double reference (all gradients), and against fp32 central
+// differences of Model::Forward at a handful of elements.
+TEST_P(ModelGrad, FastMatchesReferenceAndFiniteDifferences) {
+  const ModelConfig c = Tiny(GetParam().family, GetParam().tied);
+  auto model = Model::Create(c, 3, 9, 2);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const int64_t total = model->num_params();
+  const std::vector<double> wd = InitWeights(model->params(), total, 11);
+  std::vector<float> w(wd.begin(), wd.end());
+  const std::vector<double> wr(w.begin(), w.end());  // the same values, exactly
+  Tokens t = MakeTokens(c, 3, 9, 12);
+  const float scale = 0.25f;
+  std::vector<double> gr(total, 0.0);
+  const double loss_ref = *RefForwardBackward(c, wr, gr, t.batch, scale);
+  std::vector<float> g(total, 0.0f);
+  auto loss = model->ForwardBackward(w, g, t.batch, scale);
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_NEAR(*loss, loss_ref, 1e-5 * std::abs(loss_ref));
+  EXPECT_EQ(*model->Forward(w, t.batch), *loss);
+  for (const ParamInfo& p : model->params()) {
+    double gmax = 0, err = 0;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      gmax = std::max(gmax, std::abs(gr[i]));
+      err = std::max(err, std::abs(gr[i] - g[i]));
+    }
+    EXPECT_LE(err, 1e-4 * std::max(gmax, 1e-2)) << p.name << " max |g| " << gmax;
+  }
+  // fp32 finite differences: loose, but a wrong sign, factor or missing term fails it.
+  std::mt19937_64 rng(13);
+  int checked = 0;
+  for (const ParamInfo& p : model->params()) {
+    const int64_t i = p.offset + static_cast<int64_t>(rng() % p.numel);
+    if (std::abs(g[i]) < 1e-2) continue;  // too small to resolve in fp32
+    const float saved = w[i], h = 1e-2f;
+    w[i] = saved + h;
+    const double up = *model->Forward(w, t.batch);
+    w[i] = saved - h;
+    const double down = *model->Forward(w, t.batch);
+    w[i] = saved;
+    const double fd = scale * (up - down) / (2.0 * h);
+    EXPECT_NEAR(g[i], fd, 0.03 * std::abs(fd) + 2e-3) << p.name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+}
+
+TEST_P(ModelGrad, DeterministicAccumulatingAndPaddedRowsStayZero) {
+  const ModelConfig c = Tiny(GetParam().family, GetParam().tied);
+  auto model = *Model::Create(c, 2, 8, 2);
+  const int64_t total = model.num_params();
+  const std::vector<double> wd = InitWeights(model.params(), total, 21);
+  const std::vector<float> w(wd.begin(), wd.end());
+  Tokens t = MakeTokens(c, 2, 8, 22);
+  std::vector<float> g1(total, 0.0f), g2(total, 0.0f);
+  const double l1 = *model.ForwardBackward(w, g1, t.batch, 1.0f);
+  const double l2 = *model.ForwardBackward(w, g2, t.batch, 1.0f);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(g1, g2);  // bitwise
+  // += : a second call on the same buffer doubles it (up to the rounding of the additions).
+  ASSERT_TRUE(model.ForwardBackward(w, g2, t.batch, 1.0f).ok());
+  for (int64_t i = 0; i < total; ++i) {
+    ASSERT_NEAR(g2[i], 2 * g1[i], 1e-5 * (1 + std::abs(g1[i]))) << i;
+  }
+  // Padded vocabulary rows: exactly zero gradient (starting from zero).
+  for (const ParamInfo& p : model.params()) {
+    if (p.name != "embedding.word_embeddings.weight" && p.name != "output_layer.weight") continue;
+    for (int64_t i = c.vocab * c.hidden; i < p.numel; ++i) {
+      ASSERT_EQ(g1[p.offset + i], 0.0f) << p.name << " element " << i;
+    }
+  }
+  // A thread count changes the partition, not the math.
+  auto model1 = *Model::Create(c, 2, 8, 1);
+  std::vector<float> g3(total, 0.0f);
+  EXPECT_NEAR(*model1.ForwardBackward(w, g3, t.batch, 1.0f), l1, 1e-5 * std::abs(l1));
+  for (int64_t i = 0; i < total; ++i) ASSERT_NEAR(g3[i], g1[i], 1e-4 * (1 + std::abs(g1[i])));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
+                         testing::Values(Case{Family::kGpt, true}, Case{Family::kGpt, false},
+                                         Case{Family::kLlama, true},
+                                         Case{Family::kLlama, false}),
+                         Name);
+
+TEST(Model, RejectsBadInputs) {
+  const ModelConfig c = Tiny(Family::kGpt, true);
+  auto model = *Model::Create(c, 2, 8, 1);
+  std::vector<float> w(model.num_params(), 0.01f), g(model.num_params());
+  Tokens t = MakeTokens(c, 2, 8, 30);
+  t.in[5] = static_cast<int32_t>(c.vocab);  // a padded row is not a token
+  auto r = model.Forward(w, t.batch);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("input token 29"), std::string::npos);
+  t.in[5] = 0;
+  t.tg[3] = static_cast<int32_t>(c.vocab);
+  r = model.ForwardBackward(w, g, t.batch, 1.0f);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("target token"), std::string::npos);
+  t.tg[3] = 0;
+  Tokens big = MakeTokens(c, 3, 8, 31);
+  r = model.Forward(w, big.batch);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("batch=3"), std::string::npos);
+  r = model.Forward(std::span<const float>(w).subspan(1), t.batch);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("weights hold"), std::string::npos);
+  auto m = Model::Create(c, 1, 10, 1);  // > max_positions
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("max_positions"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ucp::offload
