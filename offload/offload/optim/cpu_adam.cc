@@ -78,6 +78,14 @@ Result<CpuAdam> CpuAdam::Create(const AdamConfig& config, int num_threads, SimdP
 }
 
 const AdamConfig& CpuAdam::config() const { return impl_->config; }
+
+Status CpuAdam::set_lr(float lr) {
+  AdamConfig c = impl_->config;
+  c.lr = lr;
+  UCP_RETURN_IF_ERROR(ValidateAdamConfig(c));
+  impl_->config = c;
+  return Status::Ok();
+}
 int CpuAdam::num_threads() const { return impl_->num_threads; }
 SimdPath CpuAdam::path() const { return impl_->path; }
 

@@ -26,6 +26,9 @@ class CpuAdam {
   ~CpuAdam();
 
   const AdamConfig& config() const;
+  /// Sets the learning rate of the next steps (a schedule changes it every step).
+  /// Errors: kInvalidArgument (not finite or negative); the rate is unchanged then.
+  Status set_lr(float lr);
   int num_threads() const;
   SimdPath path() const;
 

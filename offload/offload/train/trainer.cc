@@ -1,0 +1,1279 @@
+// The trainer (trainer.h). Order of one step, as llm.c's train loop:
+//   zero grads -> per micro-batch: sample, widen nothing (weights are already fp32 for the
+//   model), forward + backward (grads of loss_scale * mean loss) -> global grad norm (fixed
+//   order) -> overflow check (skip + rescale) -> one pass scaling grads by clip / loss_scale ->
+//   CPU Adam on the master weights of this rank's fragments, with the fused copy-out to the
+//   training dtype -> widen the training-dtype weights into the model's fp32 compute copy.
+// The compute copy is widened from the bf16/fp16 weights, never taken from the masters, so the
+// forward sees exactly the weights the checkpoint's `model/` tensors hold (what a GPU would hold).
+#include "offload/train/trainer.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <atomic>
+#include <thread>
+
+#include "offload/comm/communicator.h"
+#include "offload/data/corpus.h"
+#include "offload/data/sampler.h"
+#include "offload/data/token_file.h"
+#include "offload/data/tokenizer.h"
+#include "offload/model/model.h"
+#include "offload/optim/cpu_adam.h"
+#include "ucp/api/checkpoint.h"
+#include "ucp/api/trainer.h"
+#include "ucp/base/status_macros.h"
+#include "ucp/io/atomic_file.h"
+#include "ucp/json/strict_json.h"
+#include "ucp/layout/layout.h"
+#include "ucp/mpi/mpi_group.h"
+#include "ucp/tensor/float_bits.h"
+
+namespace ucp::offload {
+namespace {
+
+namespace fs = std::filesystem;
+using json = ucp::json::Json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kClientStateVersion = 1;
+// Fixed chunks for reductions, so the gradient norm is the same bits for any thread count.
+constexpr int64_t kReduceChunk = int64_t{1} << 16;
+constexpr float kFp16Max = 65504.0f;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string StepDirName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// Parses "step_NNNNNNNN"; -1 for anything else.
+int64_t StepOfDirName(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+bool IsCompleteCheckpoint(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "ucp_layout.json", ec) ||
+         fs::is_regular_file(dir / "manifest.json", ec);
+}
+
+// The complete step_* checkpoints of a run folder, sorted by step.
+std::vector<std::pair<int64_t, fs::path>> RunCheckpoints(const fs::path& run) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run, ec)) {
+    const int64_t s = StepOfDirName(e.path().filename().string());
+    if (s >= 0 && e.is_directory(ec) && IsCompleteCheckpoint(e.path())) out.emplace_back(s, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Counter-based randomness: a value depends on (seed, parameter name, element index) only, so
+// initialisation is the same at any layout (shared/reference/engine.md §5).
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t Fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// A standard normal draw (Box-Muller on two 53-bit uniforms) for element `index` of a stream.
+double NormalAt(uint64_t stream, uint64_t index) {
+  const uint64_t a = SplitMix64(stream ^ SplitMix64(2 * index));
+  const uint64_t b = SplitMix64(stream ^ SplitMix64(2 * index + 1));
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+json ConfigToJson(const TrainConfig& c) {
+  return json{{"model", c.model},
+              {"dtype", c.dtype},
+              {"data", c.data},
+              {"seq_len", c.seq_len},
+              {"global_batch", c.global_batch},
+              {"micro_batch", c.micro_batch},
+              {"steps", c.steps},
+              {"lr", c.lr},
+              {"min_lr", c.min_lr},
+              {"warmup_samples", c.warmup_samples},
+              {"decay_samples", c.decay_samples},
+              {"beta1", c.beta1},
+              {"beta2", c.beta2},
+              {"eps", c.eps},
+              {"weight_decay", c.weight_decay},
+              {"clip_grad", c.clip_grad},
+              {"init_std", c.init_std},
+              {"initial_loss_scale", c.initial_loss_scale},
+              {"loss_scale_window", c.loss_scale_window},
+              {"seed", c.seed},
+              {"val_every", c.val_every},
+              {"val_samples", c.val_samples},
+              {"layout", c.layout}};
+}
+
+template <typename T>
+Status Take(const json& j, const char* key, T& out, const std::string& where) {
+  if (!j.contains(key)) return DataLossError(where + ": ucp_train.config." + key + " is missing");
+  try {
+    out = j.at(key).get<T>();
+  } catch (const std::exception&) {
+    return DataLossError(where + ": ucp_train.config." + key + " has the wrong type");
+  }
+  return Status::Ok();
+}
+
+Result<TrainConfig> ConfigFromJson(const json& j, const std::string& where) {
+  if (!j.is_object()) return DataLossError(where + ": ucp_train.config is not an object");
+  TrainConfig c;
+  UCP_RETURN_IF_ERROR(Take(j, "model", c.model, where));
+  UCP_RETURN_IF_ERROR(Take(j, "dtype", c.dtype, where));
+  UCP_RETURN_IF_ERROR(Take(j, "data", c.data, where));
+  UCP_RETURN_IF_ERROR(Take(j, "seq_len", c.seq_len, where));
+  UCP_RETURN_IF_ERROR(Take(j, "global_batch", c.global_batch, where));
+  UCP_RETURN_IF_ERROR(Take(j, "micro_batch", c.micro_batch, where));
+  UCP_RETURN_IF_ERROR(Take(j, "steps", c.steps, where));
+  UCP_RETURN_IF_ERROR(Take(j, "lr", c.lr, where));
+  UCP_RETURN_IF_ERROR(Take(j, "min_lr", c.min_lr, where));
+  UCP_RETURN_IF_ERROR(Take(j, "warmup_samples", c.warmup_samples, where));
+  UCP_RETURN_IF_ERROR(Take(j, "decay_samples", c.decay_samples, where));
+  UCP_RETURN_IF_ERROR(Take(j, "beta1", c.beta1, where));
+  UCP_RETURN_IF_ERROR(Take(j, "beta2", c.beta2, where));
+  UCP_RETURN_IF_ERROR(Take(j, "eps", c.eps, where));
+  UCP_RETURN_IF_ERROR(Take(j, "weight_decay", c.weight_decay, where));
+  UCP_RETURN_IF_ERROR(Take(j, "clip_grad", c.clip_grad, where));
+  UCP_RETURN_IF_ERROR(Take(j, "init_std", c.init_std, where));
+  UCP_RETURN_IF_ERROR(Take(j, "initial_loss_scale", c.initial_loss_scale, where));
+  UCP_RETURN_IF_ERROR(Take(j, "loss_scale_window", c.loss_scale_window, where));
+  UCP_RETURN_IF_ERROR(Take(j, "seed", c.seed, where));
+  UCP_RETURN_IF_ERROR(Take(j, "val_every", c.val_every, where));
+  UCP_RETURN_IF_ERROR(Take(j, "val_samples", c.val_samples, where));
+  UCP_RETURN_IF_ERROR(Take(j, "layout", c.layout, where));
+  return c;
+}
+
+// The ZeRO flat view: the optimizer state of the whole model cut into `blocks` equal blocks, block
+// r being what rank r holds (its fragments of optimizer groups 0 and 1 at stages 1-2; its
+// fragment of every parameter at stage 3; at stage 0 one block, the canonical order, held by
+// every rank). A piece is a run of one parameter: elements [coff, coff + n) of the canonical
+// (model-order) buffers are elements [foff, foff + n) of a block.
+struct Piece {
+  int64_t param = 0;
+  int64_t coff = 0;
+  int64_t foff = 0;
+  int64_t n = 0;
+};
+
+// What a save copies out of the training state so the steps after it can go on.
+struct Staging {
+  std::vector<std::byte> weights;  // the model tensors, training dtype, canonical order
+  std::vector<float> master, exp_avg, exp_avg_sq;  // this rank's block
+};
+
+}  // namespace
+
+Result<fs::path> FindResumeCheckpoint(const fs::path& run_or_ckpt) {
+  std::error_code ec;
+  if (!fs::is_directory(run_or_ckpt, ec)) {
+    return NotFoundError("no run or checkpoint folder " + run_or_ckpt.string());
+  }
+  if (IsCompleteCheckpoint(run_or_ckpt)) return run_or_ckpt;
+  // The newest complete step wins over `latest`: a crash between a save's commit and the
+  // pointer's update leaves `latest` one behind (llm.c picks its highest DONE_ step alike).
+  auto all = RunCheckpoints(run_or_ckpt);
+  if (!all.empty()) return all.back().second;
+  if (fs::exists(run_or_ckpt / "log.jsonl", ec)) {
+    return NotFoundError(run_or_ckpt.string() +
+                         " holds no complete step_NNNNNNNN checkpoint to resume from");
+  }
+  return run_or_ckpt;  // another format's folder (DeepSpeed): CheckpointSource decides
+}
+
+struct Trainer::Impl {
+  TrainConfig cfg;
+  RunOptions opts;
+  int threads = 1;
+  fs::path data_dir;
+  patterns::ModelSpec spec;
+  patterns::ResolvedModel model;
+  layout::Layout layout;
+  DType dtype = DType::kBf16;
+  std::optional<Model> net;
+  std::optional<tbb::task_arena> arena;
+
+  // Data.
+  std::optional<TokenFile> train_file, val_file;
+  std::vector<uint16_t> text_tokens;  // --data of plain text
+  std::span<const uint16_t> train_tokens, val_tokens;
+  std::optional<Sampler> sampler;
+  std::vector<int32_t> inputs, targets;
+  int64_t seq_len = 0, micro_batch = 0;
+
+  // Model memory (canonical order): the training-dtype weights (bf16/fp16 bits; fp32 uses w32
+  // itself), the fp32 compute copy and the fp32 gradients.
+  std::vector<uint16_t> w_lp;
+  std::vector<float> w32;
+  std::vector<float> grads;
+  // The processes (dp x sp) and this one's place among them.
+  Communicator* comm = nullptr;
+  std::unique_ptr<Communicator> own_comm;           // when the caller gave none
+  std::unique_ptr<api::ProcessGroup> save_group;    // RankSaver's, with several processes
+  int rank = 0, world = 1, dp_rank = 0;
+  // Optimizer memory: this rank's block of the ZeRO flat view, one buffer per state.
+  int blocks = 1;
+  int64_t block_size = 0;
+  std::vector<std::vector<Piece>> block_pieces;  // per block
+  std::vector<float> master, exp_avg, exp_avg_sq, gblock;
+  std::vector<float> flat;                        // blocks * block_size scratch (stages 1-3)
+  std::map<std::string, int64_t> state_offset;    // rank tensor name -> offset in the block
+  std::optional<CpuAdam> adam;
+
+  LrSchedule sched;
+  LossScaler scaler;
+  int64_t step = 0, consumed = 0, optimizer_steps = 0, skipped_steps = 0;
+  double last_lr = 0;
+
+  // Saving: the RankSaver of the save in flight, its writer thread and outcome.
+  Staging staging;
+  std::optional<api::RankSaver> pending;
+  int64_t pending_step = 0;
+  std::thread saver;
+  std::atomic<bool> saver_done{false};
+  Status save_status;
+  fs::path log_path;
+
+  ~Impl() {
+    if (saver.joinable()) saver.join();
+  }
+  bool root() const { return rank == 0; }
+  const std::vector<Piece>& my_pieces() const {
+    return block_pieces[blocks == 1 ? 0 : rank];
+  }
+
+  bool lowp() const { return dtype != DType::kFp32; }
+  int64_t numel() const { return static_cast<int64_t>(w32.size()); }
+
+  Status SetUpLayout();
+  Status SetUpData();
+  void InitWeights();
+  Status Restore(const fs::path& ckpt, bool full);
+  void WidenWeights();
+  std::vector<std::pair<std::string, TensorView>> Views(bool weights, bool master_only,
+                                                        Staging* from);
+  std::string ClientState() const;
+  Status ApplyClientState(const std::string& client_state, const std::string& where);
+  Status StartSave();
+  Status FinishSave();
+  Status RefreshWeights();
+  Result<double> SumOverRanks(double local);
+  void AppendLog(const json& line);
+};
+
+// --- set-up ---------------------------------------------------------------------------------
+
+Status Trainer::Impl::SetUpLayout() {
+  UCP_ASSIGN_OR_RETURN(layout, layout::ParseLayout(cfg.layout), "--layout");
+  if (layout.universal || layout.tp != 1 || layout.pp != 1 || layout.ep != 1) {
+    return UnimplementedError("--layout " + cfg.layout +
+                              ": the engine runs data parallelism with ZeRO 0-3 (tp=1,pp=1,ep=1); "
+                              "tensor, pipeline and expert parallelism are not implemented");
+  }
+  if (layout.sp != 1) {
+    return UnimplementedError("--layout " + cfg.layout +
+                              ": Ulysses sequence parallelism is not implemented yet (sp=1)");
+  }
+  if (layout::WorldSize(layout) != world) {
+    return FailedPreconditionError("--layout " + layout::ToString(layout) + " has " +
+                                   std::to_string(layout::WorldSize(layout)) + " ranks but " +
+                                   std::to_string(world) + " processes run it (mpirun -np " +
+                                   std::to_string(layout::WorldSize(layout)) + ")");
+  }
+  if (cfg.global_batch % layout.dp != 0) {
+    return InvalidArgumentError("--layout " + layout::ToString(layout) + ": the global batch of " +
+                                std::to_string(cfg.global_batch) + " samples does not divide by dp=" +
+                                std::to_string(layout.dp) + " (" + std::to_string(cfg.global_batch) +
+                                " = " + std::to_string(layout.dp) + " x " +
+                                std::to_string(cfg.global_batch / layout.dp) + " + " +
+                                std::to_string(cfg.global_batch % layout.dp) + ")");
+  }
+  UCP_ASSIGN_OR_RETURN(layout::RankCoords coords, layout::CoordsOfRank(layout, rank));
+  dp_rank = coords.dp;
+  const auto& params = net->params();
+  const int64_t np = static_cast<int64_t>(params.size());
+  blocks = layout.zero_stage == 0 ? 1 : layout::NumZeroFragments(layout, false);
+  block_pieces.assign(static_cast<size_t>(blocks), {});
+  std::vector<int64_t> zero3_offset(static_cast<size_t>(np), 0);
+  int64_t group1_offset = 0;
+  if (layout.zero_stage == 0) {
+    block_size = net->num_params();
+    for (int64_t i = 0; i < np; ++i) {
+      block_pieces[0].push_back({i, params[i].offset, params[i].offset, params[i].numel});
+    }
+  } else if (layout.zero_stage <= 2) {
+    // Each optimizer group is one flat buffer, padded and cut into `blocks` fragments; rank r's
+    // block is its fragment of group 0, then its fragment of group 1.
+    std::array<std::vector<int64_t>, 2> numels, members;
+    for (int64_t i = 0; i < np; ++i) {
+      const int g = model.params[i].optimizer_group;
+      numels[g].push_back(params[i].numel);
+      members[g].push_back(i);
+    }
+    std::array<layout::ZeroPartition, 2> part;
+    for (int g = 0; g < 2; ++g) {
+      UCP_ASSIGN_OR_RETURN(part[g], layout::PartitionFlat(numels[g], blocks));
+    }
+    group1_offset = part[0].fragment_size;
+    block_size = part[0].fragment_size + part[1].fragment_size;
+    for (int g = 0; g < 2; ++g) {
+      for (size_t k = 0; k < members[g].size(); ++k) {
+        const int64_t i = members[g][k];
+        const int64_t goff = part[g].offsets[k];
+        for (int r = 0; r < blocks; ++r) {
+          const layout::IndexRange f = part[g].Fragment(r);
+          const layout::IndexRange x = layout::Intersect({goff, goff + params[i].numel}, f);
+          if (x.empty()) continue;
+          block_pieces[r].push_back({i, params[i].offset + (x.inclusive_min - goff),
+                                     (g == 0 ? 0 : group1_offset) + x.inclusive_min - f.inclusive_min,
+                                     x.size()});
+        }
+      }
+    }
+  } else {
+    // Stage 3: every parameter partitioned by itself; rank r's block is its fragment of each
+    // parameter in canonical order.
+    for (int64_t i = 0; i < np; ++i) {
+      UCP_ASSIGN_OR_RETURN(layout::ZeroPartition p, layout::PartitionParam(params[i].numel, blocks));
+      zero3_offset[i] = block_size;
+      for (int r = 0; r < blocks; ++r) {
+        const layout::IndexRange x =
+            layout::Intersect(p.Fragment(r), {0, params[i].numel});
+        if (x.empty()) continue;
+        block_pieces[r].push_back({i, params[i].offset + x.inclusive_min, block_size + 0, x.size()});
+      }
+      block_size += p.fragment_size;
+    }
+  }
+  master.assign(static_cast<size_t>(block_size), 0.0f);
+  exp_avg.assign(master.size(), 0.0f);
+  exp_avg_sq.assign(master.size(), 0.0f);
+  if (blocks > 1) {
+    gblock.assign(master.size(), 0.0f);
+    flat.assign(static_cast<size_t>(blocks) * master.size(), 0.0f);
+  }
+  // Where each state tensor of this rank lives in the block.
+  UCP_ASSIGN_OR_RETURN(auto infos, api::RankTensors(model, layout, rank, convert::PlanOptions{}));
+  std::map<std::string, int64_t> index;
+  for (int64_t i = 0; i < np; ++i) index[params[i].name] = i;
+  for (const convert::TensorInfo& t : infos) {
+    const int64_t n = NumElementsOrDie(t.shape);
+    int64_t off = -1;
+    if (t.kind == convert::TensorKind::kModelSlice) continue;
+    if (t.kind == convert::TensorKind::kOptimSlice) {
+      off = params[index.at(t.param)].offset;
+    } else if (t.kind == convert::TensorKind::kZeroFragment) {
+      off = t.group == 0 ? 0 : group1_offset;
+    } else if (t.kind == convert::TensorKind::kZero3Fragment) {
+      off = zero3_offset[index.at(t.param)];
+    }
+    if (off < 0 || off + n > block_size) {
+      return InternalError("rank tensor " + t.name + " does not fit the engine's block of " +
+                           std::to_string(block_size) + " elements");
+    }
+    state_offset[t.name] = off;
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Impl::SetUpData() {
+  const fs::path data_root = opts.out / "data";
+  std::error_code ec;
+  fs::create_directories(data_root, ec);
+  if (ec) return IoError("cannot create " + data_root.string() + ": " + ec.message());
+  fs::path train_path, val_path;
+  if (cfg.data == "fortunes") {
+    const fs::path dir =
+        opts.corpus_dir.empty() ? fs::path("/usr/share/games/fortunes") : opts.corpus_dir;
+    UCP_ASSIGN_OR_RETURN(auto files, FortuneFiles(dir), "--data fortunes");
+    UCP_ASSIGN_OR_RETURN(CorpusFiles c, BuildCorpus(files, data_root / "fortunes"),
+                         "--data fortunes");
+    train_path = c.train;
+    val_path = c.val;
+  } else {
+    const fs::path p = cfg.data;
+    if (!fs::exists(p, ec)) return NotFoundError("--data " + cfg.data + ": no such file");
+    // A token file in llm.c's format is taken as it is; anything else is UTF-8 text whose
+    // bytes are the tokens (held in memory: text corpora that fit a file read fit memory).
+    // The held-out set is then the last 10% of the tokens.
+    Result<TokenFile> tf = TokenFile::Open(p);
+    if (tf.ok()) {
+      train_path = p;
+    } else {
+      UCP_ASSIGN_OR_RETURN(std::string text, io::ReadFileToString(p, int64_t{1} << 31),
+                           "--data " + cfg.data);
+      UCP_RETURN_IF_ERROR(TokenizeDocument(text, cfg.data, text_tokens), "--data " + cfg.data);
+    }
+  }
+  if (!train_path.empty()) {
+    UCP_ASSIGN_OR_RETURN(TokenFile t, TokenFile::Open(train_path));
+    train_file.emplace(std::move(t));
+    train_tokens = train_file->tokens();
+  } else {
+    train_tokens = text_tokens;
+  }
+  if (!val_path.empty()) {
+    UCP_ASSIGN_OR_RETURN(TokenFile v, TokenFile::Open(val_path));
+    val_file.emplace(std::move(v));
+    val_tokens = val_file->tokens();
+  } else {
+    const size_t hold = train_tokens.size() / 10;
+    val_tokens = train_tokens.subspan(train_tokens.size() - hold);
+    train_tokens = train_tokens.subspan(0, train_tokens.size() - hold);
+  }
+  const int64_t vocab = net->config().vocab;
+  for (auto span : {train_tokens, val_tokens}) {
+    for (size_t i = 0; i < span.size(); ++i) {
+      if (span[i] >= vocab) {
+        return InvalidArgumentError("--data " + cfg.data + ": token " + std::to_string(span[i]) +
+                                    " at position " + std::to_string(i) +
+                                    " is outside the model's vocabulary of " +
+                                    std::to_string(vocab));
+      }
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(Sampler s, Sampler::Create(static_cast<int64_t>(train_tokens.size()),
+                                                  seq_len, cfg.seed),
+                       "--data " + cfg.data);
+  sampler.emplace(std::move(s));
+  inputs.assign(static_cast<size_t>(micro_batch * seq_len), 0);
+  targets.assign(inputs.size(), 0);
+  return Status::Ok();
+}
+
+void Trainer::Impl::InitWeights() {
+  const auto& params = net->params();
+  const ModelConfig& mc = net->config();
+  const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(mc.layers));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    const bool norm = EndsWith(p.name, "layernorm.weight");
+    const bool bias = EndsWith(p.name, ".bias");
+    const bool scaled = EndsWith(p.name, "self_attention.dense.weight") ||
+                        EndsWith(p.name, "mlp.dense_4h_to_h.weight");
+    const double stdev = scaled ? out_std : cfg.init_std;
+    const bool vocab_rows = p.name == "embedding.word_embeddings.weight" ||
+                            p.name == "output_layer.weight";
+    const int64_t valid = vocab_rows ? mc.vocab * p.shape[1] : p.numel;
+    const uint64_t stream = SplitMix64(cfg.seed) ^ Fnv1a(p.name);
+    for (int64_t e = 0; e < p.numel; ++e) {
+      float v = 0.0f;
+      if (e < valid) {
+        v = norm ? 1.0f : bias ? 0.0f : static_cast<float>(stdev * NormalAt(stream, e));
+      }
+      w32[p.offset + e] = v;
+    }
+  }
+  for (const Piece& pc : my_pieces()) {
+    std::memcpy(master.data() + pc.foff, w32.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
+  }
+  // The training-dtype weights are the master rounded to nearest even; the compute copy is
+  // widened back from them.
+  if (lowp()) {
+    for (int64_t e = 0; e < numel(); ++e) {
+      w_lp[e] = dtype == DType::kBf16 ? Bf16FromFloat(w32[e]) : HalfFromFloat(w32[e]);
+    }
+    WidenWeights();
+  }
+}
+
+void Trainer::Impl::WidenWeights() {
+  if (!lowp()) return;
+  const int64_t n = numel();
+  const bool bf16 = dtype == DType::kBf16;
+  arena->execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kReduceChunk),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        for (int64_t e = r.begin(); e < r.end(); ++e) {
+                          w32[e] = bf16 ? FloatFromBf16(w_lp[e]) : FloatFromHalf(w_lp[e]);
+                        }
+                      });
+  });
+}
+
+// The rank's tensors as views: into the live state, or into `from` (a staging copy). With
+// master_only, just the fp32 master tensors (an --init from another run's weights).
+std::vector<std::pair<std::string, TensorView>> Trainer::Impl::Views(bool weights,
+                                                                     bool master_only,
+                                                                     Staging* from) {
+  std::vector<std::pair<std::string, TensorView>> views;
+  auto infos = api::RankTensors(model, layout, rank, convert::PlanOptions{});
+  UCP_CHECK(infos.ok());  // the layout was checked at set-up
+  const auto& params = net->params();
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < params.size(); ++i) by_name[params[i].name] = i;
+  std::byte* wbytes = from != nullptr ? from->weights.data()
+                      : lowp()        ? reinterpret_cast<std::byte*>(w_lp.data())
+                                      : reinterpret_cast<std::byte*>(w32.data());
+  auto state_buf = [&](const std::string& state) -> float* {
+    if (from != nullptr) {
+      return state == "fp32" ? from->master.data()
+             : state == "exp_avg" ? from->exp_avg.data() : from->exp_avg_sq.data();
+    }
+    return state == "fp32" ? master.data()
+           : state == "exp_avg" ? exp_avg.data() : exp_avg_sq.data();
+  };
+  const size_t esize = DTypeSizeBytes(dtype);
+  for (const convert::TensorInfo& t : *infos) {
+    const int64_t n = NumElementsOrDie(t.shape);
+    if (t.kind == convert::TensorKind::kModelSlice) {
+      if (!weights || master_only) continue;
+      const ParamInfo& p = params[by_name.at(t.param)];
+      views.emplace_back(t.name, TensorView{t.dtype, t.shape,
+                                            {wbytes + p.offset * esize, size_t(n) * esize}});
+      continue;
+    }
+    if (master_only && t.state != "fp32") continue;
+    float* base = state_buf(t.state) + state_offset.at(t.name);
+    views.emplace_back(t.name, TensorView{DType::kFp32, t.shape,
+                                          {reinterpret_cast<std::byte*>(base), size_t(n) * 4}});
+  }
+  return views;
+}
+
+// The model's weights from the masters of every block (after a step or an --init): the
+// training-dtype copy is the masters rounded to nearest even, as Adam's fused copy-out writes
+// it, and the compute copy is widened from that. With several blocks, the masters are gathered.
+Status Trainer::Impl::RefreshWeights() {
+  const float* src = master.data();
+  if (blocks > 1) {
+    UCP_RETURN_IF_ERROR(comm->AllGather(master, flat), "gathering the updated weights");
+    src = flat.data();
+  }
+  for (int r = 0; r < blocks; ++r) {
+    const float* b = src + (blocks > 1 ? static_cast<int64_t>(r) * block_size : 0);
+    for (const Piece& pc : block_pieces[r]) {
+      std::memcpy(w32.data() + pc.coff, b + pc.foff, static_cast<size_t>(pc.n) * 4);
+    }
+  }
+  if (lowp()) {
+    const bool bf16 = dtype == DType::kBf16;
+    arena->execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, numel(), kReduceChunk),
+                        [&](const tbb::blocked_range<int64_t>& r) {
+                          for (int64_t e = r.begin(); e < r.end(); ++e) {
+                            w_lp[e] = bf16 ? Bf16FromFloat(w32[e]) : HalfFromFloat(w32[e]);
+                          }
+                        });
+    });
+    WidenWeights();
+  }
+  return Status::Ok();
+}
+
+// The sum over all processes of one double per process, added in rank order: each process fills
+// its own slot of a zeroed vector, so the library's all-reduce only ever adds zeros (exact), and
+// the order of the real adds is fixed here.
+Result<double> Trainer::Impl::SumOverRanks(double local) {
+  if (world == 1) return local;
+  std::vector<double> slots(static_cast<size_t>(world), 0.0);
+  slots[static_cast<size_t>(rank)] = local;
+  UCP_RETURN_IF_ERROR(comm->AllReduce(std::span<double>(slots), ReduceOp::kSum));
+  double sum = 0;
+  for (double v : slots) sum += v;
+  return sum;
+}
+
+std::string Trainer::Impl::ClientState() const {
+  json s{{"version", kClientStateVersion},
+         {"step", step},
+         {"consumed_samples", consumed},
+         {"optimizer_steps", optimizer_steps},
+         {"skipped_steps", skipped_steps},
+         {"loss_scale", scaler.scale},
+         {"loss_scale_good_steps", scaler.good_steps},
+         {"train_tokens", static_cast<int64_t>(train_tokens.size())},
+         {"config", ConfigToJson(cfg)}};
+  return json{{"ucp_train", s}}.dump();
+}
+
+Status Trainer::Impl::ApplyClientState(const std::string& text, const std::string& where) {
+  if (text.empty()) {
+    return FailedPreconditionError(where + ": no ucp_train client state (not a ucp-train "
+                                           "checkpoint; use --init to start from its weights)");
+  }
+  UCP_ASSIGN_OR_RETURN(json j, ucp::json::ParseStrict(text, where + ": client state",
+                                                      StatusCode::kDataLoss));
+  if (!j.contains("ucp_train") || !j["ucp_train"].is_object()) {
+    return FailedPreconditionError(where + ": no ucp_train client state (not a ucp-train "
+                                           "checkpoint; use --init to start from its weights)");
+  }
+  const json& s = j["ucp_train"];
+  try {
+    if (s.at("version").get<int>() != kClientStateVersion) {
+      return UnimplementedError(where + ": ucp_train.version " +
+                                std::to_string(s.at("version").get<int>()) + " is not supported");
+    }
+    step = s.at("step").get<int64_t>();
+    consumed = s.at("consumed_samples").get<int64_t>();
+    optimizer_steps = s.at("optimizer_steps").get<int64_t>();
+    skipped_steps = s.at("skipped_steps").get<int64_t>();
+    scaler.scale = s.at("loss_scale").get<double>();
+    scaler.good_steps = s.at("loss_scale_good_steps").get<int64_t>();
+    const int64_t recorded_tokens = s.at("train_tokens").get<int64_t>();
+    if (recorded_tokens != static_cast<int64_t>(train_tokens.size())) {
+      return FailedPreconditionError(
+          where + ": the training data changed: the run trained on " +
+          std::to_string(recorded_tokens) + " tokens, --data " + cfg.data + " now holds " +
+          std::to_string(train_tokens.size()) + " (the sample order would differ)");
+    }
+  } catch (const std::exception&) {
+    return DataLossError(where + ": ucp_train client state has a missing or mistyped field");
+  }
+  if (consumed != step * cfg.global_batch) {
+    return DataLossError(where + ": ucp_train.consumed_samples " + std::to_string(consumed) +
+                         " is not step " + std::to_string(step) + " x global batch " +
+                         std::to_string(cfg.global_batch));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Impl::Restore(const fs::path& ckpt, bool full) {
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<api::CheckpointSource> src,
+                       api::CheckpointSource::Open(ckpt, data_dir));
+  const api::CheckpointMeta& meta = src->meta();
+  // The source must describe the same parameters (names and logical shapes).
+  if (meta.model.params.size() != model.params.size()) {
+    return FailedPreconditionError(ckpt.string() + " holds " +
+                                   std::to_string(meta.model.params.size()) +
+                                   " parameters; the model has " +
+                                   std::to_string(model.params.size()));
+  }
+  for (size_t i = 0; i < model.params.size(); ++i) {
+    if (meta.model.params[i].name != model.params[i].name ||
+        meta.model.params[i].shape != model.params[i].shape) {
+      return FailedPreconditionError(ckpt.string() + ": parameter \"" +
+                                     meta.model.params[i].name + "\" differs from the model's \"" +
+                                     model.params[i].name + "\" (name or shape)");
+    }
+  }
+  const bool has_master = std::find(meta.optimizer_states.begin(), meta.optimizer_states.end(),
+                                    "fp32") != meta.optimizer_states.end();
+  if (full) {
+    // Everything, bitwise: the training-dtype weights, masters and Adam states of this rank.
+    auto views = Views(/*weights=*/true, /*master_only=*/false, nullptr);
+    UCP_RETURN_IF_ERROR(api::RestoreRank(*src, layout, rank, views),
+                        "restoring " + ckpt.string());
+    WidenWeights();  // fp32 training restored its weights into the compute copy itself
+    return Status::Ok();
+  }
+  // --init: weights only; Adam starts from zero. The masters come from the source's fp32
+  // state (never rebuilt from a low-precision copy); the weights are made from them.
+  if (!has_master) {
+    return UnimplementedError(ckpt.string() + " holds no fp32 master weights (state \"fp32\")");
+  }
+  auto views = Views(false, /*master_only=*/true, nullptr);
+  UCP_RETURN_IF_ERROR(api::RestoreRank(*src, layout, rank, views), "restoring " + ckpt.string());
+  return RefreshWeights();
+}
+
+void Trainer::Impl::AppendLog(const json& line) {
+  std::ofstream f(log_path, std::ios::app);
+  f << line.dump() << "\n";
+}
+
+// Starts a save of the staged state: RankSaver::Create is collective (every process, this
+// thread), the rank's tensors are written by a background thread, and FinishSave commits.
+Status Trainer::Impl::StartSave() {
+  api::CheckpointMeta meta;
+  meta.format = api::Format::kDistributed;
+  meta.layout = layout;
+  meta.spec = spec;
+  meta.model = model;
+  meta.step = step;
+  meta.optimizer_kind = "adamw";
+  meta.optimizer_hyper = {{"lr", last_lr},
+                          {"beta1", cfg.beta1},
+                          {"beta2", cfg.beta2},
+                          {"eps", cfg.eps},
+                          {"weight_decay", cfg.weight_decay}};
+  meta.client_state_json = ClientState();
+  api::SaveOptions so;
+  if (save_group != nullptr) {
+    so.group = save_group.get();
+    so.ranks = {rank};
+  }
+  UCP_ASSIGN_OR_RETURN(api::RankSaver s, api::RankSaver::Create(opts.out / StepDirName(step), meta, so));
+  pending.emplace(std::move(s));
+  pending_step = step;
+  saver_done = false;
+  save_status = Status::Ok();
+  auto write = [this] {
+    auto views = Views(true, false, &staging);
+    std::vector<std::pair<std::string, ConstTensorView>> cviews;
+    cviews.reserve(views.size());
+    for (auto& [n, v] : views) cviews.emplace_back(n, v);
+    save_status = pending->SaveRank(rank, cviews);
+    saver_done = true;
+  };
+  if (opts.async_save) {
+    saver = std::thread(write);
+  } else {
+    write();
+  }
+  return Status::Ok();
+}
+
+// Commits the save in flight (collective): every process has written its rank; the root then
+// points `latest` at it (written last, so it always names a complete checkpoint) and applies
+// --keep.
+Status Trainer::Impl::FinishSave() {
+  if (!pending.has_value()) return Status::Ok();
+  if (saver.joinable()) saver.join();
+  // Every process learns whether any rank failed before the collective commit.
+  Status st = save_status;
+  UCP_ASSIGN_OR_RETURN(double failures, SumOverRanks(st.ok() ? 0.0 : 1.0));
+  if (failures == 0) st = pending->Commit();
+  pending.reset();
+  if (!st.ok()) return st;
+  if (failures > 0) {
+    return IoError("saving step " + std::to_string(pending_step) + " failed on " +
+                   std::to_string(static_cast<int>(failures)) + " process(es)");
+  }
+  if (root()) {
+    UCP_RETURN_IF_ERROR(
+        io::WriteFileAtomic(opts.out / "latest", StepDirName(pending_step) + "\n"));
+    if (opts.keep > 0) {
+      auto all = RunCheckpoints(opts.out);
+      for (size_t i = 0; i + static_cast<size_t>(opts.keep) < all.size(); ++i) {
+        io::RemoveTreeBestEffort(all[i].second);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// --- the public class -------------------------------------------------------------------------
+
+Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Trainer::Trainer(Trainer&&) noexcept = default;
+Trainer& Trainer::operator=(Trainer&&) noexcept = default;
+Trainer::~Trainer() = default;
+
+const TrainConfig& Trainer::config() const { return impl_->cfg; }
+int64_t Trainer::step() const { return impl_->step; }
+int Trainer::rank() const { return impl_->rank; }
+int64_t Trainer::num_params() const { return impl_->net->num_params(); }
+
+Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opts) {
+  auto impl = std::make_unique<Impl>();
+  Impl& t = *impl;
+  t.cfg = config;
+  t.opts = opts;
+  t.threads = opts.threads > 0 ? opts.threads
+                               : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  t.data_dir = opts.data_dir.empty() ? api::UcpDataDir() : opts.data_dir;
+  if (opts.out.empty()) return InvalidArgumentError("--out: a run folder is needed");
+  if (!opts.resume.empty() && !opts.init.empty()) {
+    return InvalidArgumentError("--resume and --init exclude each other");
+  }
+  if (opts.comm != nullptr) {
+    t.comm = opts.comm;
+  } else {
+    t.own_comm = SelfCommunicator();
+    t.comm = t.own_comm.get();
+  }
+  t.rank = t.comm->rank();
+  t.world = t.comm->size();
+  if (t.world > 1) {
+    // RankSaver's process group (MPI_COMM_WORLD, as the communicator): each process saves its
+    // own rank and the root commits.
+    UCP_ASSIGN_OR_RETURN(t.save_group, mpi::WorldGroup(), "checkpoint process group");
+  }
+  TrainConfig& c = t.cfg;
+  if (c.global_batch < 1) return InvalidArgumentError("--global-batch must be >= 1");
+  if (c.steps < 0) return InvalidArgumentError("--steps must be >= 0");
+  if (!(c.lr >= 0) || !(c.min_lr >= 0) || !std::isfinite(c.lr) || !std::isfinite(c.min_lr)) {
+    return InvalidArgumentError("--lr and --min-lr must be finite and >= 0");
+  }
+  if (!(c.clip_grad >= 0) || !std::isfinite(c.clip_grad)) {
+    return InvalidArgumentError("--clip-grad must be finite and >= 0");
+  }
+  if (opts.keep < 0 || opts.save_every < 0) {
+    return InvalidArgumentError("--keep and --save-every must be >= 0");
+  }
+
+  // The model: from the checkpoint when resuming or initialising from one (it records its own
+  // description), else from the preset.
+  fs::path start_ckpt;
+  if (!opts.resume.empty()) {
+    UCP_ASSIGN_OR_RETURN(start_ckpt, FindResumeCheckpoint(opts.resume));
+  } else if (!opts.init.empty()) {
+    start_ckpt = opts.init;
+  }
+  if (!start_ckpt.empty()) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<api::CheckpointSource> src,
+                         api::CheckpointSource::Open(start_ckpt, t.data_dir),
+                         opts.resume.empty() ? "--init" : "--resume");
+    t.spec = src->meta().spec;
+    t.model = src->meta().model;
+    if (!c.dtype.empty()) {
+      UCP_ASSIGN_OR_RETURN(DType d, DTypeFromName(c.dtype), "--dtype");
+      t.spec.dtype = d;
+      t.model.spec.dtype = d;
+      for (auto& p : t.model.params) p.dtype = d;
+    }
+  } else {
+    UCP_ASSIGN_OR_RETURN(auto m, api::LoadResolvedModel(t.data_dir, c.model, c.dtype), "--model");
+    t.spec = std::move(m.first);
+    t.model = std::move(m.second);
+  }
+  t.dtype = t.spec.dtype;
+  if (t.dtype != DType::kBf16 && t.dtype != DType::kFp16 && t.dtype != DType::kFp32) {
+    return InvalidArgumentError("--dtype " + std::string(DTypeName(t.dtype)) +
+                                ": the engine trains in bf16, fp16 or fp32");
+  }
+  c.model = t.spec.name;
+  c.dtype = std::string(DTypeName(t.dtype));
+  UCP_ASSIGN_OR_RETURN(ModelConfig mc, ModelConfig::FromSpec(t.spec), "model " + t.spec.name);
+
+  if (c.seq_len == 0) c.seq_len = std::min<int64_t>(mc.max_positions > 0 ? mc.max_positions : 256, 256);
+  if (c.seq_len < 1) return InvalidArgumentError("--seq-len must be >= 1");
+  // The micro-batch is a per-process choice: it is checked against this layout's share of the
+  // global batch, and (0) defaults to that share.
+  {
+    UCP_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(c.layout), "--layout");
+    if (l.universal || l.dp < 1 || c.global_batch % l.dp != 0) {
+      return InvalidArgumentError("--layout " + c.layout + ": the global batch of " +
+                                  std::to_string(c.global_batch) +
+                                  " samples does not divide by dp=" + std::to_string(l.dp) +
+                                  " (" + std::to_string(c.global_batch) + " = " +
+                                  std::to_string(l.dp) + " x " +
+                                  std::to_string(c.global_batch / std::max(1, l.dp)) + " + " +
+                                  std::to_string(c.global_batch % std::max(1, l.dp)) + ")");
+    }
+    const int64_t share = c.global_batch / l.dp;
+    if (c.micro_batch == 0 || c.micro_batch > share) c.micro_batch = share;
+    if (c.micro_batch < 1 || share % c.micro_batch != 0) {
+      return InvalidArgumentError("--micro-batch " + std::to_string(c.micro_batch) +
+                                  " does not divide the global batch's share of " +
+                                  std::to_string(share) + " samples per data-parallel rank");
+    }
+  }
+  const int64_t total_samples = c.steps * c.global_batch;
+  if (c.warmup_samples < 0) c.warmup_samples = total_samples / 20;
+  if (c.decay_samples < 0) c.decay_samples = total_samples;
+  t.seq_len = c.seq_len;
+  t.micro_batch = c.micro_batch;
+
+  UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, t.micro_batch, t.seq_len, t.threads));
+  t.net.emplace(std::move(net));
+  // The model's parameter table must be the rule set's, in the same order (its flat buffer is
+  // then the canonical order the optimizer groups are cut from).
+  const auto& params = t.net->params();
+  if (params.size() != t.model.params.size()) {
+    return InternalError("the engine's model has " + std::to_string(params.size()) +
+                         " parameters, the rule set " + std::to_string(t.model.params.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    UCP_ASSIGN_OR_RETURN(patterns::Slice s, patterns::SliceParam(t.model.params[i], 1, 0, 1, 0));
+    if (params[i].name != t.model.params[i].name || params[i].shape != s.local_shape) {
+      return InternalError("engine parameter " + params[i].name +
+                           " does not match the rule set's " + t.model.params[i].name);
+    }
+  }
+  t.arena.emplace(t.threads);
+  UCP_RETURN_IF_ERROR(t.SetUpLayout());
+  const size_t n = static_cast<size_t>(t.net->num_params());
+  t.w32.assign(n, 0.0f);
+  t.grads.assign(n, 0.0f);
+  if (t.lowp()) t.w_lp.assign(n, 0);
+
+  std::error_code ec;
+  fs::create_directories(opts.out, ec);
+  if (ec) return IoError("cannot create " + opts.out.string() + ": " + ec.message());
+  if (opts.resume.empty() && !RunCheckpoints(opts.out).empty()) {
+    return AlreadyExistsError("--out " + opts.out.string() +
+                              " already holds checkpoints: --resume it, or choose another folder");
+  }
+  // The root tokenizes the corpus first; the others then find (and check) its files.
+  if (t.root()) UCP_RETURN_IF_ERROR(t.SetUpData());
+  UCP_RETURN_IF_ERROR(t.comm->Barrier());
+  if (!t.root()) UCP_RETURN_IF_ERROR(t.SetUpData());
+
+  AdamConfig ac;
+  ac.lr = static_cast<float>(c.lr);
+  ac.beta1 = static_cast<float>(c.beta1);
+  ac.beta2 = static_cast<float>(c.beta2);
+  ac.eps = static_cast<float>(c.eps);
+  ac.weight_decay = static_cast<float>(c.weight_decay);
+  ac.decoupled = true;
+  UCP_ASSIGN_OR_RETURN(CpuAdam adam, CpuAdam::Create(ac, t.threads), "optimizer");
+  t.adam.emplace(std::move(adam));
+  t.sched = {c.lr, c.min_lr, c.warmup_samples, c.decay_samples};
+  t.scaler.enabled = t.dtype == DType::kFp16;
+  t.scaler.scale = t.scaler.enabled ? c.initial_loss_scale : 1.0;
+  t.scaler.window = c.loss_scale_window;
+
+  t.log_path = opts.out / "log.jsonl";
+  if (!opts.resume.empty()) {
+    // A save killed mid-write leaves its step_N.tmp-XXXXXX folder (never a checkpoint: readers
+    // refuse .tmp- names); the resumed run owns the folder, so its root clears them.
+    for (const auto& e : fs::directory_iterator(opts.out, ec)) {
+      if (!t.root()) break;
+      const std::string name = e.path().filename().string();
+      const size_t at = name.find(io::kTempMarker);
+      if (at != std::string::npos && StepOfDirName(name.substr(0, at)) >= 0) {
+        io::RemoveTreeBestEffort(e.path());
+      }
+    }
+    UCP_RETURN_IF_ERROR(t.Restore(start_ckpt, /*full=*/true));
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<api::CheckpointSource> src,
+                         api::CheckpointSource::Open(start_ckpt, t.data_dir));
+    UCP_RETURN_IF_ERROR(t.ApplyClientState(src->meta().client_state_json, start_ckpt.string()));
+    // The log keeps what happened up to the checkpoint; the dead run's later lines go.
+    std::vector<std::string> kept;
+    {
+      std::ifstream f(t.log_path);
+      std::string line;
+      while (std::getline(f, line)) {
+        Result<json> j = ucp::json::ParseStrict(line, "log", StatusCode::kDataLoss);
+        if (!j.ok() || !j->is_object()) continue;
+        if (j->contains("step") && (*j)["step"].is_number_integer() &&
+            (*j)["step"].get<int64_t>() > t.step) {
+          continue;
+        }
+        kept.push_back(line);
+      }
+    }
+    std::string text;
+    for (const auto& l : kept) text += l + "\n";
+    if (t.root()) {
+      UCP_RETURN_IF_ERROR(io::WriteFileAtomic(t.log_path, text));
+      t.AppendLog({{"event", "resume"},
+                   {"step", t.step},
+                   {"layout", layout::ToString(t.layout)},
+                   {"processes", t.world},
+                   {"from", start_ckpt.string()}});
+    }
+  } else {
+    if (!opts.init.empty()) {
+      UCP_RETURN_IF_ERROR(t.Restore(start_ckpt, /*full=*/false), "--init");
+    } else {
+      t.InitWeights();
+    }
+    if (t.root()) UCP_RETURN_IF_ERROR(io::WriteFileAtomic(t.log_path, ""));
+    if (t.root()) t.AppendLog({{"event", "start"},
+                 {"processes", t.world},
+                 {"step", 0},
+                 {"layout", layout::ToString(t.layout)},
+                 {"init", opts.init.string()},
+                 {"config", ConfigToJson(c)}});
+  }
+  return Trainer(std::move(impl));
+}
+
+std::string Trainer::Describe() const {
+  const Impl& t = *impl_;
+  const ModelConfig& mc = t.net->config();
+  std::ostringstream os;
+  os << "model " << t.spec.name << " (" << t.spec.family << ", " << t.net->num_params()
+     << " parameters, " << mc.layers << " layers, hidden " << mc.hidden << ", " << mc.heads
+     << " heads / " << mc.kv_heads << " kv, vocab " << mc.vocab << " padded to "
+     << mc.padded_vocab << "), training dtype " << DTypeName(t.dtype) << ", layout "
+     << layout::ToString(t.layout) << ", " << t.threads << " threads\n"
+     << "data " << t.cfg.data << ": " << t.train_tokens.size() << " training tokens ("
+     << t.sampler->num_samples() << " samples of " << t.seq_len << "), " << t.val_tokens.size()
+     << " held-out tokens" << (t.val_tokens.size() > static_cast<size_t>(t.seq_len)
+                                    ? "" : " (fewer than a sample: no validation)")
+     << "\n"
+     << "schedule: " << t.cfg.steps << " steps of " << t.cfg.global_batch << " samples ("
+     << t.cfg.global_batch * t.seq_len << " tokens) in micro-batches of " << t.micro_batch
+     << "; lr " << t.cfg.lr << " -> " << t.cfg.min_lr << ", warm-up " << t.cfg.warmup_samples
+     << " samples, "
+     << (t.cfg.decay_samples > t.cfg.warmup_samples
+             ? "cosine to " + std::to_string(t.cfg.decay_samples) + " samples"
+             : std::string("then constant"))
+     << "; AdamW(" << t.cfg.beta1 << ", "
+     << t.cfg.beta2 << ", eps " << t.cfg.eps << ", wd " << t.cfg.weight_decay << "), clip "
+     << t.cfg.clip_grad;
+  return os.str();
+}
+
+Result<StepRecord> Trainer::Step() {
+  Impl& t = *impl_;
+  const auto t0 = Clock::now();
+  // A save in flight is committed as soon as every process has written its rank (a collective
+  // poll, so all processes commit at the same step).
+  if (t.pending.has_value()) {
+    UCP_ASSIGN_OR_RETURN(double not_done, t.SumOverRanks(t.saver_done ? 0.0 : 1.0));
+    if (not_done == 0) {
+      UCP_RETURN_IF_ERROR(t.FinishSave(), "an earlier checkpoint save failed");
+    }
+  }
+  StepRecord rec;
+  rec.step = t.step + 1;
+  const int64_t G = t.cfg.global_batch;
+  UCP_ASSIGN_OR_RETURN(auto range, Sampler::RankRange(t.step, G, t.layout.dp, t.dp_rank));
+  std::fill(t.grads.begin(), t.grads.end(), 0.0f);
+  const int64_t global_tokens = G * t.seq_len;
+  const float grad_scale = static_cast<float>(t.scaler.scale / static_cast<double>(global_tokens));
+  double loss_sum = 0;
+  for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
+    const int64_t nb = std::min(t.micro_batch, range.second - first);
+    const size_t len = static_cast<size_t>(nb * t.seq_len);
+    t.sampler->Fill(t.train_tokens, first, nb, std::span(t.inputs).first(len),
+                    std::span(t.targets).first(len));
+    Batch b{std::span<const int32_t>(t.inputs).first(len),
+            std::span<const int32_t>(t.targets).first(len), nb, t.seq_len};
+    UCP_ASSIGN_OR_RETURN(double l, t.net->ForwardBackward(t.w32, t.grads, b, grad_scale),
+                         "step " + std::to_string(rec.step));
+    loss_sum += l;
+  }
+  UCP_ASSIGN_OR_RETURN(double global_loss, t.SumOverRanks(loss_sum));
+  rec.loss = global_loss / static_cast<double>(global_tokens);
+  rec.tokens = global_tokens;
+
+  // Gradients summed over the data-parallel ranks, added in rank order (the same bits on every
+  // rank and in every run of this layout): whole at ZeRO-0, else reduce-scattered into each
+  // rank's block of the flat view.
+  std::span<float> g = t.grads;
+  if (t.blocks > 1) {
+    for (int r = 0; r < t.blocks; ++r) {
+      float* blk = t.flat.data() + static_cast<int64_t>(r) * t.block_size;
+      for (const Piece& pc : t.block_pieces[r]) {
+        std::memcpy(blk + pc.foff, t.grads.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
+      }
+    }
+    UCP_RETURN_IF_ERROR(t.comm->ReduceScatterDeterministic(t.flat, t.gblock),
+                        "reducing gradients");
+    g = t.gblock;
+  } else if (t.world > 1) {
+    UCP_RETURN_IF_ERROR(t.comm->AllReduceDeterministic(t.grads), "reducing gradients");
+  }
+
+  // Global gradient norm, in double over fixed chunks summed in order (thread-count free), then
+  // over the ranks' blocks in rank order; the largest magnitude for fp16's overflow test.
+  const int64_t n = static_cast<int64_t>(g.size());
+  const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  std::vector<float> maxabs(static_cast<size_t>(chunks), 0.0f);
+  t.arena->execute([&] {
+    tbb::parallel_for(int64_t{0}, chunks, [&](int64_t c) {
+      const int64_t b = c * kReduceChunk, e = std::min(n, b + kReduceChunk);
+      double s = 0;
+      float m = 0;
+      for (int64_t i = b; i < e; ++i) {
+        const float v = g[i];
+        s += static_cast<double>(v) * v;
+        m = std::max(m, std::fabs(v));
+        if (v != v) m = INFINITY;
+      }
+      partial[c] = s;
+      maxabs[c] = m;
+    });
+  });
+  double ss = 0;
+  float gmax = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    ss += partial[c];
+    gmax = std::max(gmax, maxabs[c]);
+  }
+  if (t.blocks > 1) {
+    UCP_ASSIGN_OR_RETURN(ss, t.SumOverRanks(ss));
+    std::array<float, 1> m{gmax};
+    UCP_RETURN_IF_ERROR(t.comm->AllReduce(std::span<float>(m), ReduceOp::kMax));
+    gmax = m[0];
+  }
+  rec.grad_norm = std::sqrt(ss) / t.scaler.scale;
+  const bool overflow = !std::isfinite(ss) || !std::isfinite(gmax) ||
+                        (t.dtype == DType::kFp16 && gmax > kFp16Max);
+  rec.loss_scale = t.scaler.scale;
+  t.step += 1;
+  t.consumed += G;
+  rec.lr = t.sched.At(t.consumed);
+  t.last_lr = rec.lr;
+  if (!t.scaler.Update(overflow)) {
+    rec.skipped = true;
+    t.skipped_steps += 1;
+  } else {
+    double coef = 1.0 / rec.loss_scale;
+    if (t.cfg.clip_grad > 0 && rec.grad_norm > t.cfg.clip_grad) {
+      coef *= t.cfg.clip_grad / (rec.grad_norm + 1e-6);
+    }
+    if (coef != 1.0) {
+      const float cf = static_cast<float>(coef);
+      t.arena->execute([&] {
+        tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kReduceChunk),
+                          [&](const tbb::blocked_range<int64_t>& r) {
+                            for (int64_t i = r.begin(); i < r.end(); ++i) g[i] *= cf;
+                          });
+      });
+    }
+    UCP_RETURN_IF_ERROR(t.adam->set_lr(static_cast<float>(rec.lr)));
+    t.optimizer_steps += 1;
+    if (t.blocks == 1) {
+      // One block (every rank holds the whole state): Adam's fused copy-out writes the
+      // training-dtype weights piece by piece.
+      std::vector<AdamSpans> bucket;
+      bucket.reserve(t.block_pieces[0].size());
+      for (const Piece& pc : t.block_pieces[0]) {
+        AdamSpans a;
+        a.param = std::span(t.master).subspan(pc.foff, pc.n);
+        a.grad = GradSpan::Fp32(std::span<const float>(t.grads).subspan(pc.coff, pc.n));
+        a.exp_avg = std::span(t.exp_avg).subspan(pc.foff, pc.n);
+        a.exp_avg_sq = std::span(t.exp_avg_sq).subspan(pc.foff, pc.n);
+        if (t.lowp()) {
+          auto out = std::span(t.w_lp).subspan(pc.coff, pc.n);
+          a.out = t.dtype == DType::kBf16 ? LowpOutSpan::Bf16(out) : LowpOutSpan::Fp16(out);
+        }
+        bucket.push_back(a);
+      }
+      UCP_RETURN_IF_ERROR(t.adam->StepBucket(t.optimizer_steps, bucket), "optimizer step");
+      if (t.lowp()) {
+        t.WidenWeights();
+      } else {
+        for (const Piece& pc : t.block_pieces[0]) {
+          std::memcpy(t.w32.data() + pc.coff, t.master.data() + pc.foff,
+                      static_cast<size_t>(pc.n) * 4);
+        }
+      }
+    } else {
+      // This rank's block, then every block's masters gathered into the model's weights.
+      AdamSpans a;
+      a.param = t.master;
+      a.grad = GradSpan::Fp32(t.gblock);
+      a.exp_avg = t.exp_avg;
+      a.exp_avg_sq = t.exp_avg_sq;
+      const AdamSpans one[] = {a};
+      UCP_RETURN_IF_ERROR(t.adam->StepBucket(t.optimizer_steps, one), "optimizer step");
+      UCP_RETURN_IF_ERROR(t.RefreshWeights());
+    }
+  }
+  rec.seconds = Seconds(t0, Clock::now());
+  return rec;
+}
+
+bool Trainer::can_validate() const {
+  return static_cast<int64_t>(impl_->val_tokens.size()) > impl_->seq_len;
+}
+
+Result<double> Trainer::Validate() {
+  Impl& t = *impl_;
+  const int64_t avail = (static_cast<int64_t>(t.val_tokens.size()) - 1) / t.seq_len;
+  const int64_t total = std::min(t.cfg.val_samples, avail);
+  if (total < 1) return FailedPreconditionError("the held-out set holds no sample");
+  // Data-parallel ranks share the held-out samples (contiguous, possibly uneven shares).
+  const int64_t dp = t.layout.dp;
+  const int64_t lo = total * t.dp_rank / dp, hi = total * (t.dp_rank + 1) / dp;
+  double sum = 0;
+  for (int64_t first = lo; first < hi; first += t.micro_batch) {
+    const int64_t nb = std::min(t.micro_batch, hi - first);
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int64_t i = 0; i < t.seq_len; ++i) {
+        const size_t at = static_cast<size_t>((first + b) * t.seq_len + i);
+        t.inputs[b * t.seq_len + i] = t.val_tokens[at];
+        t.targets[b * t.seq_len + i] = t.val_tokens[at + 1];
+      }
+    }
+    const size_t len = static_cast<size_t>(nb * t.seq_len);
+    Batch batch{std::span<const int32_t>(t.inputs).first(len),
+                std::span<const int32_t>(t.targets).first(len), nb, t.seq_len};
+    UCP_ASSIGN_OR_RETURN(double l, t.net->Forward(t.w32, batch), "validation");
+    sum += l;
+  }
+  UCP_ASSIGN_OR_RETURN(double all, t.SumOverRanks(sum));
+  return all / static_cast<double>(total * t.seq_len);
+}
+
+Status Trainer::Save() {
+  Impl& t = *impl_;
+  UCP_RETURN_IF_ERROR(Wait());
+  // Stage: one copy of what the checkpoint holds, so training goes on while it is written.
+  const size_t wbytes = t.lowp() ? t.w_lp.size() * 2 : t.w32.size() * 4;
+  t.staging.weights.resize(wbytes);
+  std::memcpy(t.staging.weights.data(),
+              t.lowp() ? static_cast<const void*>(t.w_lp.data()) : t.w32.data(), wbytes);
+  t.staging.master = t.master;
+  t.staging.exp_avg = t.exp_avg;
+  t.staging.exp_avg_sq = t.exp_avg_sq;
+  UCP_RETURN_IF_ERROR(t.StartSave(), "saving step " + std::to_string(t.step));
+  if (!t.opts.async_save) return Wait();
+  return Status::Ok();
+}
+
+Status Trainer::Log(const StepRecord& r) {
+  json line{{"step", r.step},           {"loss", r.loss},
+            {"lr", r.lr},               {"grad_norm", r.grad_norm},
+            {"loss_scale", r.loss_scale}, {"skipped", r.skipped},
+            {"tokens", r.tokens},       {"seconds", r.seconds},
+            {"save_block_seconds", r.save_block_seconds}};
+  if (r.val_loss >= 0) line["val_loss"] = r.val_loss;
+  if (impl_->root()) impl_->AppendLog(line);
+  return Status::Ok();
+}
+
+Result<TrainConfig> Trainer::RecordedConfig(const fs::path& ckpt, const fs::path& data_dir) {
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<api::CheckpointSource> src,
+                       api::CheckpointSource::Open(ckpt, data_dir.empty() ? api::UcpDataDir()
+                                                                          : data_dir));
+  const std::string& text = src->meta().client_state_json;
+  const std::string where = ckpt.string();
+  Result<json> j = text.empty() ? Result<json>(json())
+                                : ucp::json::ParseStrict(text, where + ": client state",
+                                                         StatusCode::kDataLoss);
+  UCP_RETURN_IF_ERROR(j.status());
+  if (!j->is_object() || !j->contains("ucp_train") || !(*j)["ucp_train"].is_object() ||
+      !(*j)["ucp_train"].contains("config")) {
+    return FailedPreconditionError(where + ": no ucp_train client state (not a ucp-train "
+                                           "checkpoint; use --init to start from its weights)");
+  }
+  return ConfigFromJson((*j)["ucp_train"]["config"], where);
+}
+
+Status Trainer::Wait() { return impl_->FinishSave(); }
+
+std::vector<std::pair<std::string, std::vector<std::byte>>> Trainer::StateForTest() const {
+  Impl& t = *impl_;
+  std::vector<std::pair<std::string, std::vector<std::byte>>> out;
+  for (auto& [name, v] : t.Views(true, false, nullptr)) {
+    if (v.bytes.empty()) continue;
+    out.emplace_back(name, std::vector<std::byte>(v.bytes.begin(), v.bytes.end()));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+}  // namespace ucp::offload

@@ -1,0 +1,139 @@
+// The trainer: one process training one model at a layout, saving and restoring only through
+// libucp's public API (api::RankSaver, api::RestoreRank). llm.c's train loop in shape: sample a
+// global batch as a pure function of (seed, step), forward/backward per micro-batch, clip, step
+// the CPU Adam on the fp32 master weights, copy out the training-dtype weights.
+//
+// Memory is what ucp's layout says a rank holds: the model in its training dtype (bf16, fp16 or
+// fp32; `model/<name>` tensors), and the fp32 master, exp_avg and exp_avg_sq as ZeRO flat group
+// buffers (optimizer group 0: matrices; 1: biases and norms), so a save hands views and a
+// restore fills them, at any ZeRO stage the layout names. The fp32 compute copy of the weights
+// and the fp32 gradients are the model's (offload/model).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "offload/train/schedule.h"
+#include "ucp/base/result.h"
+
+namespace ucp::offload {
+
+class Communicator;
+
+/// Everything that defines a run. Recorded in every checkpoint (client state "ucp_train.config")
+/// and taken back from it on resume.
+struct TrainConfig {
+  std::string model = "llama-tiny";  ///< preset name or model .json (patterns/models)
+  std::string dtype;                 ///< training dtype: "" (the preset's), bf16, fp16, fp32
+  std::string data = "fortunes";     ///< "fortunes", a token file (llm.c format) or a text file
+  int64_t seq_len = 0;               ///< 0: the model's max_positions, at most 256
+  int64_t global_batch = 16;         ///< samples per optimizer step, at any layout
+  int64_t micro_batch = 0;           ///< samples per forward/backward; 0: global_batch / dp
+  int64_t steps = 200;               ///< train until this many steps are done
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t warmup_samples = -1;  ///< -1: 5% of steps * global_batch
+  int64_t decay_samples = -1;   ///< -1: steps * global_batch
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double clip_grad = 1.0;  ///< global L2 norm bound; 0: no clipping
+  double init_std = 0.02;
+  double initial_loss_scale = 65536.0;  ///< fp16 only
+  int64_t loss_scale_window = 1000;
+  uint64_t seed = 1234;
+  int64_t val_every = 25;    ///< validation loss every N steps (0: only at the end)
+  int64_t val_samples = 64;  ///< held-out samples per validation
+  std::string layout = "tp=1,pp=1,dp=1,zero=1";  ///< the run's layout: dp x sp processes
+};
+
+/// What one run's options add to a config: where to write and how to start.
+struct RunOptions {
+  std::filesystem::path out;     ///< run folder: step_NNNNNNNN/ checkpoints, latest, log.jsonl
+  std::filesystem::path resume;  ///< a run folder or checkpoint to continue (its config wins)
+  std::filesystem::path init;    ///< any checkpoint ucp reads: weights to start from (step 0)
+  int64_t save_every = 0;        ///< 0: only the final step
+  int64_t keep = 0;              ///< the newest K checkpoints are kept, older ones removed; 0: all
+  bool async_save = true;
+  int threads = 0;  ///< 0: all cores
+  std::filesystem::path data_dir;
+  std::filesystem::path corpus_dir;  ///< where fortune text is read (tests point elsewhere)
+  /// The processes training together, one per rank of the layout (dp x sp); null: this process
+  /// alone. Every process calls Create, Step, Validate, Save and Wait in the same order.
+  Communicator* comm = nullptr;
+};
+
+/// One optimizer step's record (also a line of log.jsonl).
+struct StepRecord {
+  int64_t step = 0;  ///< 1-based: the number of steps done after it
+  double loss = 0;   ///< mean per-token loss of the global batch
+  double lr = 0;
+  double grad_norm = 0;  ///< before clipping
+  double loss_scale = 1;
+  bool skipped = false;  ///< non-finite gradients: nothing was updated
+  int64_t tokens = 0;    ///< target tokens in the global batch
+  double seconds = 0;    ///< wall time of the step
+  double save_block_seconds = 0;  ///< time this step waited for a save (staging copy included)
+  double val_loss = -1;            ///< when a validation ran after this step
+};
+
+class Trainer {
+ public:
+  /// Reads the config a ucp-train checkpoint recorded (client state ucp_train.config).
+  /// Errors: kNotFound, kFailedPrecondition (not a ucp-train checkpoint), kDataLoss.
+  static Result<TrainConfig> RecordedConfig(const std::filesystem::path& ckpt,
+                                            const std::filesystem::path& data_dir);
+  /// Builds the model, data, optimizer and memory; restores from opts.resume / opts.init.
+  /// Errors: kInvalidArgument (a config value, naming the option), kNotFound (data, model,
+  /// checkpoint), kFailedPrecondition (a checkpoint of another model, a layout this engine does
+  /// not run), and the restore's errors.
+  static Result<Trainer> Create(const TrainConfig& config, const RunOptions& opts);
+  Trainer(Trainer&&) noexcept;
+  Trainer& operator=(Trainer&&) noexcept;
+  ~Trainer();
+
+  const TrainConfig& config() const;
+  int64_t step() const;  ///< steps done
+  int rank() const;      ///< this process's rank in the layout (0 alone)
+  bool is_root() const { return rank() == 0; }
+  int64_t num_params() const;
+  std::string Describe() const;  ///< one paragraph: model, params, layout, data, schedule
+
+  /// One optimizer step on the global batch of step() + 1.
+  Result<StepRecord> Step();
+  /// Whether the held-out set holds at least one sample of seq_len + 1 tokens.
+  bool can_validate() const;
+  /// Mean per-token loss over the first val_samples held-out samples.
+  /// Errors: kFailedPrecondition when !can_validate().
+  Result<double> Validate();
+  /// Starts saving the state after step() (waits for a save in flight first). With async_save
+  /// the disk work runs in the background; Wait() collects its outcome.
+  Status Save();
+  /// Waits for the save in flight, if any. Errors: that save's.
+  Status Wait();
+  /// Appends a step's record to the run's log.jsonl (one JSON object a line).
+  /// Errors: kIoError.
+  Status Log(const StepRecord& record);
+
+  /// For tests and tools: the model's weights in training dtype bytes, the master weights and
+  /// Adam states as the layout's tensors (name -> bytes), in a deterministic order.
+  std::vector<std::pair<std::string, std::vector<std::byte>>> StateForTest() const;
+
+ private:
+  struct Impl;
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The checkpoint to resume from: a complete checkpoint folder itself, else the run folder's
+/// highest complete step_NNNNNNNN (which `latest` names unless a crash came between a commit and
+/// its update), else the folder as it is (another format's, for CheckpointSource to open).
+/// Errors: kNotFound (no folder; a run folder with a log but no complete checkpoint).
+Result<std::filesystem::path> FindResumeCheckpoint(const std::filesystem::path& run_or_ckpt);
+
+}  // namespace ucp::offload

@@ -1,0 +1,238 @@
+// ucp-train: trains a GPT or LLaMA model with the offload engine, saving and restoring through
+// libucp (docs/train.md). One line per step on stdout, the same records as JSON lines in
+// RUN/log.jsonl. Exit codes as ucp's (docs/errors.md): 2 usage, 3 invalid argument, 4 not found,
+// 5 failed precondition, 6 data loss, 7 unimplemented, 8 i/o, 11 already exists.
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "offload/comm/communicator.h"
+#include "offload/train/trainer.h"
+#include "ucp/base/status.h"
+#include "ucp/base/status_macros.h"
+
+namespace {
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using ucp::offload::RunOptions;
+using ucp::offload::TrainConfig;
+using ucp::offload::Trainer;
+
+constexpr const char* kUsage = "usage: ucp-train [--model M] [--data D] [--steps N] --out RUN\n"
+                               "       ucp-train --resume RUN [--steps N]\n"
+                               "       ucp-train --init CKPT --out RUN [options]";
+
+// Options that define the run: recorded in every checkpoint, and on --resume taken from it (an
+// explicit value must then equal the recorded one).
+void AddRunOptions(po::options_description& o, TrainConfig& c) {
+  o.add_options()
+    ("model", po::value(&c.model)->default_value(c.model),
+     "model preset (patterns/models: gpt-tiny, llama-tiny, llama-tiny-tied, gpt2-small, ...) or "
+     "a model .json")
+    ("dtype", po::value(&c.dtype), "training dtype: bf16, fp16 or fp32 (default: the preset's)")
+    ("data", po::value(&c.data)->default_value(c.data),
+     "'fortunes' (Debian's fortunes, split into train/held-out documents), a token file in "
+     "llm.c's format, or a text file (bytes as tokens)")
+    ("seq-len", po::value(&c.seq_len)->default_value(0),
+     "tokens per sample (0: the model's max_positions, at most 256)")
+    ("global-batch", po::value(&c.global_batch)->default_value(c.global_batch),
+     "samples per optimizer step, whatever the layout")
+    ("micro-batch", po::value(&c.micro_batch)->default_value(0),
+     "samples per forward/backward (0: the whole batch); must divide the global batch")
+    ("lr", po::value(&c.lr)->default_value(c.lr), "peak learning rate")
+    ("min-lr", po::value(&c.min_lr)->default_value(c.min_lr), "learning rate at the end of decay")
+    ("warmup-samples", po::value(&c.warmup_samples)->default_value(-1),
+     "linear warm-up length in samples (-1: 5% of steps x global batch)")
+    ("decay-samples", po::value(&c.decay_samples)->default_value(-1),
+     "cosine decay ends here, in samples (-1: steps x global batch)")
+    ("beta1", po::value(&c.beta1)->default_value(c.beta1), "AdamW beta1")
+    ("beta2", po::value(&c.beta2)->default_value(c.beta2), "AdamW beta2")
+    ("eps", po::value(&c.eps)->default_value(c.eps), "AdamW epsilon")
+    ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay),
+     "decoupled weight decay (all parameters)")
+    ("clip-grad", po::value(&c.clip_grad)->default_value(c.clip_grad),
+     "clip the global gradient L2 norm to this (0: off)")
+    ("init-std", po::value(&c.init_std)->default_value(c.init_std),
+     "std of the normal initialisation (output projections scaled by 1/sqrt(2 layers))")
+    ("loss-scale", po::value(&c.initial_loss_scale)->default_value(c.initial_loss_scale),
+     "fp16: initial dynamic loss scale")
+    ("loss-scale-window", po::value(&c.loss_scale_window)->default_value(c.loss_scale_window),
+     "fp16: clean steps before the scale doubles")
+    ("seed", po::value(&c.seed)->default_value(c.seed),
+     "seed of the initialisation and the sample order")
+    ("layout", po::value(&c.layout)->default_value(c.layout),
+     "the layout of the run's checkpoints (one process: tp=1,pp=1,dp=1, zero 0, 1 or 2)");
+}
+
+// What a resumed run may change.
+const char* const kResumeOverrides[] = {"steps", "val-every", "val-samples", "layout"};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TrainConfig c;
+  RunOptions r;
+  std::string out, resume, init, data_dir, corpus_dir;
+  bool quiet = false, sync_save = false;
+  po::options_description run("run definition (recorded in checkpoints)");
+  AddRunOptions(run, c);
+  run.add_options()
+    ("steps", po::value(&c.steps)->default_value(c.steps), "train until this many steps are done")
+    ("val-every", po::value(&c.val_every)->default_value(c.val_every),
+     "held-out loss every N steps (0: at the end only)")
+    ("val-samples", po::value(&c.val_samples)->default_value(c.val_samples),
+     "held-out samples per validation");
+  po::options_description io("where and how");
+  io.add_options()
+    ("help,h", "print this help")
+    ("out", po::value(&out), "run folder: step_NNNNNNNN/ checkpoints, latest, log.jsonl, data/")
+    ("resume", po::value(&resume),
+     "continue a run (its folder or one checkpoint) with its recorded config; --out defaults to "
+     "the run folder")
+    ("init", po::value(&init),
+     "start at step 0 from the weights of any checkpoint ucp reads (ucp, universal, DeepSpeed); "
+     "the model is the checkpoint's")
+    ("save-every", po::value(&r.save_every)->default_value(0),
+     "save every N steps (0: only at the end)")
+    ("keep", po::value(&r.keep)->default_value(0), "keep the newest K checkpoints (0: all)")
+    ("sync-save", po::bool_switch(&sync_save), "write checkpoints in the foreground")
+    ("threads", po::value(&r.threads)->default_value(0), "threads (0: all cores)")
+    ("data-dir", po::value(&data_dir), "rule sets and presets (default: $UCP_DATA_DIR or the "
+                                       "source tree's patterns/)")
+    ("corpus-dir", po::value(&corpus_dir), "fortune files for --data fortunes (default "
+                                           "/usr/share/games/fortunes)")
+    ("quiet,q", po::bool_switch(&quiet), "print errors only");
+  po::options_description all;
+  all.add(run).add(io);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "ucp-train: train a GPT or LLaMA model on the CPU, saving and restoring "
+                   "through libucp\n\n"
+                << kUsage << "\n\n" << all
+                << "\nexit codes: 0 ok, 2 usage, 3 invalid argument, 4 not found, 5 failed "
+                   "precondition,\n6 data loss, 7 unimplemented, 8 i/o error, 11 already exists "
+                   "(docs/errors.md)\n";
+      return 0;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "ucp-train: usage error: " << e.what() << " (see ucp-train --help)\n";
+    return 2;
+  }
+  // One process per rank of the layout under mpirun; alone otherwise (no MPI touched).
+  auto world = ucp::offload::WorldCommunicator();
+  if (!world.ok()) {
+    std::cerr << "ucp-train: error: " << world.status().message() << "\n";
+    return ucp::ExitCodeFor(world.status().code());
+  }
+  ucp::offload::Communicator& comm = **world;
+  const bool speaks = comm.rank() == 0;
+  if (!speaks) quiet = true;
+  // A failing process whose peers may wait in a collective ends the whole job (returning from
+  // main would leave them waiting forever in MPI_Finalize).
+  auto fail = [&](const ucp::Status& s) {
+    std::cerr << "ucp-train: error" << (comm.size() > 1 ? " (rank " + std::to_string(comm.rank()) + ")" : "")
+              << ": " << s.message() << " [" << ucp::StatusCodeName(s.code()) << "]\n";
+    const int code = ucp::ExitCodeFor(s.code());
+    if (comm.size() > 1) comm.Abort(code);
+    return code;
+  };
+  if (!resume.empty() && !init.empty()) {
+    std::cerr << "ucp-train: usage error: --resume and --init exclude each other\n";
+    return 2;
+  }
+  if (out.empty() && resume.empty()) {
+    std::cerr << "ucp-train: usage error: --out RUN is required (see ucp-train --help)\n";
+    return 2;
+  }
+  r.data_dir = data_dir;
+  r.corpus_dir = corpus_dir;
+  r.async_save = !sync_save;
+  r.init = init;
+  if (!resume.empty()) {
+    r.resume = resume;
+    auto ckpt = ucp::offload::FindResumeCheckpoint(resume);
+    if (!ckpt.ok()) return fail(ckpt.status());
+    auto recorded = Trainer::RecordedConfig(*ckpt, data_dir);
+    if (!recorded.ok()) return fail(recorded.status());
+    // Explicit run options must agree with the record, except the few a resume may change.
+    TrainConfig merged = *recorded;
+    for (const auto& [name, value] : vm) {
+      if (value.defaulted() || run.find_nothrow(name, false) == nullptr) continue;
+      bool overridable = false;
+      for (const char* o : kResumeOverrides) overridable |= name == o;
+      if (overridable) continue;
+      const std::string arg = "--" + name;
+      std::ostringstream v;
+      if (const auto* s = boost::any_cast<std::string>(&value.value())) v << *s;
+      else if (const auto* i = boost::any_cast<int64_t>(&value.value())) v << *i;
+      else if (const auto* u = boost::any_cast<uint64_t>(&value.value())) v << *u;
+      else if (const auto* f = boost::any_cast<double>(&value.value())) v << *f;
+      std::cerr << "ucp-train: error: " << arg << " " << v.str()
+                << ": a resumed run keeps the configuration its checkpoint recorded (only "
+                   "--steps, --val-every, --val-samples and --layout may change) [invalid_argument]\n";
+      return ucp::ExitCodeFor(ucp::StatusCode::kInvalidArgument);
+    }
+    if (vm.count("steps") && !vm["steps"].defaulted()) merged.steps = c.steps;
+    if (vm.count("val-every") && !vm["val-every"].defaulted()) merged.val_every = c.val_every;
+    if (vm.count("val-samples") && !vm["val-samples"].defaulted()) merged.val_samples = c.val_samples;
+    if (vm.count("layout") && !vm["layout"].defaulted()) merged.layout = c.layout;
+    c = merged;
+    if (out.empty()) {
+      out = fs::is_regular_file(fs::path(resume) / "ucp_layout.json")
+                ? fs::path(resume).parent_path().string()
+                : resume;
+    }
+  }
+  r.out = out;
+  r.comm = &comm;
+  auto trainer = Trainer::Create(c, r);
+  if (!trainer.ok()) return fail(trainer.status());
+  Trainer& t = *trainer;
+  const TrainConfig& cfg = t.config();
+  if (!quiet) {
+    std::printf("%s\n", t.Describe().c_str());
+    if (t.step() > 0) std::printf("resumed at step %" PRId64 "\n", t.step());
+    std::fflush(stdout);
+  }
+  int64_t last_saved = t.step();
+  while (t.step() < cfg.steps) {
+    auto rec = t.Step();
+    if (!rec.ok()) return fail(rec.status());
+    const bool last = t.step() == cfg.steps;
+    // Save first: a failure later in the step must not cost the checkpoint.
+    if ((r.save_every > 0 && t.step() % r.save_every == 0) || last) {
+      const auto s0 = std::chrono::steady_clock::now();
+      if (auto s = t.Save(); !s.ok()) return fail(s);
+      rec->save_block_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      last_saved = t.step();
+    }
+    if (t.can_validate() && ((cfg.val_every > 0 && t.step() % cfg.val_every == 0) || last)) {
+      auto v = t.Validate();
+      if (!v.ok()) return fail(v.status());
+      rec->val_loss = *v;
+    }
+    if (auto s = t.Log(*rec); !s.ok()) return fail(s);
+    if (!quiet) {
+      std::printf("step %5" PRId64 "/%" PRId64 " | loss %.6f | lr %.3e | grad norm %.4f | "
+                  "%.0f tok/s | %.1f ms%s",
+                  rec->step, cfg.steps, rec->loss, rec->lr, rec->grad_norm,
+                  rec->tokens / rec->seconds, rec->seconds * 1e3,
+                  rec->skipped ? " | skipped (non-finite gradients)" : "");
+      if (rec->val_loss >= 0) std::printf(" | val loss %.6f", rec->val_loss);
+      if (last_saved == t.step()) std::printf(" | saving step_%08" PRId64, t.step());
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+  if (auto s = t.Wait(); !s.ok()) return fail(s);
+  return 0;
+}
