@@ -40,12 +40,12 @@
 //     softmax over j in fp32 with the max subtracted, a_t = sum_j p_tj v_j; the heads' outputs are
 //     concatenated head after head: a[:, h*head_dim:(h+1)*head_dim].
 //   RoPE (rotate_half, HF LLaMA / Megatron non-interleaved): position p = 0..T-1 within the
-//     sequence; for i in [0, head_dim/2): inv_freq_i = theta^(-2i/head_dim), angle = p * inv_freq_i,
-//     with inv_freq, angle, cos and sin all evaluated in DOUBLE and cos/sin then rounded to float
-//     once (torch: (p.double()[:, None] * inv_freq.double()).cos().float()). This differs from
-//     HF's float32 inv_freq by ~1 ulp of the angle; we pick double so the value does not depend
-//     on how a library rounds float32 pow. Then (x_i, x_{i+d/2}) -> (x_i cos - x_{i+d/2} sin,
-//     x_{i+d/2} cos + x_i sin), theta = rope_theta (10000).
+//     sequence; for i in [0, head_dim/2): inv_freq_i = theta^(-2i/head_dim), angle = p *
+//     inv_freq_i, with inv_freq, angle, cos and sin all evaluated in DOUBLE and cos/sin then
+//     rounded to float once (torch: (p.double()[:, None] * inv_freq.double()).cos().float()). This
+//     differs from HF's float32 inv_freq by ~1 ulp of the angle; we pick double so the value does
+//     not depend on how a library rounds float32 pow. Then (x_i, x_{i+d/2}) -> (x_i cos - x_{i+d/2}
+//     sin, x_{i+d/2} cos + x_i sin), theta = rope_theta (10000).
 //   silu(g) = g / (1 + exp(-g)); gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 //   Loss: sum over positions with target >= 0 of -log softmax(logits[:vocab])[target] (natural
 //     log), returned in double; ForwardBackward backpropagates grad_scale * sum and ADDS the
@@ -61,6 +61,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -70,37 +71,33 @@
 #include "ucp/base/status_macros.h"
 
 namespace ucp::offload {
-namespace ops {
-extern bool g_split_gemm;
-}
 namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
 Status ValidateConfig(const ModelConfig& c) {
   const std::pair<const char*, int64_t> positive[] = {
-      {"vocab", c.vocab},   {"padded_vocab", c.padded_vocab}, {"hidden", c.hidden},
-      {"layers", c.layers}, {"heads", c.heads},               {"kv_heads", c.kv_heads},
+      {"vocab", c.vocab},       {"padded_vocab", c.padded_vocab},
+      {"hidden", c.hidden},     {"layers", c.layers},
+      {"heads", c.heads},       {"kv_heads", c.kv_heads},
       {"head_dim", c.head_dim}, {"ffn_hidden", c.ffn_hidden}};
   for (const auto& [name, v] : positive) {
     if (v < 1) return InvalidArgumentError(std::string(name) + "=" + Str(v) + " must be >= 1");
   }
   if (c.padded_vocab < c.vocab) {
-    return InvalidArgumentError("padded_vocab=" + Str(c.padded_vocab) + " < vocab=" +
-                                Str(c.vocab));
+    return InvalidArgumentError("padded_vocab=" + Str(c.padded_vocab) + " < vocab=" + Str(c.vocab));
   }
   if (c.heads % c.kv_heads != 0) {
-    return InvalidArgumentError("heads=" + Str(c.heads) + " not divisible by kv_heads=" +
-                                Str(c.kv_heads));
+    return InvalidArgumentError("heads=" + Str(c.heads) +
+                                " not divisible by kv_heads=" + Str(c.kv_heads));
   }
   if (c.family == Family::kGpt) {
     if (c.kv_heads != c.heads) {
-      return InvalidArgumentError("gpt: kv_heads=" + Str(c.kv_heads) + " must equal heads=" +
-                                  Str(c.heads));
+      return InvalidArgumentError("gpt: kv_heads=" + Str(c.kv_heads) +
+                                  " must equal heads=" + Str(c.heads));
     }
     if (c.max_positions < 1) {
-      return InvalidArgumentError("gpt: max_positions=" + Str(c.max_positions) +
-                                  " must be >= 1");
+      return InvalidArgumentError("gpt: max_positions=" + Str(c.max_positions) + " must be >= 1");
     }
   } else if (c.head_dim % 2 != 0) {
     return InvalidArgumentError("llama: head_dim=" + Str(c.head_dim) + " must be even (RoPE)");
@@ -199,7 +196,7 @@ struct Acts {
   }
 };
 
-// The fast fp32 ops on a Parallel (sgemm from this thread, the rest on the arena).
+// The fast fp32 ops, all on the Parallel's arena.
 struct FastOps {
   Parallel* par;
   void Zero(float* p, int64_t n) {
@@ -326,8 +323,8 @@ double RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a,
   const int64_t head = cfg.tied_embeddings ? lay.wte : lay.out;
   T* dlnf = a.dln.data();
   if (g) ops.Zero(dlnf, N * C);
-  const double loss = ops.Classifier(g ? dlnf : nullptr, G(head), a.lnf.data(), P(head), targets,
-                                     N, C, V, grad_scale);
+  const double loss = ops.Classifier(g ? dlnf : nullptr, G(head), a.lnf.data(), P(head), targets, N,
+                                     C, V, grad_scale);
   if (!g) return loss;
 
   // ---- backward: dres is the gradient of the residual stream, flowing down the layers.
@@ -358,8 +355,7 @@ double RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a,
     ops.MatmulBackward(a.datty.data(), G(o.proj_w), G(o.proj_b), dres, At(a.atty, l, ah),
                        P(o.proj_w), N, ah, C);
     ops.Zero(a.dqkv.data(), N * qkv_dim);
-    ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH, KV,
-                          hd);
+    ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH, KV, hd);
     if (!gpt) {
       ops.RopeBackward(a.dqkv.data(), a.rope_cos.data(), a.rope_sin.data(), B, Tn, NH, KV, hd);
     }
@@ -395,8 +391,8 @@ Status ValidateBatch(const ModelConfig& c, const Batch& batch, int64_t max_batch
                                   " not in [0, vocab=" + Str(c.vocab) + ")");
     }
     if (batch.targets[i] >= c.vocab) {
-      return InvalidArgumentError("target token " + Str(batch.targets[i]) + " at index " +
-                                  Str(i) + " >= vocab=" + Str(c.vocab));
+      return InvalidArgumentError("target token " + Str(batch.targets[i]) + " at index " + Str(i) +
+                                  " >= vocab=" + Str(c.vocab));
     }
   }
   return Status::Ok();
@@ -448,8 +444,7 @@ Result<std::vector<ParamInfo>> ModelParams(const ModelConfig& config) {
 }
 
 Result<double> RefForwardBackward(const ModelConfig& config, std::span<const double> weights,
-                                  std::span<double> grads, const Batch& batch,
-                                  double grad_scale) {
+                                  std::span<double> grads, const Batch& batch, double grad_scale) {
   UCP_ASSIGN_OR_RETURN(Layout lay, BuildLayout(config));
   const int64_t max_seq = std::max(batch.seq_len, int64_t{1});
   UCP_RETURN_IF_ERROR(ValidateBatch(config, batch, std::max(batch.batch, int64_t{1}), max_seq));
@@ -485,8 +480,9 @@ struct Model::Impl {
       return InvalidArgumentError("grads hold " + Str(grads.size()) + " values, the model has " +
                                   Str(layout.total));
     }
-    // A process may hold models with different thread counts; BLAS's count is global.
-    openblas_set_num_threads(ops::g_split_gemm ? 1 : num_threads);
+    // The ops split every GEMM over the arena themselves (ops.cc, Gemm), so OpenBLAS must run
+    // each call on its caller's thread. The setting is process-global: set it on every call.
+    openblas_set_num_threads(1);
     FastOps ops{&par};
     return RunGraph<float>(ops, config, layout, acts, weights.data(),
                            backward ? grads.data() : nullptr, batch.inputs.data(),
@@ -498,12 +494,12 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
                             int num_threads) {
   UCP_ASSIGN_OR_RETURN(Layout layout, BuildLayout(config));
   if (max_batch < 1 || max_seq_len < 1) {
-    return InvalidArgumentError("max_batch=" + Str(max_batch) + " and max_seq_len=" +
-                                Str(max_seq_len) + " must be >= 1");
+    return InvalidArgumentError("max_batch=" + Str(max_batch) +
+                                " and max_seq_len=" + Str(max_seq_len) + " must be >= 1");
   }
   if (config.family == Family::kGpt && max_seq_len > config.max_positions) {
-    return InvalidArgumentError("max_seq_len=" + Str(max_seq_len) + " > max_positions=" +
-                                Str(config.max_positions));
+    return InvalidArgumentError("max_seq_len=" + Str(max_seq_len) +
+                                " > max_positions=" + Str(config.max_positions));
   }
   if (num_threads < 1) return InvalidArgumentError("num_threads=" + Str(num_threads) + " < 1");
   auto impl = std::make_unique<Impl>();
@@ -514,16 +510,18 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
   impl->num_threads = num_threads;
   impl->par = Parallel(num_threads);
   const int64_t rows = max_batch * max_seq_len;
+  // The model's only allocations: std::bad_alloc is caught here, at its one source (ADR 0001).
   try {
     impl->acts.Allocate(config, rows, max_seq_len);
-    impl->par.Reserve(std::max(
-        ops::ClassifierScratch(rows, config.vocab, num_threads),
-        ops::OpsScratch(rows, std::max({config.hidden, config.ffn_hidden * 2,
-                                        (config.heads + 2 * config.kv_heads) * config.head_dim}),
-                        max_seq_len, config.head_dim, num_threads)));
+    impl->par.Reserve(
+        std::max(ops::ClassifierScratch(rows, config.vocab, num_threads),
+                 ops::OpsScratch(rows,
+                                 std::max({config.hidden, config.ffn_hidden * 2,
+                                           (config.heads + 2 * config.kv_heads) * config.head_dim}),
+                                 max_seq_len, config.head_dim, num_threads)));
   } catch (const std::bad_alloc&) {
-    return ResourceExhaustedError("activations for " + Str(max_batch) + " x " +
-                                  Str(max_seq_len) + " tokens do not fit in memory");
+    return ResourceExhaustedError("activations for " + Str(max_batch) + " x " + Str(max_seq_len) +
+                                  " tokens do not fit in memory");
   }
   return Model(std::move(impl));
 }

@@ -3,22 +3,18 @@
 //   offload_model_bench <patterns_dir> <preset> <B> <T> <threads> [steps]
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <random>
 #include <vector>
 
 #include "offload/model/model.h"
 
-namespace ucp::offload::ops {
-extern bool g_split_gemm;
-}
 namespace {
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 }  // namespace
 
@@ -65,13 +61,10 @@ int main(int argc, char** argv) {
   const double mm = c.layers * per_layer + static_cast<double>(c.vocab) * c.hidden;
   const double attn = c.layers * 2.0 * B * c.heads * T * (T + 1) / 2.0 * c.head_dim * 2;
   const double flops = 6 * mm * N + 3 * attn;
-  const bool split = std::getenv("UCP_SPLIT_GEMM") != nullptr;
-  ucp::offload::ops::g_split_gemm = split;
   double best = 1e30;
   for (int s = 0; s < steps + 1; ++s) {
     const double t0 = Now();
     auto loss = model->ForwardBackward(w, g, batch, 1.0f / (B * T));
-    if (split) openblas_set_num_threads(1);
     const double t1 = Now();
     if (!loss.ok()) return std::fprintf(stderr, "%s\n", loss.status().ToString().c_str()), 1;
     std::printf("step %d: loss/token %.4f  fwd+bwd %.3f s  %.1f GFLOP/s\n", s, *loss / (B * T),

@@ -18,7 +18,6 @@ Result<std::vector<ParamInfo>> ModelParams(const ModelConfig& config);
 /// Model::ForwardBackward in double through ops::ref; forward only when `grads` is empty.
 /// Errors: kInvalidArgument (config, sizes, a token >= vocab).
 Result<double> RefForwardBackward(const ModelConfig& config, std::span<const double> weights,
-                                  std::span<double> grads, const Batch& batch,
-                                  double grad_scale);
+                                  std::span<double> grads, const Batch& batch, double grad_scale);
 
 }  // namespace ucp::offload

@@ -3,14 +3,14 @@
 // differences of its own Forward, determinism, accumulation and the padded vocabulary rows.
 #include "offload/model/model.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "offload/model/model_ref.h"
 #include "ucp/patterns/model.h"
@@ -240,8 +240,7 @@ TEST_P(ModelGrad, DeterministicAccumulatingAndPaddedRowsStayZero) {
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
                          testing::Values(Case{Family::kGpt, true}, Case{Family::kGpt, false},
-                                         Case{Family::kLlama, true},
-                                         Case{Family::kLlama, false}),
+                                         Case{Family::kLlama, true}, Case{Family::kLlama, false}),
                          Name);
 
 TEST(Model, RejectsBadInputs) {

@@ -1,8 +1,9 @@
 // The fast CPU path of the ops in ops.h. Projections (and the classifier's three products) are
-// cblas_sgemm calls made from the calling thread; the rest is memory-light loops over static row
-// partitions on a oneTBB arena, written so that GCC vectorises their inner loops (contiguous
-// unit-stride bodies, no reductions the compiler would have to reorder: sums that should be
-// vectorised keep kLanes explicit partial accumulators, combined in a fixed order).
+// single-threaded cblas_sgemm calls on disjoint blocks of the output, one per arena thread (Gemm
+// below); the rest is memory-light loops over static row partitions on the same arena, written so
+// that GCC vectorises their inner loops (contiguous unit-stride bodies, no reductions the compiler
+// would have to reorder: sums that should be vectorised keep kLanes explicit partial
+// accumulators, combined in a fixed order).
 #include "offload/model/ops.h"
 
 #include <cblas.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,6 +30,7 @@ struct Parallel::Impl {
 
 Parallel::Parallel(int num_threads) : num_threads_(num_threads) {
   UCP_CHECK(num_threads >= 1) << "num_threads " << num_threads;
+  openblas_set_num_threads(1);  // the ops thread their GEMMs themselves (Gemm)
   if (num_threads > 1) impl_ = std::make_unique<Impl>(num_threads);
 }
 Parallel::Parallel(Parallel&&) noexcept = default;
@@ -60,16 +63,17 @@ void Parallel::Run(int64_t n, void (*fn)(void*, int, int64_t, int64_t), void* ct
 
 namespace ops {
 
-// Experimental switch (measurement only): split every GEMM into num_chunks single-threaded
-// sgemm calls on the arena instead of letting OpenBLAS thread it.
-bool g_split_gemm = false;
-
 namespace {
-// C[M,N] = op(A) op(B) + beta C (alpha 1, row-major).
+// C[M,N] = op(A) op(B) + beta C (alpha 1, row-major), as num_chunks single-threaded sgemm calls
+// on the arena, each on a contiguous block of C's rows (M >= N) or columns (in units of 16, the
+// kernels' register block), each with the whole K sum. So the GEMMs run on the same threads as
+// every other op, and OpenBLAS keeps no threads of its own to busy-wait between calls
+// (docs/adr/0007-cpu-blas.md); a block's values depend only on its shape, so the result is
+// deterministic for a fixed thread count. Needs openblas_set_num_threads(1) (Model does it).
 void Gemm(Parallel& par, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc) {
-  if (!g_split_gemm || par.num_threads() == 1) {
+  if (par.num_threads() == 1) {
     cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
     return;
   }
@@ -238,8 +242,8 @@ void LayerNormForward(Parallel& par, float* out, float* mean, float* rstd, const
 }
 
 void LayerNormBackward(Parallel& par, float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, const float* mean,
-                       const float* rstd, int64_t N, int64_t C) {
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int64_t N, int64_t C) {
   const int k = par.num_chunks();
   // [k, 2C] dweight | dbias partials, then [k, 2C] row scratch.
   float* scratch = par.Scratch(static_cast<size_t>(k) * 4 * C);
@@ -336,8 +340,7 @@ void RmsNormBackward(Parallel& par, float* dinp, float* dweight, const float* do
 
 void MatmulForward(Parallel& par, float* out, const float* inp, const float* weight,
                    const float* bias, int64_t N, int64_t C, int64_t OC) {
-  Gemm(par, CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, 0.0f,
-              out, OC);
+  Gemm(par, CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
   if (bias) {
     par.For(N, [&](int, int64_t r0, int64_t r1) {
       for (int64_t n = r0; n < r1; ++n) {
@@ -352,12 +355,10 @@ void MatmulBackward(Parallel& par, float* dinp, float* dweight, float* dbias, co
                     const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
   if (dinp) {
     // dinp[N,C] += dout[N,OC] @ weight[OC,C]
-    Gemm(par, CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, weight, C,
-                1.0f, dinp, C);
+    Gemm(par, CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
   }
   // dweight[OC,C] += dout^T @ inp
-  Gemm(par, CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f,
-              dweight, C);
+  Gemm(par, CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias) ColumnSum(par, dbias, dout, N, OC);
 }
 
@@ -414,12 +415,12 @@ inline void Scores4(float* __restrict s, const float* const* q, const float* __r
   }
 }
 
-UCP_MULTIVERSION void AttentionForwardUnit(float* out, float* lse, const float* qkv,
-                                           float* scratch, const QkvLayout& L, int64_t b,
-                                           int64_t g, int64_t T, int64_t NH, float scale) {
+UCP_MULTIVERSION void AttentionForwardUnit(float* out, float* lse, const float* qkv, float* scratch,
+                                           const QkvLayout& L, int64_t b, int64_t g, int64_t T,
+                                           int64_t NH, float scale) {
   const int64_t hd = L.hd;
-  float* kt = scratch;           // [hd, T]
-  float* s = kt + 4 * hd * T;    // [kQ, T]
+  float* kt = scratch;         // [hd, T]
+  float* s = kt + 4 * hd * T;  // [kQ, T]
   const float* base = qkv + b * T * L.row;
   for (int64_t j = 0; j < T; ++j) {
     for (int64_t i = 0; i < hd; ++i) kt[i * T + j] = base[j * L.row + L.K(g) + i];
@@ -462,12 +463,12 @@ UCP_MULTIVERSION void AttentionBackwardUnit(float* dqkv, const float* dout, cons
                                             int64_t b, int64_t g, int64_t T, int64_t NH,
                                             float scale) {
   const int64_t hd = L.hd;
-  float* kt = scratch;         // [hd, T]
-  float* vt = kt + hd * T;     // [hd, T]
-  float* dk = vt + hd * T;     // [T, hd]
-  float* dv = dk + hd * T;     // [T, hd]
-  float* p = dv + hd * T;      // [kQ, T] probabilities, then ds
-  float* dp = p + kQ * T;      // [kQ, T]
+  float* kt = scratch;      // [hd, T]
+  float* vt = kt + hd * T;  // [hd, T]
+  float* dk = vt + hd * T;  // [T, hd]
+  float* dv = dk + hd * T;  // [T, hd]
+  float* p = dv + hd * T;   // [kQ, T] probabilities, then ds
+  float* dp = p + kQ * T;   // [kQ, T]
   const float* base = qkv + b * T * L.row;
   float* dbase = dqkv + b * T * L.row;
   for (int64_t j = 0; j < T; ++j) {
@@ -534,8 +535,8 @@ UCP_MULTIVERSION void AttentionBackwardUnit(float* dqkv, const float* dout, cons
 
 }  // namespace
 
-void AttentionForward(Parallel& par, float* out, float* lse, const float* qkv, int64_t B,
-                      int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+void AttentionForward(Parallel& par, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                      int64_t NH, int64_t KV, int64_t hd) {
   const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t per_chunk = AttentionScratch(T, hd);
@@ -549,16 +550,15 @@ void AttentionForward(Parallel& par, float* out, float* lse, const float* qkv, i
 }
 
 void AttentionBackward(Parallel& par, float* dqkv, const float* dout, const float* qkv,
-                       const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
-                       int64_t hd) {
+                       const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
   const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t per_chunk = AttentionScratch(T, hd);
   float* scratch = par.Scratch(static_cast<size_t>(par.num_chunks()) * per_chunk);
   par.For(B * KV, [&](int chunk, int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
-      AttentionBackwardUnit(dqkv, dout, qkv, lse, scratch + chunk * per_chunk, L, u / KV, u % KV,
-                            T, NH, scale);
+      AttentionBackwardUnit(dqkv, dout, qkv, lse, scratch + chunk * per_chunk, L, u / KV, u % KV, T,
+                            NH, scale);
     }
   });
 }
@@ -680,7 +680,8 @@ int64_t ClassifierBlockRows(int64_t N, int64_t V) {
 }
 
 size_t ClassifierScratch(int64_t N, int64_t V, int /*num_chunks*/) {
-  const int64_t rows = ClassifierBlockRows(N, V);
+  // An upper bound over every N' <= N (a shorter batch may get taller, fewer blocks).
+  const int64_t rows = std::min(N, std::max<int64_t>(1, (int64_t{1} << 24) / V));
   return static_cast<size_t>(rows * V + 2 * rows + 2);  // logits + per-row losses (double)
 }
 
@@ -694,8 +695,7 @@ double ClassifierForwardBackward(Parallel& par, float* dx, float* dw, const floa
   double loss = 0;
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
-    Gemm(par, CblasNoTrans, CblasTrans, rows, V, C, x + r0 * C, C, w, C,
-                0.0f, logits, V);
+    Gemm(par, CblasNoTrans, CblasTrans, rows, V, C, x + r0 * C, C, w, C, 0.0f, logits, V);
     par.For(rows, [&](int, int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         float* l = logits + i * V;
@@ -732,14 +732,35 @@ double ClassifierForwardBackward(Parallel& par, float* dx, float* dw, const floa
     for (int64_t i = 0; i < rows; ++i) loss += row_loss[i];
     if (dx != nullptr) {
       // dx[rows,C] += dlogits[rows,V] @ w[:V]; dw[:V] += dlogits^T @ x.
-      Gemm(par, CblasNoTrans, CblasNoTrans, rows, C, V, logits, V, w, C,
-                  1.0f, dx + r0 * C, C);
-      Gemm(par, CblasTrans, CblasNoTrans, V, C, rows, logits, V,
-                  x + r0 * C, C, 1.0f, dw, C);
+      Gemm(par, CblasNoTrans, CblasNoTrans, rows, C, V, logits, V, w, C, 1.0f, dx + r0 * C, C);
+      Gemm(par, CblasTrans, CblasNoTrans, V, C, rows, logits, V, x + r0 * C, C, 1.0f, dw, C);
     }
   }
   return loss;
 }
 
 }  // namespace ops
+
+double MeasureSgemmGflops(int64_t M, int64_t N, int64_t K, int num_threads, int repeats) {
+  Parallel par(num_threads);
+  std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(N * K)),
+      c(static_cast<size_t>(M * N));
+  uint32_t x = 12345;
+  for (auto* v : {&a, &b}) {
+    for (float& f : *v) {
+      x = x * 1664525u + 1013904223u;
+      f = static_cast<float>(x >> 8) * 0x1p-24f - 0.5f;
+    }
+  }
+  double best = 0;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ops::MatmulForward(par, c.data(), a.data(), b.data(), nullptr, M, K, N);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, 2.0 * M * N * K / s / 1e9);  // the first run warms up
+  }
+  return best;
+}
+
 }  // namespace ucp::offload

@@ -3,8 +3,9 @@
 // dbias +=), so residual branches and micro-batches accumulate without copies.
 //
 // Two twins of every op:
-//   * ops::X (ops.cc): the fast path. Projections go through cblas_sgemm (OpenBLAS, its own
-//     threads); everything else runs on a Parallel (a oneTBB arena) over static row partitions.
+//   * ops::X (ops.cc): the fast path, all on a Parallel (a oneTBB arena): projections as one
+//     single-threaded cblas_sgemm per arena thread on disjoint blocks of the output, everything
+//     else over static row partitions.
 //   * ops::ref::X<T> (ops_ref.cc): plain scalar loops, instantiated for float and double. The
 //     tests check the fast ops against them in fp32 and the backward passes against central
 //     finite differences in fp64; model.cc composes them in double as the model's oracle.
@@ -12,14 +13,16 @@
 // Determinism: a Parallel cuts every range into num_threads contiguous chunks fixed by the range
 // size alone, and reductions across rows (dweight, dbias, the loss) are per-chunk partials summed
 // in chunk order, so the same inputs and thread count give the same bits whichever worker runs
-// which chunk. OpenBLAS's sgemm splits only the output among its threads (never the K sum), so it
-// is deterministic for a fixed thread count too.
+// which chunk. A GEMM block's values depend only on its shape, and the blocks are fixed by the
+// thread count, so the projections are deterministic for a fixed thread count too.
 //
-// Threads: the fast ops call sgemm from the calling thread, never from inside the arena, so
-// OpenBLAS's threads and oneTBB's workers run in alternating phases, never at the same time.
+// Threads: one pool. The GEMMs are split over the arena by the ops themselves and OpenBLAS is
+// set to one thread (process-global: openblas_set_num_threads(1), done by Parallel's constructor
+// and by Model on every call), so no OpenBLAS thread ever exists to busy-wait beside the arena's
+// workers (docs/adr/0007-cpu-blas.md has the measurements).
 //
-// Shapes are in comments beside the pointers; the ops validate nothing (the model does) and take
-// contiguous row-major tensors only.
+// Shapes are in comments beside the pointers; the ops validate nothing (the model does), take
+// contiguous row-major tensors only, and cannot fail (Errors: none, for every op below).
 #pragma once
 
 #include <cstddef>
@@ -31,7 +34,7 @@
 namespace ucp::offload {
 
 /// A oneTBB task_arena of `num_threads` with a static partitioner and a reusable scratch buffer.
-/// Not thread-safe: one caller at a time.
+/// Not thread-safe: one caller at a time. Constructing one sets OpenBLAS to one thread.
 class Parallel {
  public:
   /// num_threads >= 1 (UCP_CHECK).
@@ -88,8 +91,8 @@ void EncoderBackward(Parallel& par, float* dwte, float* dwpe, const float* dout,
 void LayerNormForward(Parallel& par, float* out, float* mean, float* rstd, const float* inp,
                       const float* weight, const float* bias, int64_t N, int64_t C, float eps);
 void LayerNormBackward(Parallel& par, float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, const float* mean,
-                       const float* rstd, int64_t N, int64_t C);
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int64_t N, int64_t C);
 
 /// out[N,C] = inp * rstd * weight, rstd = 1 / sqrt(mean(inp^2) + eps) saved in rstd[N].
 void RmsNormForward(Parallel& par, float* out, float* rstd, const float* inp, const float* weight,
@@ -98,7 +101,7 @@ void RmsNormBackward(Parallel& par, float* dinp, float* dweight, const float* do
                      const float* inp, const float* weight, const float* rstd, int64_t N,
                      int64_t C);
 
-/// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null). cblas_sgemm.
+/// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null). cblas_sgemm per thread.
 void MatmulForward(Parallel& par, float* out, const float* inp, const float* weight,
                    const float* bias, int64_t N, int64_t C, int64_t OC);
 /// dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp; dbias[OC] += colsum(dout).
@@ -110,13 +113,12 @@ void MatmulBackward(Parallel& par, float* dinp, float* dweight, float* dbias, co
 /// [q of NH/KV heads | k | v], hd rows each). qkv[B,T,(NH+2KV)*hd] -> out[B,T,NH*hd], with the
 /// per-row log-sum-exp of the scaled scores lse[B,NH,T] saved for backward (the probabilities
 /// are recomputed there, so memory is O(T) per head, not O(T^2)).
-void AttentionForward(Parallel& par, float* out, float* lse, const float* qkv, int64_t B,
-                      int64_t T, int64_t NH, int64_t KV, int64_t hd);
+void AttentionForward(Parallel& par, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                      int64_t NH, int64_t KV, int64_t hd);
 /// dqkv[B,T,(NH+2KV)*hd] += d/dqkv of <dout, out>. Parallel over (b, kv group), so each chunk
 /// owns its k/v gradient rows.
 void AttentionBackward(Parallel& par, float* dqkv, const float* dout, const float* qkv,
-                       const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
-                       int64_t hd);
+                       const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd);
 
 /// The RoPE tables for positions [0, T): cos/sin[T, hd/2] of p * theta^(-2i/hd), the angle and
 /// both functions evaluated in double and rounded to float once (see model.cc).
@@ -155,7 +157,7 @@ double ClassifierForwardBackward(Parallel& par, float* dx, float* dw, const floa
 /// Rows per block of the classifier: about 16 Mi logits (64 MiB), which keeps the dw GEMM's
 /// K dimension large enough to amortise streaming dw through memory.
 int64_t ClassifierBlockRows(int64_t N, int64_t V);
-/// The floats of Parallel::Scratch the classifier needs (so a model can Reserve it).
+/// The floats of Parallel::Scratch the classifier needs for any N' <= N (for Reserve).
 size_t ClassifierScratch(int64_t N, int64_t V, int num_chunks);
 /// The floats of Parallel::Scratch the other ops need at most, for Reserve.
 size_t OpsScratch(int64_t N, int64_t C, int64_t T, int64_t hd, int num_chunks);
@@ -170,14 +172,14 @@ template <typename T>
 void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
                     int64_t Tn, int64_t C);
 template <typename T>
-void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                     int64_t Tn, int64_t C);
+void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
+                     int64_t C);
 template <typename T>
 void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                       int64_t N, int64_t C, T eps);
 template <typename T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                       const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const T* mean, const T* rstd, int64_t N, int64_t C);
 template <typename T>
 void RmsNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C, T eps);
 template <typename T>
@@ -190,14 +192,14 @@ template <typename T>
 void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                     int64_t N, int64_t C, int64_t OC);
 template <typename T>
-void AttentionForward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
-                      int64_t KV, int64_t hd);
+void AttentionForward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KV,
+                      int64_t hd);
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* lse, int64_t B, int64_t Tn,
                        int64_t NH, int64_t KV, int64_t hd);
 template <typename T>
-void RopeForward(T* qkv, const T* cos_table, const T* sin_table, int64_t B, int64_t Tn,
-                 int64_t NH, int64_t KV, int64_t hd);
+void RopeForward(T* qkv, const T* cos_table, const T* sin_table, int64_t B, int64_t Tn, int64_t NH,
+                 int64_t KV, int64_t hd);
 template <typename T>
 void RopeBackward(T* dqkv, const T* cos_table, const T* sin_table, int64_t B, int64_t Tn,
                   int64_t NH, int64_t KV, int64_t hd);
@@ -224,4 +226,10 @@ double ClassifierForwardBackward(T* dx, T* dw, T* logits, const T* x, const T* w
 
 }  // namespace ref
 }  // namespace ops
+
+/// For benchmarks (ucp-bench train): the best GFLOP/s over `repeats` runs of the GEMM the model's
+/// ops use (C[M,N] = A[M,K] B[N,K]^T, split over `num_threads` exactly as the model splits it),
+/// on random operands. Not a hot path: it allocates.
+double MeasureSgemmGflops(int64_t M, int64_t N, int64_t K, int num_threads, int repeats);
+
 }  // namespace ucp::offload

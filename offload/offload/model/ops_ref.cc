@@ -37,8 +37,8 @@ void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, i
 }
 
 template <typename T>
-void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                     int64_t Tn, int64_t C) {
+void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
+                     int64_t C) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tn; ++t) {
       const T* d = dout + (b * Tn + t) * C;
@@ -71,8 +71,8 @@ void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, c
 }
 
 template <typename T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                       const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C) {
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const T* mean, const T* rstd, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
     const T* d = dout + n * C;
@@ -97,8 +97,7 @@ void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* in
 }
 
 template <typename T>
-void RmsNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
-                    T eps) {
+void RmsNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C, T eps) {
   // out[N,C], rstd[N], inp[N,C], weight[C]
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
@@ -158,8 +157,8 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
 }
 
 template <typename T>
-void AttentionForward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
-                      int64_t KV, int64_t hd) {
+void AttentionForward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KV,
+                      int64_t hd) {
   // qkv[B,T,(NH+2KV)*hd] -> out[B,T,NH*hd], lse[B,NH,T]
   const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
@@ -279,8 +278,8 @@ void Rotate(T* qkv, const T* cos_table, const T* sin_table, int64_t B, int64_t T
 }  // namespace
 
 template <typename T>
-void RopeForward(T* qkv, const T* cos_table, const T* sin_table, int64_t B, int64_t Tn,
-                 int64_t NH, int64_t KV, int64_t hd) {
+void RopeForward(T* qkv, const T* cos_table, const T* sin_table, int64_t B, int64_t Tn, int64_t NH,
+                 int64_t KV, int64_t hd) {
   Rotate(qkv, cos_table, sin_table, B, Tn, NH, KV, hd, T(1));
 }
 
@@ -378,37 +377,36 @@ double ClassifierForwardBackward(T* dx, T* dw, T* logits, const T* x, const T* w
   return loss;
 }
 
-#define UCP_OPS_REF_INSTANTIATE(T)                                                             \
-  template void EncoderForward<T>(T*, const int32_t*, const T*, const T*, int64_t, int64_t,     \
-                                  int64_t);                                                    \
-  template void EncoderBackward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t,          \
-                                   int64_t);                                                   \
-  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, \
-                                    T);                                                        \
-  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
-                                     const T*, int64_t, int64_t);                              \
-  template void RmsNormForward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T);             \
-  template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,     \
-                                   int64_t);                                                   \
-  template void MatmulForward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);  \
-  template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,   \
-                                  int64_t);                                                    \
-  template void AttentionForward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t,       \
-                                    int64_t);                                                  \
-  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int64_t, int64_t,        \
-                                     int64_t, int64_t, int64_t);                               \
-  template void RopeTables<T>(T*, T*, int64_t, int64_t, double);                                \
-  template void RopeForward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,      \
-                               int64_t);                                                       \
-  template void RopeBackward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,     \
-                                int64_t);                                                      \
-  template void GeluForward<T>(T*, const T*, int64_t);                                          \
-  template void GeluBackward<T>(T*, const T*, const T*, int64_t);                               \
-  template void SwigluForward<T>(T*, const T*, int64_t, int64_t);                               \
-  template void SwigluBackward<T>(T*, const T*, const T*, int64_t, int64_t);                    \
-  template void ResidualForward<T>(T*, const T*, const T*, int64_t);                            \
-  template void ResidualBackward<T>(T*, T*, const T*, int64_t);                                 \
-  template double ClassifierForwardBackward<T>(T*, T*, T*, const T*, const T*, const int32_t*,  \
+#define UCP_OPS_REF_INSTANTIATE(T)                                                                 \
+  template void EncoderForward<T>(T*, const int32_t*, const T*, const T*, int64_t, int64_t,        \
+                                  int64_t);                                                        \
+  template void EncoderBackward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t);   \
+  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,    \
+                                    T);                                                            \
+  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, \
+                                     int64_t, int64_t);                                            \
+  template void RmsNormForward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T);                \
+  template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,        \
+                                   int64_t);                                                       \
+  template void MatmulForward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);     \
+  template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,      \
+                                  int64_t);                                                        \
+  template void AttentionForward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t,          \
+                                    int64_t);                                                      \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,  \
+                                     int64_t, int64_t);                                            \
+  template void RopeTables<T>(T*, T*, int64_t, int64_t, double);                                   \
+  template void RopeForward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,         \
+                               int64_t);                                                           \
+  template void RopeBackward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,        \
+                                int64_t);                                                          \
+  template void GeluForward<T>(T*, const T*, int64_t);                                             \
+  template void GeluBackward<T>(T*, const T*, const T*, int64_t);                                  \
+  template void SwigluForward<T>(T*, const T*, int64_t, int64_t);                                  \
+  template void SwigluBackward<T>(T*, const T*, const T*, int64_t, int64_t);                       \
+  template void ResidualForward<T>(T*, const T*, const T*, int64_t);                               \
+  template void ResidualBackward<T>(T*, T*, const T*, int64_t);                                    \
+  template double ClassifierForwardBackward<T>(T*, T*, T*, const T*, const T*, const int32_t*,     \
                                                int64_t, int64_t, int64_t, T);
 
 UCP_OPS_REF_INSTANTIATE(float)

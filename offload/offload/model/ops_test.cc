@@ -1,15 +1,15 @@
 // Every op twice: the reference's backward against central finite differences of its forward in
 // fp64, and the fast path against the reference in fp32, over shapes that are not multiples of
 // the vector width, with grouped-query heads and head_dim != hidden / heads.
+#include "offload/model/ops.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
-
-#include "offload/model/ops.h"
 
 namespace ucp::offload {
 namespace {
@@ -233,8 +233,8 @@ TEST(OpsRefFd, EncoderWithAndWithoutPositions) {
   Vec out(B * T * C);
   for (bool pos : {true, false}) {
     auto f = [&] {
-      ops::ref::EncoderForward<double>(out.data(), tok.data(), wte.data(), pos ? wpe.data() : nullptr,
-                                       B, T, C);
+      ops::ref::EncoderForward<double>(out.data(), tok.data(), wte.data(),
+                                       pos ? wpe.data() : nullptr, B, T, C);
       return Dot(out, r);
     };
     Vec dwte(V * C, 0), dwpe(T * C, 0);
@@ -297,8 +297,8 @@ TEST_P(OpsFast, NormsMatchReference) {
       ExpectClose(o1, o2, 2e-5, "ln out");
       ExpectClose(s1, s2, 2e-5, "ln rstd");
       VecF dx1(N * C, 1), dw1(C, 1), db1(C, 1), dx2(N * C, 1), dw2(C, 1), db2(C, 1);
-      ops::LayerNormBackward(par_, dx1.data(), dw1.data(), db1.data(), d.data(), x.data(),
-                             w.data(), m2.data(), s2.data(), N, C);
+      ops::LayerNormBackward(par_, dx1.data(), dw1.data(), db1.data(), d.data(), x.data(), w.data(),
+                             m2.data(), s2.data(), N, C);
       ops::ref::LayerNormBackward<float>(dx2.data(), dw2.data(), db2.data(), d.data(), x.data(),
                                          w.data(), m2.data(), s2.data(), N, C);
       ExpectClose(dx1, dx2, 2e-5, "ln dx");
@@ -308,8 +308,8 @@ TEST_P(OpsFast, NormsMatchReference) {
       ops::RmsNormForward(par_, o1.data(), s1.data(), x.data(), w.data(), N, C, 1e-5f);
       ops::ref::RmsNormForward<float>(o2.data(), s2.data(), x.data(), w.data(), N, C, 1e-5f);
       ExpectClose(o1, o2, 2e-5, "rms out");
-      ops::RmsNormBackward(par_, dx1.data(), dw1.data(), d.data(), x.data(), w.data(), s2.data(),
-                           N, C);
+      ops::RmsNormBackward(par_, dx1.data(), dw1.data(), d.data(), x.data(), w.data(), s2.data(), N,
+                           C);
       ops::ref::RmsNormBackward<float>(dx2.data(), dw2.data(), d.data(), x.data(), w.data(),
                                        s2.data(), N, C);
       ExpectClose(dx1, dx2, 2e-5, "rms dx");
@@ -348,8 +348,7 @@ TEST_P(OpsFast, AttentionAndRopeMatchReference) {
     const VecF qkv = Random<float>(N * row, 40), d = Random<float>(N * ah, 41);
     VecF o1(N * ah), l1(s.B * s.NH * s.T), o2 = o1, l2 = l1;
     ops::AttentionForward(par_, o1.data(), l1.data(), qkv.data(), s.B, s.T, s.NH, s.KV, s.hd);
-    ops::ref::AttentionForward<float>(o2.data(), l2.data(), qkv.data(), s.B, s.T, s.NH, s.KV,
-                                      s.hd);
+    ops::ref::AttentionForward<float>(o2.data(), l2.data(), qkv.data(), s.B, s.T, s.NH, s.KV, s.hd);
     ExpectClose(o1, o2, 1e-5, "attn out");
     ExpectClose(l1, l2, 1e-5, "attn lse");
     VecF g1(N * row, 0.5f), g2 = g1;
@@ -424,8 +423,8 @@ TEST_P(OpsFast, ClassifierMatchesReferenceAcrossBlocks) {
   std::vector<int32_t> tg(N);
   for (int64_t i = 0; i < N; ++i) tg[i] = i % 7 == 3 ? -1 : static_cast<int32_t>((i * 7919) % V);
   VecF dx1(N * C, 0), dw1(Vp * C, 0), dx2 = dx1, dw2 = dw1, logits(N * V);
-  const double l1 = ops::ClassifierForwardBackward(par_, dx1.data(), dw1.data(), x.data(),
-                                                   w.data(), tg.data(), N, C, V, 0.5f);
+  const double l1 = ops::ClassifierForwardBackward(par_, dx1.data(), dw1.data(), x.data(), w.data(),
+                                                   tg.data(), N, C, V, 0.5f);
   const double l2 = ops::ref::ClassifierForwardBackward<float>(
       dx2.data(), dw2.data(), logits.data(), x.data(), w.data(), tg.data(), N, C, V, 0.5f);
   EXPECT_NEAR(l1, l2, 1e-6 * std::abs(l2));

@@ -1,0 +1,210 @@
+// `ucp-bench train`: tokens/s of one training step of the offload engine (forward, backward,
+// clipping, CPU AdamW, copy-out) against, in the same run, (a) PyTorch 1.13 training the same
+// model on the same threads (tools/bench_torch_train.py) and (b) the rate cblas_sgemm reaches on
+// the model's largest GEMM shape; with peak memory explained per parameter. Figures go to
+// docs/PERFORMANCE.md ("Training step").
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "offload/data/token_file.h"
+#include "offload/model/model.h"
+#include "offload/model/ops.h"
+#include "offload/train/trainer.h"
+#include "ucp-cli/command.h"
+#include "ucp/api/checkpoint.h"
+#include "ucp/base/status_macros.h"
+
+namespace ucp::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// "model name" and the SIMD flags that matter, from /proc/cpuinfo.
+std::string CpuDescription() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, name = "unknown CPU", flags;
+  while (std::getline(f, line)) {
+    if (name == "unknown CPU" && line.rfind("model name", 0) == 0) {
+      name = line.substr(line.find(':') + 2);
+    }
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = line;
+  }
+  std::string simd;
+  for (const char* fl : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile"}) {
+    if (flags.find(std::string(" ") + fl) != std::string::npos) simd += std::string(" ") + fl;
+  }
+  return name + " (" + (simd.empty() ? " no AVX2" : simd) + " )";
+}
+
+double PeakRssMib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+std::string RunTorch(const std::string& preset, int64_t batch, int64_t seq, int threads,
+                     int steps) {
+  const fs::path script = fs::path(UCP_DATA_DIR) / "tools" / "bench_torch_train.py";
+  const std::string python =
+      fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string cmd = python + " " + script.string() + " --preset " + preset + " --batch " +
+                          std::to_string(batch) + " --seq " + std::to_string(seq) +
+                          " --threads " + std::to_string(threads) + " --steps " +
+                          std::to_string(steps) + " 2>/dev/null";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+  return ::pclose(pipe) == 0 ? out : "";
+}
+
+double Field(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key + " ");
+  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + key.size() + 1));
+}
+
+Status Run(const po::variables_map& vm, CommandIo& io) {
+  const std::string model = vm["model"].as<std::string>();
+  const int64_t seq = vm["seq-len"].as<int64_t>();
+  const int64_t batch = vm["batch"].as<int64_t>();
+  const int threads = vm["threads"].as<int>();
+  const int steps = vm["steps"].as<int>();
+  const std::string dtype = vm["dtype"].as<std::string>();
+  if (seq < 1 || batch < 1 || threads < 1 || steps < 1) {
+    return InvalidArgumentError("--seq-len, --batch, --threads and --steps must be >= 1");
+  }
+  io.out << "cpu: " << CpuDescription() << ", " << threads << " threads\n";
+
+  // Random tokens in a scratch run folder (no checkpoint is written).
+  const fs::path work = fs::temp_directory_path() / ("ucp_bench_train_" + std::to_string(getpid()));
+  fs::remove_all(work);
+  fs::create_directories(work);
+  UCP_ASSIGN_OR_RETURN(auto resolved, api::LoadResolvedModel(api::UcpDataDir(), model, dtype));
+  const int64_t vocab = resolved.first.hyper.at("vocab");
+  std::mt19937 rng(1);
+  std::vector<uint16_t> tokens(static_cast<size_t>((steps + 3) * batch * seq * 12 / 10 + 1));
+  for (auto& t : tokens) t = static_cast<uint16_t>(rng() % static_cast<uint32_t>(vocab));
+  UCP_RETURN_IF_ERROR(offload::WriteTokenFile(work / "tokens.bin", tokens));
+
+  offload::TrainConfig c;
+  c.model = model;
+  c.dtype = dtype;
+  c.data = (work / "tokens.bin").string();
+  c.seq_len = seq;
+  c.global_batch = batch;
+  c.micro_batch = batch;
+  c.steps = steps + 1;
+  c.val_every = 0;
+  offload::RunOptions r;
+  r.out = work / "run";
+  r.threads = threads;
+  UCP_ASSIGN_OR_RETURN(offload::Trainer t, offload::Trainer::Create(c, r));
+  const int64_t n = t.num_params();
+  std::vector<double> times;
+  for (int i = 0; i < steps + 1; ++i) {
+    UCP_ASSIGN_OR_RETURN(offload::StepRecord rec, t.Step());
+    if (i > 0) times.push_back(rec.seconds);  // the first step warms caches and page tables
+  }
+  const double rss = PeakRssMib();
+  std::sort(times.begin(), times.end());
+  const double best = times.front(), median = times[times.size() / 2];
+  const double tok = static_cast<double>(batch * seq);
+
+  // Model FLOPs per token: 6 per weight of every matrix product (forward 2, backward 4; the
+  // classifier counted over the real vocabulary, position embeddings excluded), plus attention's
+  // two causal T x T products, 6 * L * T * (heads * head_dim) (12 L T d halved by causality).
+  UCP_ASSIGN_OR_RETURN(offload::ModelConfig mc, offload::ModelConfig::FromSpec(resolved.first));
+  // An untied model's word embedding is a lookup, not a product (its output_layer is).
+  double matmul_params = 0;
+  for (const auto& p : resolved.second.params) {
+    const bool lookup = p.name.find("position_embeddings") != std::string::npos ||
+                        (!mc.tied_embeddings && p.name == "embedding.word_embeddings.weight");
+    if (p.shape.size() == 2 && !lookup) {
+      matmul_params += static_cast<double>(p.shape[0] * p.shape[1]);
+    }
+  }
+  const double flops_token =
+      6.0 * matmul_params +
+      6.0 * static_cast<double>(mc.layers * seq * mc.heads * mc.head_dim);
+  const double step_flops = flops_token * tok;
+
+  // The largest GEMM of the step: the classifier, [B*T, hidden] x [hidden, vocab].
+  const double sgemm_gflops =
+      offload::MeasureSgemmGflops(batch * seq, mc.vocab, mc.hidden, threads, 3);
+
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << "model " << model << ": " << n << " parameters (tp=1, vocabulary padded), " << batch
+     << " x " << seq << " = " << static_cast<int64_t>(tok) << " tokens per step, training dtype "
+     << dtype << "\n";
+  os << "ucp step (forward+backward+clip+AdamW+copy-out): best " << best * 1e3 << " ms, median "
+     << median * 1e3 << " ms over " << steps << " steps = " << tok / best << " tokens/s\n";
+  os.precision(2);
+  os << "model FLOPs/token " << flops_token / 1e6 << " M -> " << step_flops / best / 1e9
+     << " GFLOP/s\n";
+  os << "cblas_sgemm " << batch * seq << "x" << mc.vocab << "x" << mc.hidden << " (the largest "
+     << "GEMM): " << sgemm_gflops << " GFLOP/s -> the step reaches "
+     << 100.0 * (step_flops / best / 1e9) / sgemm_gflops << "% of it (aim >= 60%)\n";
+  // Memory: the state the engine holds per parameter, and what is left is activations/scratch.
+  const double per_param = (dtype == "fp32" ? 4.0 : 6.0) + 4 + 4 + 4 + 4;
+  const double state_mib = per_param * static_cast<double>(n) / 1048576.0;
+  os.precision(1);
+  os << "peak RSS " << rss << " MiB = " << per_param << " B/parameter of state ("
+     << (dtype == "fp32" ? "fp32 weights 4" : "training-dtype weights 2 + fp32 compute copy 4")
+     << " + fp32 grads 4 + master 4 + exp_avg 4 + exp_avg_sq 4) = " << state_mib
+     << " MiB, plus " << rss - state_mib << " MiB of activations, scratch, data and code\n";
+  if (vm["torch"].as<bool>()) {
+    const fs::path preset = api::UcpDataDir() / "models" / (model + ".json");
+    const std::string out = RunTorch(preset.string(), batch, seq, threads, steps);
+    const double torch_tps = Field(out, "tokens_per_s");
+    if (torch_tps <= 0) {
+      os << "torch: not run (python3-torch missing or the script failed)\n";
+    } else {
+      os << "torch 1.13 (tools/bench_torch_train.py, fp32, same threads): " << torch_tps
+         << " tokens/s, peak RSS " << Field(out, "peak_rss_mib") << " MiB -> ucp is "
+         << (tok / best) / torch_tps << "x torch (aim >= 1.5x)\n";
+    }
+  }
+  io.out << os.str();
+  fs::remove_all(work);
+  return Status::Ok();
+}
+
+Command MakeTrainBench() {
+  return {
+      .name = "train",
+      .summary = "training-step tokens/s against PyTorch and the BLAS rate, same run",
+      .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
+               "[--dtype bf16] [--torch]",
+      .add_options =
+          [](po::options_description& o, po::positional_options_description&) {
+            o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
+                            "model preset")(
+                "seq-len", po::value<int64_t>()->default_value(256), "tokens per sample")(
+                "batch", po::value<int64_t>()->default_value(4), "samples per step")(
+                "threads", po::value<int>()->default_value(2), "threads")(
+                "steps", po::value<int>()->default_value(3), "timed steps (after one warm-up)")(
+                "dtype", po::value<std::string>()->default_value("bf16"),
+                "training dtype: bf16, fp16 or fp32")(
+                "torch", po::bool_switch()->default_value(false),
+                "also time PyTorch (tools/bench_torch_train.py) on the same model and threads");
+          },
+      .run = Run,
+  };
+}
+
+UCP_REGISTER_COMMAND(MakeTrainBench);
+
+}  // namespace
+}  // namespace ucp::cli
