@@ -4,6 +4,7 @@
 // 5 failed precondition, 6 data loss, 7 unimplemented, 8 i/o, 11 already exists.
 #include <boost/program_options.hpp>
 #include <chrono>
+#include <csignal>
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
@@ -70,7 +71,8 @@ void AddRunOptions(po::options_description& o, TrainConfig& c) {
 }
 
 // What a resumed run may change.
-const char* const kResumeOverrides[] = {"steps", "val-every", "val-samples", "layout"};
+const char* const kResumeOverrides[] = {"steps",      "val-every", "val-samples",
+                                        "save-every", "keep",      "layout"};
 
 }  // namespace
 
@@ -79,6 +81,8 @@ int main(int argc, char** argv) {
   RunOptions r;
   std::string out, resume, init, data_dir, corpus_dir;
   bool quiet = false, sync_save = false;
+  int64_t kill_at = -1;
+  int kill_rank = -1;
   po::options_description run("run definition (recorded in checkpoints)");
   AddRunOptions(run, c);
   run.add_options()
@@ -86,7 +90,10 @@ int main(int argc, char** argv) {
     ("val-every", po::value(&c.val_every)->default_value(c.val_every),
      "held-out loss every N steps (0: at the end only)")
     ("val-samples", po::value(&c.val_samples)->default_value(c.val_samples),
-     "held-out samples per validation");
+     "held-out samples per validation")
+    ("save-every", po::value(&c.save_every)->default_value(0),
+     "save every N steps (0: only at the end)")
+    ("keep", po::value(&c.keep)->default_value(0), "keep the newest K checkpoints (0: all)");
   po::options_description io("where and how");
   io.add_options()
     ("help,h", "print this help")
@@ -97,16 +104,20 @@ int main(int argc, char** argv) {
     ("init", po::value(&init),
      "start at step 0 from the weights of any checkpoint ucp reads (ucp, universal, DeepSpeed); "
      "the model is the checkpoint's")
-    ("save-every", po::value(&r.save_every)->default_value(0),
-     "save every N steps (0: only at the end)")
-    ("keep", po::value(&r.keep)->default_value(0), "keep the newest K checkpoints (0: all)")
     ("sync-save", po::bool_switch(&sync_save), "write checkpoints in the foreground")
-    ("threads", po::value(&r.threads)->default_value(0), "threads (0: all cores)")
+    ("threads", po::value(&r.threads)->default_value(0),
+     "threads per process (0: all cores; on --resume, the run's recorded count, so that the "
+     "resumed steps repeat the same bits)")
     ("data-dir", po::value(&data_dir), "rule sets and presets (default: $UCP_DATA_DIR or the "
                                        "source tree's patterns/)")
     ("corpus-dir", po::value(&corpus_dir), "fortune files for --data fortunes (default "
                                            "/usr/share/games/fortunes)")
-    ("quiet,q", po::bool_switch(&quiet), "print errors only");
+    ("quiet,q", po::bool_switch(&quiet), "print errors only")
+    ("kill-at", po::value(&kill_at)->default_value(-1),
+     "fault injection for tests and demos: once step N is done and its checkpoint (if any) "
+     "committed, one process kills itself with SIGKILL")
+    ("kill-rank", po::value(&kill_rank)->default_value(-1),
+     "the process --kill-at kills (default: the last rank)");
   po::options_description all;
   all.add(run).add(io);
   po::variables_map vm;
@@ -177,13 +188,16 @@ int main(int argc, char** argv) {
       else if (const auto* f = boost::any_cast<double>(&value.value())) v << *f;
       std::cerr << "ucp-train: error: " << arg << " " << v.str()
                 << ": a resumed run keeps the configuration its checkpoint recorded (only "
-                   "--steps, --val-every, --val-samples and --layout may change) [invalid_argument]\n";
+                   "--steps, --val-every, --val-samples, --save-every, --keep and --layout may "
+                   "change) [invalid_argument]\n";
       return ucp::ExitCodeFor(ucp::StatusCode::kInvalidArgument);
     }
     if (vm.count("steps") && !vm["steps"].defaulted()) merged.steps = c.steps;
     if (vm.count("val-every") && !vm["val-every"].defaulted()) merged.val_every = c.val_every;
     if (vm.count("val-samples") && !vm["val-samples"].defaulted()) merged.val_samples = c.val_samples;
     if (vm.count("layout") && !vm["layout"].defaulted()) merged.layout = c.layout;
+    if (vm.count("save-every") && !vm["save-every"].defaulted()) merged.save_every = c.save_every;
+    if (vm.count("keep") && !vm["keep"].defaulted()) merged.keep = c.keep;
     c = merged;
     if (out.empty()) {
       out = fs::is_regular_file(fs::path(resume) / "ucp_layout.json")
@@ -208,7 +222,7 @@ int main(int argc, char** argv) {
     if (!rec.ok()) return fail(rec.status());
     const bool last = t.step() == cfg.steps;
     // Save first: a failure later in the step must not cost the checkpoint.
-    if ((r.save_every > 0 && t.step() % r.save_every == 0) || last) {
+    if ((cfg.save_every > 0 && t.step() % cfg.save_every == 0) || last) {
       const auto s0 = std::chrono::steady_clock::now();
       if (auto s = t.Save(); !s.ok()) return fail(s);
       rec->save_block_seconds =
@@ -221,6 +235,11 @@ int main(int argc, char** argv) {
       rec->val_loss = *v;
     }
     if (auto s = t.Log(*rec); !s.ok()) return fail(s);
+    if (t.step() == kill_at) {
+      if (auto s = t.Wait(); !s.ok()) return fail(s);  // the checkpoint is complete first
+      std::fflush(stdout);
+      if (comm.rank() == (kill_rank >= 0 ? kill_rank : comm.size() - 1)) std::raise(SIGKILL);
+    }
     if (!quiet) {
       std::printf("step %5" PRId64 "/%" PRId64 " | loss %.6f | lr %.3e | grad norm %.4f | "
                   "%.0f tok/s | %.1f ms%s",

@@ -143,6 +143,9 @@ json ConfigToJson(const TrainConfig& c) {
               {"seed", c.seed},
               {"val_every", c.val_every},
               {"val_samples", c.val_samples},
+              {"save_every", c.save_every},
+              {"keep", c.keep},
+              {"threads", c.threads},
               {"layout", c.layout}};
 }
 
@@ -182,6 +185,9 @@ Result<TrainConfig> ConfigFromJson(const json& j, const std::string& where) {
   UCP_RETURN_IF_ERROR(Take(j, "seed", c.seed, where));
   UCP_RETURN_IF_ERROR(Take(j, "val_every", c.val_every, where));
   UCP_RETURN_IF_ERROR(Take(j, "val_samples", c.val_samples, where));
+  UCP_RETURN_IF_ERROR(Take(j, "save_every", c.save_every, where));
+  UCP_RETURN_IF_ERROR(Take(j, "keep", c.keep, where));
+  UCP_RETURN_IF_ERROR(Take(j, "threads", c.threads, where));
   UCP_RETURN_IF_ERROR(Take(j, "layout", c.layout, where));
   return c;
 }
@@ -775,9 +781,9 @@ Status Trainer::Impl::FinishSave() {
   if (root()) {
     UCP_RETURN_IF_ERROR(
         io::WriteFileAtomic(opts.out / "latest", StepDirName(pending_step) + "\n"));
-    if (opts.keep > 0) {
+    if (cfg.keep > 0) {
       auto all = RunCheckpoints(opts.out);
-      for (size_t i = 0; i + static_cast<size_t>(opts.keep) < all.size(); ++i) {
+      for (size_t i = 0; i + static_cast<size_t>(cfg.keep) < all.size(); ++i) {
         io::RemoveTreeBestEffort(all[i].second);
       }
     }
@@ -802,8 +808,10 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   Impl& t = *impl;
   t.cfg = config;
   t.opts = opts;
-  t.threads = opts.threads > 0 ? opts.threads
-                               : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  t.threads = opts.threads > 0    ? opts.threads
+              : config.threads > 0 ? config.threads
+                                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  t.cfg.threads = t.threads;
   t.data_dir = opts.data_dir.empty() ? api::UcpDataDir() : opts.data_dir;
   if (opts.out.empty()) return InvalidArgumentError("--out: a run folder is needed");
   if (!opts.resume.empty() && !opts.init.empty()) {
@@ -831,7 +839,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   if (!(c.clip_grad >= 0) || !std::isfinite(c.clip_grad)) {
     return InvalidArgumentError("--clip-grad must be finite and >= 0");
   }
-  if (opts.keep < 0 || opts.save_every < 0) {
+  if (c.keep < 0 || c.save_every < 0) {
     return InvalidArgumentError("--keep and --save-every must be >= 0");
   }
 
@@ -884,19 +892,26 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
                                   std::to_string(c.global_batch / std::max(1, l.dp)) + " + " +
                                   std::to_string(c.global_batch % std::max(1, l.dp)) + ")");
     }
+    // The recorded value stays the user's (0: the whole share); what runs is t.micro_batch.
+    // A resume at another dp keeps the largest micro-batch up to the recorded one that divides
+    // the new share: it changes memory use and summation order, never which samples a step sees.
     const int64_t share = c.global_batch / l.dp;
-    if (c.micro_batch == 0 || c.micro_batch > share) c.micro_batch = share;
-    if (c.micro_batch < 1 || share % c.micro_batch != 0) {
-      return InvalidArgumentError("--micro-batch " + std::to_string(c.micro_batch) +
-                                  " does not divide the global batch's share of " +
-                                  std::to_string(share) + " samples per data-parallel rank");
+    int64_t mb = c.micro_batch == 0 ? share : std::min(c.micro_batch, share);
+    if (mb < 1) return InvalidArgumentError("--micro-batch must be >= 0");
+    if (share % mb != 0) {
+      if (opts.resume.empty()) {
+        return InvalidArgumentError("--micro-batch " + std::to_string(mb) +
+                                    " does not divide the global batch's share of " +
+                                    std::to_string(share) + " samples per data-parallel rank");
+      }
+      while (share % mb != 0) --mb;
     }
+    t.micro_batch = mb;
   }
   const int64_t total_samples = c.steps * c.global_batch;
   if (c.warmup_samples < 0) c.warmup_samples = total_samples / 20;
   if (c.decay_samples < 0) c.decay_samples = total_samples;
   t.seq_len = c.seq_len;
-  t.micro_batch = c.micro_batch;
 
   UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, t.micro_batch, t.seq_len, t.threads));
   t.net.emplace(std::move(net));

@@ -49,6 +49,12 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int64_t val_every = 25;    ///< validation loss every N steps (0: only at the end)
   int64_t val_samples = 64;  ///< held-out samples per validation
+  int64_t save_every = 0;    ///< checkpoint every N steps (the caller saves; 0: at the end only)
+  int64_t keep = 0;          ///< the newest K checkpoints are kept, older ones removed; 0: all
+  /// Threads per process the run used (recorded; RunOptions::threads = 0 takes it on resume).
+  /// The model's sums are deterministic for a given thread count, so a resume at the same
+  /// layout repeats the same bits when it also runs with the same count.
+  int threads = 0;
   std::string layout = "tp=1,pp=1,dp=1,zero=1";  ///< the run's layout: dp x sp processes
 };
 
@@ -57,10 +63,8 @@ struct RunOptions {
   std::filesystem::path out;     ///< run folder: step_NNNNNNNN/ checkpoints, latest, log.jsonl
   std::filesystem::path resume;  ///< a run folder or checkpoint to continue (its config wins)
   std::filesystem::path init;    ///< any checkpoint ucp reads: weights to start from (step 0)
-  int64_t save_every = 0;        ///< 0: only the final step
-  int64_t keep = 0;              ///< the newest K checkpoints are kept, older ones removed; 0: all
   bool async_save = true;
-  int threads = 0;  ///< 0: all cores
+  int threads = 0;  ///< 0: the config's (a resumed run's recorded count), else all cores
   std::filesystem::path data_dir;
   std::filesystem::path corpus_dir;  ///< where fortune text is read (tests point elsewhere)
   /// The processes training together, one per rank of the layout (dp x sp); null: this process

@@ -141,8 +141,8 @@ TEST(TrainerTest, CheckpointsLatestAndKeep) {
   ucp::testing::TempDir tmp;
   const fs::path text = WriteText(tmp.path());
   TrainConfig c = SmallConfig("gpt-tiny", text);
+  c.keep = 2;
   RunOptions r = Opts(tmp.path() / "run");
-  r.keep = 2;
   UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, r));
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(t.Step().ok());
