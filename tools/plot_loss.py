@@ -34,7 +34,7 @@ def read_log(run):
 def layout_label(event):
     layout = event.get("layout", "")
     short = ",".join(kv for kv in layout.split(",")
-                     if kv.split("=")[0] in ("dp", "sp", "zero") or kv.split("=")[1] != "1")
+                     if kv.split("=")[0] in ("dp", "zero") or kv.split("=")[1] != "1")
     return "%s (%d proc)" % (short, event.get("processes", 1))
 
 

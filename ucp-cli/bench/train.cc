@@ -6,6 +6,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -15,12 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "offload/comm/communicator.h"
 #include "offload/data/token_file.h"
 #include "offload/model/model.h"
 #include "offload/model/ops.h"
 #include "offload/train/trainer.h"
 #include "ucp-cli/command.h"
 #include "ucp/api/checkpoint.h"
+#include "ucp/layout/layout.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::cli {
@@ -43,6 +48,10 @@ std::string CpuDescription() {
     if (flags.find(std::string(" ") + fl) != std::string::npos) simd += std::string(" ") + fl;
   }
   return name + " (" + (simd.empty() ? " no AVX2" : simd) + " )";
+}
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double PeakRssMib() {
@@ -80,21 +89,40 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   const int threads = vm["threads"].as<int>();
   const int steps = vm["steps"].as<int>();
   const std::string dtype = vm["dtype"].as<std::string>();
+  const std::string layout = vm["layout"].as<std::string>();
+  const std::string resume_layout = vm["resume-layout"].as<std::string>();
+  const bool checkpoint = vm["checkpoint"].as<bool>();
   if (seq < 1 || batch < 1 || threads < 1 || steps < 1) {
     return InvalidArgumentError("--seq-len, --batch, --threads and --steps must be >= 1");
   }
-  io.out << "cpu: " << CpuDescription() << ", " << threads << " threads\n";
+  // Under mpirun the processes train together (dp x sp = their count); alone otherwise.
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<offload::Communicator> comm,
+                       offload::WorldCommunicator());
+  const bool root = comm->rank() == 0;
+  std::ostream quiet(nullptr);
+  std::ostream& out = root ? io.out : quiet;
+  out << "cpu: " << CpuDescription() << ", " << threads << " threads x " << comm->size()
+      << " process(es)\n";
 
-  // Random tokens in a scratch run folder (no checkpoint is written).
-  const fs::path work = fs::temp_directory_path() / ("ucp_bench_train_" + std::to_string(getpid()));
-  fs::remove_all(work);
-  fs::create_directories(work);
+  // Random tokens in a scratch run folder shared by the processes (the root's pid names it).
+  std::array<std::byte, 8> id{};
+  const int64_t pid = getpid();
+  std::memcpy(id.data(), &pid, 8);
+  UCP_RETURN_IF_ERROR(comm->Broadcast(id, 0));
+  int64_t root_pid = 0;
+  std::memcpy(&root_pid, id.data(), 8);
+  const fs::path work = fs::temp_directory_path() / ("ucp_bench_train_" + std::to_string(root_pid));
+  if (root) {
+    fs::remove_all(work);
+    fs::create_directories(work);
+  }
   UCP_ASSIGN_OR_RETURN(auto resolved, api::LoadResolvedModel(api::UcpDataDir(), model, dtype));
   const int64_t vocab = resolved.first.hyper.at("vocab");
   std::mt19937 rng(1);
   std::vector<uint16_t> tokens(static_cast<size_t>((steps + 3) * batch * seq * 12 / 10 + 1));
   for (auto& t : tokens) t = static_cast<uint16_t>(rng() % static_cast<uint32_t>(vocab));
-  UCP_RETURN_IF_ERROR(offload::WriteTokenFile(work / "tokens.bin", tokens));
+  if (root) UCP_RETURN_IF_ERROR(offload::WriteTokenFile(work / "tokens.bin", tokens));
+  UCP_RETURN_IF_ERROR(comm->Barrier());
 
   offload::TrainConfig c;
   c.model = model;
@@ -102,12 +130,14 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   c.data = (work / "tokens.bin").string();
   c.seq_len = seq;
   c.global_batch = batch;
-  c.micro_batch = batch;
+  c.micro_batch = 0;
   c.steps = steps + 1;
   c.val_every = 0;
+  c.layout = layout;
   offload::RunOptions r;
   r.out = work / "run";
   r.threads = threads;
+  r.comm = comm.get();
   UCP_ASSIGN_OR_RETURN(offload::Trainer t, offload::Trainer::Create(c, r));
   const int64_t n = t.num_params();
   std::vector<double> times;
@@ -139,8 +169,50 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   const double step_flops = flops_token * tok;
 
   // The largest GEMM of the step: the classifier, [B*T, hidden] x [hidden, vocab].
+  // Every process measures at once, so the rate is what the whole job's cores reach together.
+  UCP_RETURN_IF_ERROR(comm->Barrier());
   const double sgemm_gflops =
-      offload::MeasureSgemmGflops(batch * seq, mc.vocab, mc.hidden, threads, 3);
+      offload::MeasureSgemmGflops(batch * seq, mc.vocab, mc.hidden, threads, 3) * comm->size();
+
+  // Checkpoints: how long Save() holds the step up (the staging copy; the disk work runs in the
+  // background), the step run while the save is written, and the time to restore the state at
+  // the same layout and at another one (a resume at a new layout against one at the same).
+  std::ostringstream ck;
+  ck.setf(std::ios::fixed);
+  ck.precision(2);
+  if (checkpoint) {
+    const auto s0 = std::chrono::steady_clock::now();
+    UCP_RETURN_IF_ERROR(t.Save());
+    const double block = Seconds(s0);
+    UCP_ASSIGN_OR_RETURN(offload::StepRecord during, t.Step());
+    const auto w0 = std::chrono::steady_clock::now();
+    UCP_RETURN_IF_ERROR(t.Wait());
+    const double rest = Seconds(w0);
+    ck << "save: blocks the step for " << block * 1e3 << " ms (" << 100.0 * block / median
+       << "% of a step; aim <= 100%), the step during the save took " << during.seconds * 1e3
+       << " ms, then " << rest * 1e3 << " ms more until committed\n";
+    auto restore = [&](const std::string& l) -> Result<double> {
+      offload::TrainConfig rc = c;
+      rc.layout = l;
+      offload::RunOptions rr = r;
+      rr.resume = r.out;
+      UCP_RETURN_IF_ERROR(comm->Barrier());
+      const auto r0 = std::chrono::steady_clock::now();
+      UCP_ASSIGN_OR_RETURN(offload::Trainer x, offload::Trainer::Create(rc, rr));
+      UCP_RETURN_IF_ERROR(comm->Barrier());
+      return Seconds(r0);
+    };
+    // Alternated, the best of two each: the first read of the files pays for the page cache.
+    double same = 1e30, other = 1e30;
+    for (int i = 0; i < 2; ++i) {
+      UCP_ASSIGN_OR_RETURN(double a, restore(layout));
+      UCP_ASSIGN_OR_RETURN(double b, restore(resume_layout));
+      same = std::min(same, a);
+      other = std::min(other, b);
+    }
+    ck << "resume at " << layout << ": " << same * 1e3 << " ms; at " << resume_layout << ": "
+       << other * 1e3 << " ms = " << other / same << "x (aim <= 1.2x)\n";
+  }
 
   std::ostringstream os;
   os.setf(std::ios::fixed);
@@ -154,17 +226,21 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   os << "model FLOPs/token " << flops_token / 1e6 << " M -> " << step_flops / best / 1e9
      << " GFLOP/s\n";
   os << "cblas_sgemm " << batch * seq << "x" << mc.vocab << "x" << mc.hidden << " (the largest "
-     << "GEMM): " << sgemm_gflops << " GFLOP/s -> the step reaches "
+     << "GEMM" << (comm->size() > 1 ? ", on every process at once, summed" : "")
+     << "): " << sgemm_gflops << " GFLOP/s -> the step reaches "
      << 100.0 * (step_flops / best / 1e9) / sgemm_gflops << "% of it (aim >= 60%)\n";
   // Memory: the state the engine holds per parameter, and what is left is activations/scratch.
-  const double per_param = (dtype == "fp32" ? 4.0 : 6.0) + 4 + 4 + 4 + 4;
+  // The optimizer state is the rank's ZeRO share (stage 0: all of it).
+  UCP_ASSIGN_OR_RETURN(layout::Layout lay, layout::ParseLayout(layout));
+  const double share = lay.zero_stage == 0 ? 1.0 : 1.0 / (lay.dp * lay.sp);
+  const double per_param = (dtype == "fp32" ? 4.0 : 6.0) + 4 + 12.0 * share;
   const double state_mib = per_param * static_cast<double>(n) / 1048576.0;
   os.precision(1);
-  os << "peak RSS " << rss << " MiB = " << per_param << " B/parameter of state ("
+  os << "peak RSS (process 0) " << rss << " MiB = " << per_param << " B/parameter of state ("
      << (dtype == "fp32" ? "fp32 weights 4" : "training-dtype weights 2 + fp32 compute copy 4")
-     << " + fp32 grads 4 + master 4 + exp_avg 4 + exp_avg_sq 4) = " << state_mib
+     << " + fp32 grads 4 + master, exp_avg, exp_avg_sq 12 x " << share << ") = " << state_mib
      << " MiB, plus " << rss - state_mib << " MiB of activations, scratch, data and code\n";
-  if (vm["torch"].as<bool>()) {
+  if (vm["torch"].as<bool>() && root) {
     const fs::path preset = api::UcpDataDir() / "models" / (model + ".json");
     const std::string out = RunTorch(preset.string(), batch, seq, threads, steps);
     const double torch_tps = Field(out, "tokens_per_s");
@@ -176,8 +252,10 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
          << (tok / best) / torch_tps << "x torch (aim >= 1.5x)\n";
     }
   }
-  io.out << os.str();
-  fs::remove_all(work);
+  os << ck.str();
+  out << os.str();
+  UCP_RETURN_IF_ERROR(comm->Barrier());
+  if (root) fs::remove_all(work);
   return Status::Ok();
 }
 
@@ -186,7 +264,7 @@ Command MakeTrainBench() {
       .name = "train",
       .summary = "training-step tokens/s against PyTorch and the BLAS rate, same run",
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
-               "[--dtype bf16] [--torch]",
+               "[--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
@@ -198,7 +276,14 @@ Command MakeTrainBench() {
                 "dtype", po::value<std::string>()->default_value("bf16"),
                 "training dtype: bf16, fp16 or fp32")(
                 "torch", po::bool_switch()->default_value(false),
-                "also time PyTorch (tools/bench_torch_train.py) on the same model and threads");
+                "also time PyTorch (tools/bench_torch_train.py) on the same model and threads")(
+                "layout", po::value<std::string>()->default_value("tp=1,pp=1,dp=1,zero=1"),
+                "the run's layout (under mpirun: dp x sp processes)")(
+                "checkpoint", po::bool_switch()->default_value(false),
+                "also time a save (how long it blocks the step) and resumes at the same layout "
+                "and at --resume-layout")(
+                "resume-layout", po::value<std::string>()->default_value("tp=1,pp=1,dp=1,zero=3"),
+                "the other layout of the resume timing (same process count)");
           },
       .run = Run,
   };
