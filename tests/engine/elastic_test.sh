@@ -9,7 +9,8 @@
 #   4. a resume from a copy of the step-8 checkpoint converted by `ucp convert` to another
 #      layout continues the same curve;
 #   5. tools/elastic_run.sh relaunches a killed dp=4 job at 3 processes and finishes it;
-#   6. tools/plot_loss.py draws the curves with the resume marks.
+#   6. --deterministic gives the same bits at dp 1, 2 and 4 and across a resume at another dp;
+#   7. tools/plot_loss.py draws the curves with the resume marks.
 # Usage: elastic_test.sh SOURCE_DIR BIN_DIR WORK_DIR
 set -euo pipefail
 src=$1 bin=$2 work=$3
@@ -102,7 +103,35 @@ grep -q "3 process(es) left" "$work/loop.txt" || { cat "$work/loop.txt"; fail "n
 [ -f "$work/loop/step_00000024/ucp_layout.json" ] || fail "elastic_run.sh: no final checkpoint"
 echo "elastic_test: elastic_run.sh relaunched at 3 processes and finished"
 
-# 6. The picture.
+# 6. --deterministic: the same bits at dp = 1, 2 and 4 (ZeRO 0, 1, 3), and across a resume at
+#    another dp (stretch goal of the issue: a sum whose result does not depend on the split).
+det=(--model gpt-tiny --dtype fp32 --data "$work/text.txt" --seq-len 32 --global-batch 8 --steps 6
+     --lr 5e-3 --threads 1 --val-every 3 --save-every 3 --quiet --deterministic)
+"$train" "${det[@]}" --layout dp=1,zero=0 --out "$work/det1"
+mpirun -np 2 "$train" "${det[@]}" --layout dp=2,zero=1 --out "$work/det2"
+mpirun -np 4 "$train" "${det[@]}" --layout dp=4,zero=3 --out "$work/det4" --kill-at 3 > /dev/null 2>&1 || true
+mpirun -np 2 "$train" --resume "$work/det4" --layout dp=2,zero=2 --quiet
+python3 - "$work" <<'PY'
+import json, os, sys
+def losses(run):
+    out = {}
+    for line in open(os.path.join(sys.argv[1], run, "log.jsonl")):
+        j = json.loads(line)
+        if "loss" in j:
+            out[j["step"]] = (j["loss"], j["grad_norm"], j.get("val_loss"))
+    return out
+a, b, c = losses("det1"), losses("det2"), losses("det4")
+assert sorted(a) == sorted(b) == sorted(c) == list(range(1, 7)), (sorted(a), sorted(b), sorted(c))
+assert a == b == c, "deterministic mode differs across dp:\n%s\n%s\n%s" % (a, b, c)
+print("elastic_test: --deterministic: losses, grad norms and held-out losses bitwise equal at "
+      "dp=1, dp=2 and dp=4 -> resumed at dp=2")
+PY
+for d in det2 det4; do
+  "$ucp" diff "$work/det1/step_00000006" "$work/$d/step_00000006" > "$work/diff.txt" ||
+    { cat "$work/diff.txt"; fail "--deterministic: $d's final checkpoint differs from dp=1's"; }
+done
+
+# 7. The picture.
 /usr/bin/python3 "$src/tools/plot_loss.py" "$work/elastic.png" "$work/ref=dp=4 uninterrupted" \
   "$work/run=killed, resumed at dp=4, 2, 3, 1" > /dev/null
 [ -s "$work/elastic.png" ] || fail "no plot"

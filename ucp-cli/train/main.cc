@@ -66,6 +66,9 @@ void AddRunOptions(po::options_description& o, TrainConfig& c) {
      "fp16: clean steps before the scale doubles")
     ("seed", po::value(&c.seed)->default_value(c.seed),
      "seed of the initialisation and the sample order")
+    ("deterministic", po::bool_switch(&c.deterministic),
+     "bitwise the same training at any dp that is a power of two dividing the global batch "
+     "(per-sample gradients added in one fixed tree; slower)")
     ("layout", po::value(&c.layout)->default_value(c.layout),
      "the layout of the run's checkpoints (one process: tp=1,pp=1,dp=1, zero 0, 1 or 2)");
 }

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -34,6 +35,7 @@
 #include "offload/optim/cpu_adam.h"
 #include "ucp/api/checkpoint.h"
 #include "ucp/api/trainer.h"
+#include "ucp/base/check.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/io/atomic_file.h"
 #include "ucp/json/strict_json.h"
@@ -146,6 +148,7 @@ json ConfigToJson(const TrainConfig& c) {
               {"save_every", c.save_every},
               {"keep", c.keep},
               {"threads", c.threads},
+              {"deterministic", c.deterministic},
               {"layout", c.layout}};
 }
 
@@ -188,6 +191,7 @@ Result<TrainConfig> ConfigFromJson(const json& j, const std::string& where) {
   UCP_RETURN_IF_ERROR(Take(j, "save_every", c.save_every, where));
   UCP_RETURN_IF_ERROR(Take(j, "keep", c.keep, where));
   UCP_RETURN_IF_ERROR(Take(j, "threads", c.threads, where));
+  UCP_RETURN_IF_ERROR(Take(j, "deterministic", c.deterministic, where));
   UCP_RETURN_IF_ERROR(Take(j, "layout", c.layout, where));
   return c;
 }
@@ -306,6 +310,9 @@ struct Trainer::Impl {
   Status FinishSave();
   Status RefreshWeights();
   Result<double> SumOverRanks(double local);
+  Result<double> TreeOverRanks(double local);
+  Status TreeGrad(int64_t lo, int64_t hi, int level, float* out, double* loss, float grad_scale);
+  std::vector<std::vector<float>> tree_bufs;  // --deterministic: one gradient per tree level
   void AppendLog(const json& line);
 };
 
@@ -335,6 +342,13 @@ Status Trainer::Impl::SetUpLayout() {
                                 " = " + std::to_string(layout.dp) + " x " +
                                 std::to_string(cfg.global_batch / layout.dp) + " + " +
                                 std::to_string(cfg.global_batch % layout.dp) + ")");
+  }
+  if (cfg.deterministic) {
+    const int p = layout.dp;
+    if ((p & (p - 1)) != 0) {
+      return InvalidArgumentError("--deterministic: dp=" + std::to_string(p) +
+                                  " is not a power of two (the sample tree splits in halves)");
+    }
   }
   UCP_ASSIGN_OR_RETURN(layout::RankCoords coords, layout::CoordsOfRank(layout, rank));
   dp_rank = coords.dp;
@@ -612,6 +626,65 @@ Status Trainer::Impl::RefreshWeights() {
 // The sum over all processes of one double per process, added in rank order: each process fills
 // its own slot of a zeroed vector, so the library's all-reduce only ever adds zeros (exact), and
 // the order of the real adds is fixed here.
+// --deterministic: the gradient (into `out`) and loss (into `loss`) of global samples [lo, hi)
+// summed by the halving tree of offload/comm/ordered_sum.h: even count, the two halves' sums
+// added; odd count, the samples folded in order. Each sample's gradient is computed alone (a
+// micro-batch of 1, into a zeroed buffer), so no sum depends on how samples were batched.
+Status Trainer::Impl::TreeGrad(int64_t lo, int64_t hi, int level, float* out, double* loss,
+                               float grad_scale) {
+  const int64_t n = hi - lo;
+  const size_t numel = grads.size();
+  if (n == 1) {
+    std::fill(out, out + numel, 0.0f);
+    const size_t len = static_cast<size_t>(seq_len);
+    sampler->Fill(train_tokens, lo, 1, std::span(inputs).first(len), std::span(targets).first(len));
+    Batch b{std::span<const int32_t>(inputs).first(len),
+            std::span<const int32_t>(targets).first(len), 1, seq_len};
+    UCP_ASSIGN_OR_RETURN(*loss, net->ForwardBackward(w32, std::span<float>(out, numel), b,
+                                                     grad_scale));
+    return Status::Ok();
+  }
+  // The outer vector is sized once (64 levels: the depth is about log2 of the sample count), so
+  // a deeper call never moves the buffer a caller holds.
+  if (tree_bufs.empty()) tree_bufs.resize(64);
+  UCP_CHECK(static_cast<size_t>(level) < tree_bufs.size());
+  std::vector<float>& tmp = tree_bufs[level];
+  tmp.resize(numel);
+  double other = 0;
+  if (n % 2 == 0) {
+    const int64_t mid = lo + n / 2;
+    UCP_RETURN_IF_ERROR(TreeGrad(lo, mid, level + 1, out, loss, grad_scale));
+    UCP_RETURN_IF_ERROR(TreeGrad(mid, hi, level + 1, tmp.data(), &other, grad_scale));
+    for (size_t i = 0; i < numel; ++i) out[i] = out[i] + tmp[i];
+    *loss = *loss + other;
+    return Status::Ok();
+  }
+  UCP_RETURN_IF_ERROR(TreeGrad(lo, lo + 1, level + 1, out, loss, grad_scale));
+  for (int64_t s = lo + 1; s < hi; ++s) {
+    UCP_RETURN_IF_ERROR(TreeGrad(s, s + 1, level + 1, tmp.data(), &other, grad_scale));
+    for (size_t i = 0; i < numel; ++i) out[i] = out[i] + tmp[i];
+    *loss = *loss + other;
+  }
+  return Status::Ok();
+}
+
+// One double per process, combined by the same halving tree over the ranks (--deterministic).
+Result<double> Trainer::Impl::TreeOverRanks(double local) {
+  if (world == 1) return local;
+  std::vector<double> slots(static_cast<size_t>(world), 0.0);
+  slots[static_cast<size_t>(rank)] = local;
+  UCP_RETURN_IF_ERROR(comm->AllReduce(std::span<double>(slots), ReduceOp::kSum));
+  std::function<double(size_t, size_t)> tree = [&](size_t lo, size_t hi) -> double {
+    const size_t n = hi - lo;
+    if (n == 1) return slots[lo];
+    if (n % 2 == 0) return tree(lo, lo + n / 2) + tree(lo + n / 2, hi);
+    double acc = slots[lo];
+    for (size_t i = lo + 1; i < hi; ++i) acc += slots[i];
+    return acc;
+  };
+  return tree(0, slots.size());
+}
+
 Result<double> Trainer::Impl::SumOverRanks(double local) {
   if (world == 1) return local;
   std::vector<double> slots(static_cast<size_t>(world), 0.0);
@@ -1066,18 +1139,25 @@ Result<StepRecord> Trainer::Step() {
   const int64_t global_tokens = G * t.seq_len;
   const float grad_scale = static_cast<float>(t.scaler.scale / static_cast<double>(global_tokens));
   double loss_sum = 0;
-  for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
-    const int64_t nb = std::min(t.micro_batch, range.second - first);
-    const size_t len = static_cast<size_t>(nb * t.seq_len);
-    t.sampler->Fill(t.train_tokens, first, nb, std::span(t.inputs).first(len),
-                    std::span(t.targets).first(len));
-    Batch b{std::span<const int32_t>(t.inputs).first(len),
-            std::span<const int32_t>(t.targets).first(len), nb, t.seq_len};
-    UCP_ASSIGN_OR_RETURN(double l, t.net->ForwardBackward(t.w32, t.grads, b, grad_scale),
-                         "step " + std::to_string(rec.step));
-    loss_sum += l;
+  const bool det = t.cfg.deterministic;
+  if (det) {
+    UCP_RETURN_IF_ERROR(t.TreeGrad(range.first, range.second, 0, t.grads.data(), &loss_sum,
+                                   grad_scale),
+                        "step " + std::to_string(rec.step));
+  } else {
+    for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
+      const int64_t nb = std::min(t.micro_batch, range.second - first);
+      const size_t len = static_cast<size_t>(nb * t.seq_len);
+      t.sampler->Fill(t.train_tokens, first, nb, std::span(t.inputs).first(len),
+                      std::span(t.targets).first(len));
+      Batch b{std::span<const int32_t>(t.inputs).first(len),
+              std::span<const int32_t>(t.targets).first(len), nb, t.seq_len};
+      UCP_ASSIGN_OR_RETURN(double l, t.net->ForwardBackward(t.w32, t.grads, b, grad_scale),
+                           "step " + std::to_string(rec.step));
+      loss_sum += l;
+    }
   }
-  UCP_ASSIGN_OR_RETURN(double global_loss, t.SumOverRanks(loss_sum));
+  UCP_ASSIGN_OR_RETURN(double global_loss, det ? t.TreeOverRanks(loss_sum) : t.SumOverRanks(loss_sum));
   rec.loss = global_loss / static_cast<double>(global_tokens);
   rec.tokens = global_tokens;
 
@@ -1092,26 +1172,40 @@ Result<StepRecord> Trainer::Step() {
         std::memcpy(blk + pc.foff, t.grads.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
       }
     }
-    UCP_RETURN_IF_ERROR(t.comm->ReduceScatterDeterministic(t.flat, t.gblock),
+    const SumOrder order = det ? SumOrder::kHalvingTree : SumOrder::kRankOrder;
+    UCP_RETURN_IF_ERROR(t.comm->ReduceScatterDeterministic(t.flat, t.gblock, order),
                         "reducing gradients");
     g = t.gblock;
+    if (det) {
+      // The norm over the whole reduced gradient in canonical order, as at any other dp.
+      UCP_RETURN_IF_ERROR(t.comm->AllGather(t.gblock, t.flat), "gathering gradients");
+      for (int r = 0; r < t.blocks; ++r) {
+        const float* blk = t.flat.data() + static_cast<int64_t>(r) * t.block_size;
+        for (const Piece& pc : t.block_pieces[r]) {
+          std::memcpy(t.grads.data() + pc.coff, blk + pc.foff, static_cast<size_t>(pc.n) * 4);
+        }
+      }
+    }
   } else if (t.world > 1) {
-    UCP_RETURN_IF_ERROR(t.comm->AllReduceDeterministic(t.grads), "reducing gradients");
+    UCP_RETURN_IF_ERROR(
+        t.comm->AllReduceDeterministic(t.grads, det ? SumOrder::kHalvingTree : SumOrder::kRankOrder),
+        "reducing gradients");
   }
+  std::span<const float> norm_of = det ? std::span<const float>(t.grads) : std::span<const float>(g);
 
   // Global gradient norm, in double over fixed chunks summed in order (thread-count free), then
   // over the ranks' blocks in rank order; the largest magnitude for fp16's overflow test.
-  const int64_t n = static_cast<int64_t>(g.size());
-  const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+  const int64_t nn = static_cast<int64_t>(norm_of.size());
+  const int64_t chunks = (nn + kReduceChunk - 1) / kReduceChunk;
   std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
   std::vector<float> maxabs(static_cast<size_t>(chunks), 0.0f);
   t.arena->execute([&] {
     tbb::parallel_for(int64_t{0}, chunks, [&](int64_t c) {
-      const int64_t b = c * kReduceChunk, e = std::min(n, b + kReduceChunk);
+      const int64_t b = c * kReduceChunk, e = std::min(nn, b + kReduceChunk);
       double s = 0;
       float m = 0;
       for (int64_t i = b; i < e; ++i) {
-        const float v = g[i];
+        const float v = norm_of[i];
         s += static_cast<double>(v) * v;
         m = std::max(m, std::fabs(v));
         if (v != v) m = INFINITY;
@@ -1126,7 +1220,7 @@ Result<StepRecord> Trainer::Step() {
     ss += partial[c];
     gmax = std::max(gmax, maxabs[c]);
   }
-  if (t.blocks > 1) {
+  if (t.blocks > 1 && !det) {
     UCP_ASSIGN_OR_RETURN(ss, t.SumOverRanks(ss));
     std::array<float, 1> m{gmax};
     UCP_RETURN_IF_ERROR(t.comm->AllReduce(std::span<float>(m), ReduceOp::kMax));
@@ -1148,6 +1242,7 @@ Result<StepRecord> Trainer::Step() {
     if (t.cfg.clip_grad > 0 && rec.grad_norm > t.cfg.clip_grad) {
       coef *= t.cfg.clip_grad / (rec.grad_norm + 1e-6);
     }
+    const int64_t n = static_cast<int64_t>(g.size());
     if (coef != 1.0) {
       const float cf = static_cast<float>(coef);
       t.arena->execute([&] {
@@ -1210,12 +1305,16 @@ Result<double> Trainer::Validate() {
   const int64_t avail = (static_cast<int64_t>(t.val_tokens.size()) - 1) / t.seq_len;
   const int64_t total = std::min(t.cfg.val_samples, avail);
   if (total < 1) return FailedPreconditionError("the held-out set holds no sample");
-  // Data-parallel ranks share the held-out samples (contiguous, possibly uneven shares).
-  const int64_t dp = t.layout.dp;
-  const int64_t lo = total * t.dp_rank / dp, hi = total * (t.dp_rank + 1) / dp;
+  // Data-parallel ranks share the held-out samples; with --deterministic every rank evaluates
+  // all of them alone, one at a time, so the value does not depend on dp.
+  const bool det = t.cfg.deterministic;
+  const int64_t dp = det ? 1 : t.layout.dp;
+  const int64_t lo = det ? 0 : total * t.dp_rank / dp;
+  const int64_t hi = det ? total : total * (t.dp_rank + 1) / dp;
+  const int64_t mb = det ? 1 : t.micro_batch;
   double sum = 0;
-  for (int64_t first = lo; first < hi; first += t.micro_batch) {
-    const int64_t nb = std::min(t.micro_batch, hi - first);
+  for (int64_t first = lo; first < hi; first += mb) {
+    const int64_t nb = std::min(mb, hi - first);
     for (int64_t b = 0; b < nb; ++b) {
       for (int64_t i = 0; i < t.seq_len; ++i) {
         const size_t at = static_cast<size_t>((first + b) * t.seq_len + i);
@@ -1229,7 +1328,10 @@ Result<double> Trainer::Validate() {
     UCP_ASSIGN_OR_RETURN(double l, t.net->Forward(t.w32, batch), "validation");
     sum += l;
   }
-  UCP_ASSIGN_OR_RETURN(double all, t.SumOverRanks(sum));
+  double all = sum;
+  if (!det) {
+    UCP_ASSIGN_OR_RETURN(all, t.SumOverRanks(sum));
+  }
   return all / static_cast<double>(total * t.seq_len);
 }
 

@@ -56,6 +56,12 @@ struct TrainConfig {
   /// layout repeats the same bits when it also runs with the same count.
   int threads = 0;
   std::string layout = "tp=1,pp=1,dp=1,zero=1";  ///< the run's layout: dp x sp processes
+  /// Bitwise the same training at any dp that is a power of two dividing the global batch: every
+  /// sample's gradient is computed alone and the global batch's are added in one fixed binary
+  /// tree over the sample index (each rank's contiguous share is a subtree), the loss alike, and
+  /// the gradient norm over the whole gradient in canonical order. Costs a gradient buffer per
+  /// tree level and a micro-batch of 1.
+  bool deterministic = false;
 };
 
 /// What one run's options add to a config: where to write and how to start.
