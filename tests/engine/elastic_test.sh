@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Elastic training through the real binary under mpirun (docs/train.md, "Elastic"):
+#   0. the same arithmetic at dp=1, dp=4 and dp=2 x sp=2 (Ulysses): same tokens per step, losses
+#      within 1e-5 relative over 50 steps;
 #   1. the reference: dp=4 (ZeRO-1) uninterrupted, 24 steps, fp32;
 #   2. the same run killed with SIGKILL on one process after its checkpoint at step 8, resumed
 #      at dp=4 (same layout: every later loss bitwise equal), killed again after step 12;
-#   3. resumed from step 12 at dp=2 with ZeRO-3, to step 16; at dp=3 (uneven ZeRO partitions)
+#   3. resumed from step 12 at dp=2 x sp=2 (Ulysses) with ZeRO-3, to step 16; at dp=3 (uneven ZeRO partitions)
 #      to step 20; at dp=1 to step 24: every resumed step's loss within 1e-5 relative of the
 #      reference's, the final weights within 1e-5 (ucp diff --atol);
 #   4. a resume from a copy of the step-8 checkpoint converted by `ucp convert` to another
@@ -39,6 +41,35 @@ expect_killed() {
   echo "elastic_test: the job died as planned (mpirun exit $code)"
 }
 
+# 0. Same arithmetic across layouts: dp=1, dp=4 and dp=2 x sp=2 (Ulysses) train the same tokens
+#    per step, with per-step losses within 1e-5 relative over 50 steps (fp32 compute).
+same=(--model llama-tiny --dtype fp32 --data "$work/text.txt" --seq-len 32 --global-batch 8
+      --steps 50 --lr 1e-3 --threads 1 --val-every 25 --quiet)
+"$train" "${same[@]}" --layout dp=1,zero=1 --out "$work/s1"
+mpirun -np 4 "$train" "${same[@]}" --layout dp=4,zero=1 --out "$work/s4"
+mpirun -np 4 "$train" "${same[@]}" --layout dp=2,sp=2,zero=3 --out "$work/s22"
+python3 - "$work" <<'PY'
+import json, os, sys
+def log(run):
+    out = {}
+    for line in open(os.path.join(sys.argv[1], run, "log.jsonl")):
+        j = json.loads(line)
+        if "loss" in j:
+            out[j["step"]] = (j["loss"], j["tokens"], j.get("val_loss"))
+    return out
+a, b, c = log("s1"), log("s4"), log("s22")
+assert sorted(a) == sorted(b) == sorted(c) == list(range(1, 51))
+worst = {}
+for name, o in (("dp=4", b), ("dp=2,sp=2", c)):
+    for s in a:
+        assert o[s][1] == a[s][1], "step %d: %s trained %d tokens, dp=1 %d" % (s, name, o[s][1], a[s][1])
+        rel = abs(o[s][0] - a[s][0]) / abs(a[s][0])
+        assert rel <= 1e-5, "step %d: %s loss %r vs dp=1 %r (rel %.2e)" % (s, name, o[s][0], a[s][0], rel)
+        worst[name] = max(worst.get(name, 0), rel)
+print("elastic_test: 50 steps at dp=1, dp=4 and dp=2 x sp=2 (Ulysses, ZeRO-3): same tokens per "
+      "step, losses within %s relative" % ", ".join("%.1e (%s)" % (v, k) for k, v in worst.items()))
+PY
+
 # 1. The reference.
 mpirun -np 4 "$train" "${common[@]}" --layout dp=4,zero=1 --out "$work/ref"
 # 2. Killed and resumed at the same layout, killed again.
@@ -47,7 +78,7 @@ expect_killed mpirun -np 4 "$train" "${common[@]}" --layout dp=4,zero=1 --out "$
 expect_killed mpirun -np 4 "$train" --resume "$work/run" --layout dp=4,zero=1 --quiet --kill-at 12
 cp -r "$work/run/step_00000008" "$work/ckpt8"
 # 3. Other process counts and ZeRO stages.
-mpirun -np 2 "$train" --resume "$work/run" --layout dp=2,zero=3 --steps 16 --quiet
+mpirun -np 4 "$train" --resume "$work/run" --layout dp=2,sp=2,zero=3 --steps 16 --quiet
 mpirun -np 3 "$train" --resume "$work/run" --layout dp=3,zero=2 --steps 20 --quiet
 "$train" --resume "$work/run" --layout dp=1,zero=0 --steps 24 --quiet
 # 4. From a checkpoint converted by `ucp convert` (dp=4,zero=1 -> dp=2,zero=2).
@@ -84,7 +115,7 @@ for s in range(1, 25):
     else:
         assert rel <= 1e-5, "step %d: loss %r vs reference %r (rel %.2e)" % (s, run[s], ref[s], rel)
         worst = max(worst, rel)
-print("elastic_test: steps 1-12 bitwise equal (dp=4 killed twice); steps 13-24 at dp=2/zero=3, "
+print("elastic_test: steps 1-12 bitwise equal (dp=4 killed twice); steps 13-24 at dp=2,sp=2/zero=3, "
       "dp=3/zero=2, dp=1/zero=0 within %.2e relative of the uninterrupted dp=4 run" % worst)
 conv, _ = log("conv")
 for s in range(9, 13):

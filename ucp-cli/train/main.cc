@@ -12,6 +12,8 @@
 #include <string>
 
 #include "offload/comm/communicator.h"
+#include "offload/data/token_file.h"
+#include "offload/data/tokenizer.h"
 #include "offload/train/trainer.h"
 #include "ucp/base/status.h"
 #include "ucp/base/status_macros.h"
@@ -82,7 +84,7 @@ const char* const kResumeOverrides[] = {"steps",      "val-every", "val-samples"
 int main(int argc, char** argv) {
   TrainConfig c;
   RunOptions r;
-  std::string out, resume, init, data_dir, corpus_dir;
+  std::string out, resume, init, data_dir, corpus_dir, tokenize, tokens_out;
   bool quiet = false, sync_save = false;
   int64_t kill_at = -1;
   int kill_rank = -1;
@@ -116,6 +118,10 @@ int main(int argc, char** argv) {
     ("corpus-dir", po::value(&corpus_dir), "fortune files for --data fortunes (default "
                                            "/usr/share/games/fortunes)")
     ("quiet,q", po::bool_switch(&quiet), "print errors only")
+    ("tokenize", po::value(&tokenize),
+     "only turn this UTF-8 text file into a token file (bytes as tokens, llm.c's format) at "
+     "--tokens-out, and exit")
+    ("tokens-out", po::value(&tokens_out), "the token file --tokenize writes")
     ("kill-at", po::value(&kill_at)->default_value(-1),
      "fault injection for tests and demos: once step N is done and its checkpoint (if any) "
      "committed, one process kills itself with SIGKILL")
@@ -158,6 +164,22 @@ int main(int argc, char** argv) {
     if (comm.size() > 1) comm.Abort(code);
     return code;
   };
+  if (!tokenize.empty()) {
+    if (tokens_out.empty()) {
+      std::cerr << "ucp-train: usage error: --tokenize needs --tokens-out FILE\n";
+      return 2;
+    }
+    std::vector<uint16_t> tokens;
+    ucp::Status s = ucp::offload::TokenizeTextFile(tokenize, tokens);
+    if (s.ok()) s = ucp::offload::WriteTokenFile(tokens_out, tokens);
+    if (!s.ok()) {
+      std::cerr << "ucp-train: error: " << s.message() << " [" << ucp::StatusCodeName(s.code())
+                << "]\n";
+      return ucp::ExitCodeFor(s.code());
+    }
+    std::printf("%zu tokens written to %s\n", tokens.size(), tokens_out.c_str());
+    return 0;
+  }
   if (!resume.empty() && !init.empty()) {
     std::cerr << "ucp-train: usage error: --resume and --init exclude each other\n";
     return 2;

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "ucp/base/status_macros.h"
+#include "ucp/io/atomic_file.h"
 
 namespace ucp::offload {
 namespace {
@@ -87,6 +88,11 @@ std::string Detokenize(std::span<const uint16_t> tokens) {
     }
   }
   return out;
+}
+
+Status TokenizeTextFile(const std::filesystem::path& path, std::vector<uint16_t>& out) {
+  UCP_ASSIGN_OR_RETURN(std::string text, io::ReadFileToString(path, int64_t{2} << 30));
+  return TokenizeDocument(text, path.string(), out);
 }
 
 }  // namespace ucp::offload

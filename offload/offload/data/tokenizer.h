@@ -28,6 +28,12 @@ Status TokenizeDocument(std::string_view text, std::string_view where, std::vect
 /// "<where>: NUL byte at byte offset N".
 Status ValidateDocumentText(std::string_view text, std::string_view where);
 
+/// Reads a whole UTF-8 text file (at most 2 GiB) and appends its bytes as tokens, as one
+/// document (TokenizeDocument). What `ucp-train --tokenize` and `--data TEXT` use.
+/// Errors: kNotFound, kResourceExhausted (over 2 GiB), kIoError; as TokenizeDocument, naming the
+/// file.
+Status TokenizeTextFile(const std::filesystem::path& path, std::vector<uint16_t>& out);
+
 /// The bytes of tokens (kEndOfText shown as "\n<|end|>\n"); tokens >= 256 as "<|N|>".
 std::string Detokenize(std::span<const uint16_t> tokens);
 

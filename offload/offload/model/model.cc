@@ -39,32 +39,49 @@
 //   Attention: per (sequence, query head), causal, s_tj = (q_t . k_j) / sqrt(head_dim) for j <= t,
 //     softmax over j in fp32 with the max subtracted, a_t = sum_j p_tj v_j; the heads' outputs are
 //     concatenated head after head: a[:, h*head_dim:(h+1)*head_dim].
-//   RoPE (rotate_half, HF LLaMA / Megatron non-interleaved): position p = 0..T-1 within the
-//     sequence; for i in [0, head_dim/2): inv_freq_i = theta^(-2i/head_dim), angle = p *
-//     inv_freq_i, with inv_freq, angle, cos and sin all evaluated in DOUBLE and cos/sin then
-//     rounded to float once (torch: (p.double()[:, None] * inv_freq.double()).cos().float()). This
-//     differs from HF's float32 inv_freq by ~1 ulp of the angle; we pick double so the value does
-//     not depend on how a library rounds float32 pow. Then (x_i, x_{i+d/2}) -> (x_i cos - x_{i+d/2}
-//     sin, x_{i+d/2} cos + x_i sin), theta = rope_theta (10000).
+//   Positions: token t of a Batch is at p = position_offset + t (0 unless the batch is a shard
+//     of longer sequences, as under sequence parallelism): GPT adds wpe[p], LLaMA rotates by p.
+//   RoPE (rotate_half, HF LLaMA / Megatron non-interleaved): position p as above; for i in
+//     [0, head_dim/2): inv_freq_i = theta^(-2i/head_dim), angle = p * inv_freq_i, with inv_freq,
+//     angle, cos and sin all evaluated in DOUBLE and cos/sin then rounded to float once (torch:
+//     (p.double()[:, None] * inv_freq.double()).cos().float()). This differs from HF's float32
+//     inv_freq by ~1 ulp of the angle; we pick double so the value does not depend on how a library
+//     rounds float32 pow. Then (x_i, x_{i+d/2}) -> (x_i cos - x_{i+d/2} sin, x_{i+d/2} cos + x_i
+//     sin), theta = rope_theta (10000).
 //   silu(g) = g / (1 + exp(-g)); gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 //   Loss: sum over positions with target >= 0 of -log softmax(logits[:vocab])[target] (natural
 //     log), returned in double; ForwardBackward backpropagates grad_scale * sum and ADDS the
 //     gradients into `grads`. With tied embeddings wte gets the embedding and the classifier
 //     gradients.
+//   Sequence parallelism (DeepSpeed-Ulysses, P = sp ranks, rank r holds positions
+//     [position_offset, position_offset + T) with position_offset = base + r T): the graph above,
+//     unchanged, with attention(qkv) computed over all P T positions of the sample. Every other
+//     op is position-wise, so it runs on the shard alone; attention is per head, so an all-to-all
+//     gives each rank the whole sequence of NH/P query heads (and their KV heads), causal by
+//     absolute position, and a second one returns the output rows to their shards (layout and
+//     head assignment: the Ulysses block below). Backward is the same transposed: the adjoint of
+//     an all-to-all is the reverse all-to-all, and the adjoint of handing one KV head to several
+//     ranks is the sum of their KV gradients (in rank order). The loss is the shard's sum and
+//     every weight gradient is the shard's partial sum; the sum over the P shards is the loss and
+//     the gradient of the whole sequence, up to the order of the adds (~1e-6 relative in fp32).
 //
 // Activations kept for backward (per layer, llm.c's layout): the norm outputs and their
-// statistics, qkv (after RoPE), the attention output and its row log-sum-exp (the probabilities
-// are recomputed in backward), the residual stream after attention and after the MLP, the MLP's
-// pre-activation and activation.
+// statistics, qkv (after RoPE; under SP the gathered [B, T, local heads] copy attention reads),
+// the attention output and its row log-sum-exp (the probabilities are recomputed in backward),
+// the residual stream after attention and after the MLP, the MLP's pre-activation and activation.
 #include "offload/model/model.h"
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
 
+#include "offload/comm/communicator.h"
 #include "offload/model/model_ref.h"
 #include "offload/model/ops.h"
 #include "ucp/base/check.h"
@@ -172,7 +189,10 @@ struct Acts {
   std::vector<T> dres, dln, dfch_act, dfch, datty, dqkv;
   std::vector<T> rope_cos, rope_sin;  // [max_t, head_dim/2]
 
-  void Allocate(const ModelConfig& c, int64_t max_rows, int64_t max_seq) {
+  // max_rows: tokens of the largest batch (this shard's under SP); max_seq: the largest position
+  // + 1 (the RoPE tables); qkv_width: values per row of the saved qkv, (NH + 2 KV) hd, or under SP
+  // P (NH/P + 2 KV_r) hd (the gathered heads of UlyssesGeometry, per local row).
+  void Allocate(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width) {
     rows = max_rows;
     max_t = max_seq;
     const int64_t L = c.layers, C = c.hidden, N = max_rows;
@@ -181,7 +201,7 @@ struct Acts {
     auto sz = [](std::vector<T>& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); };
     sz(encoded, N * C);
     sz(ln1, L * N * C), sz(ln1_mean, L * N), sz(ln1_rstd, L * N);
-    sz(qkv, L * N * qkv_dim), sz(atty, L * N * ah), sz(lse, L * N * c.heads);
+    sz(qkv, L * N * qkv_width), sz(atty, L * N * ah), sz(lse, L * N * c.heads);
     sz(resid_mid, L * N * C);
     sz(ln2, L * N * C), sz(ln2_mean, L * N), sz(ln2_rstd, L * N);
     sz(fch, L * N * F1), sz(fch_act, L * N * F), sz(resid_out, L * N * C);
@@ -194,6 +214,254 @@ struct Acts {
                               static_cast<double>(c.rope_theta));
     }
   }
+};
+
+// ---- Ulysses sequence parallelism (DeepSpeed-Ulysses; the rules are DeepSpeed's)
+//
+// P ranks, this one r; NH query heads, KV groups of hpg = NH/KV query heads, head_dim hd;
+// W = (NH + 2 KV) hd values per fused qkv row (the interleaved groups of the math block); B
+// sequences; Tl positions per shard, T = P Tl in all; N = B Tl local rows.
+//
+// Head assignment. Rank r takes the query heads [r NHl, (r+1) NHl), NHl = NH/P (heads % P == 0),
+// and the KV heads they use, as KVl local groups of hpgl = NHl/KVl query heads each:
+//   * KV % P == 0 (the usual GQA case, GPT always): KVl = KV/P whole groups, [r KVl, (r+1) KVl),
+//     hpgl = hpg. Every KV head lives on one rank.
+//   * P % KV == 0, P > KV (replication): KVl = 1; the group g = r / (P/KV) is shared by the P/KV
+//     ranks r' with r' / (P/KV) == g, each taking hpgl = NHl of its query heads. Each of them
+//     gets a copy of the group's k and v heads, so its k/v gradient is a partial sum: the
+//     backward adds the P/KV partials back up, in rank order.
+//   Anything else is refused (ValidateSequenceParallel). Local group j of rank r is global group
+//   g(r, j) = KV % P == 0 ? r KVl + j : r / (P/KV); its query heads are the global heads
+//   [r NHl + j hpgl, + hpgl), found in the fused row at QCol(r, j) (hpgl hd contiguous values);
+//   its k then v at KCol(r, j) = g (hpg + 2) hd + hpg hd (2 hd contiguous values).
+//   The local fused row has Wl = (NHl + 2 KVl) hd values, the same interleaved-groups layout with
+//   NHl heads and KVl groups, so the attention ops run on it unchanged.
+//
+// The four all-to-alls (AllToAll: in and out are P equal blocks; block j of out <- block r of
+// rank j's in). [..] is a row-major shape; "block j" is the leading index.
+//   forward, before attention (QkvToHeads):
+//     send [P][B][Tl][Wl]: block j = rank j's columns (QCol/KCol of j) of the local qkv [N, W]
+//     recv [P][B][Tl][Wl]: block j = positions [j Tl, (j+1) Tl) of this rank's heads
+//     -> qkv_full [B][T][Wl] (interleave: row (b, j Tl + t) <- recv[j][b][t])
+//   forward, after attention (HeadsToSeq):
+//     send [P][B][Tl][NHl hd]: block j = positions [j Tl, (j+1) Tl) of att_full [B][T][NHl hd]
+//     recv [P][B][Tl][NHl hd]: block j = rank j's heads [j NHl, (j+1) NHl) at the local positions
+//     -> atty [N][NH hd] (columns [j NHl hd, (j+1) NHl hd) <- recv[j]; heads are concatenated
+//     head after head, so rank j's heads are one contiguous column block)
+//   backward: SeqToHeads is the transpose of HeadsToSeq (datty -> datt_full) and HeadsToQkv that
+//     of QkvToHeads (dqkv_full -> dqkv, adding: query columns receive one block each, KV columns
+//     one per rank sharing the head, added in rank order).
+// Buffers: send and recv of N P Wl floats each (>= N NH hd), owned here; qkv_full lives in the
+// per-layer activations (saved for backward: N P Wl per layer, N W without replication), lse is
+// [B][NHl][T] (N NH per layer, as without SP). The copies run on the Parallel, by rows; the
+// all-to-alls run on the calling thread. Deterministic: the exchanges are copies and the only
+// adds (replicated KV) are in rank order, so the same P and thread count give the same bits.
+struct UlyssesGeometry {
+  int64_t P = 1, r = 0, NH = 0, KV = 0, hd = 0, hpg = 0, W = 0;
+  int64_t NHl = 0, KVl = 0, hpgl = 0, Wl = 0;
+
+  UlyssesGeometry(const ModelConfig& c, int64_t size, int64_t rank)
+      : P(size), r(rank), NH(c.heads), KV(c.kv_heads), hd(c.head_dim) {
+    hpg = NH / KV;
+    W = (NH + 2 * KV) * hd;
+    NHl = NH / P;
+    KVl = KV % P == 0 ? KV / P : 1;
+    hpgl = NHl / KVl;
+    Wl = (NHl + 2 * KVl) * hd;
+  }
+  int64_t Group(int64_t rank, int64_t j) const {
+    return KV % P == 0 ? rank * KVl + j : rank / (P / KV);
+  }
+  int64_t QCol(int64_t rank, int64_t j) const {
+    const int64_t g = Group(rank, j), first_head = rank * NHl + j * hpgl;
+    return g * (hpg + 2) * hd + (first_head - g * hpg) * hd;
+  }
+  int64_t KCol(int64_t rank, int64_t j) const { return Group(rank, j) * (hpg + 2) * hd + hpg * hd; }
+};
+
+template <typename T>
+class Ulysses {
+ public:
+  Ulysses(Communicator* comm, Parallel* par, const ModelConfig& c)
+      : comm_(comm), par_(par), geo_(c, comm->size(), comm->rank()) {}
+
+  const UlyssesGeometry& geo() const { return geo_; }
+  // Values per local row of the saved qkv_full ([B][T][Wl] holds N P Wl values).
+  int64_t qkv_width() const { return geo_.P * geo_.Wl; }
+
+  // Sizes the buffers for up to `max_rows` local rows (throws std::bad_alloc).
+  void Allocate(int64_t max_rows) {
+    const int64_t n = max_rows * geo_.P * geo_.Wl;
+    send_.assign(static_cast<size_t>(n), T(0));
+    recv_.assign(static_cast<size_t>(n), T(0));
+    qkv_.assign(static_cast<size_t>(max_rows * geo_.W), T(0));
+    att_.assign(static_cast<size_t>(max_rows * geo_.NH * geo_.hd), T(0));
+    dqkv_.assign(static_cast<size_t>(n), T(0));
+  }
+  T* qkv_local() { return qkv_.data(); }   // [N, W]: the projection's output, this shard
+  T* att_full() { return att_.data(); }    // [B, T, NHl hd]: attention output or its gradient
+  T* dqkv_full() { return dqkv_.data(); }  // [B, T, Wl]
+
+  // Every rank agrees on the call before any all-to-all: a batch refused anywhere is refused
+  // everywhere, and mismatched shapes or shards never reach a collective of unequal sizes.
+  Status Agree(const Status& local, const Batch& b, bool backward) {
+    const int64_t base = b.position_offset - geo_.r * b.seq_len, bw = backward ? 1 : 0;
+    std::array<int64_t, 9> v = {
+        local.ok() ? 0 : 1, b.batch, -b.batch, b.seq_len, -b.seq_len, base, -base, bw, -bw};
+    UCP_RETURN_IF_ERROR(comm_->AllReduce(std::span<int64_t>(v), ReduceOp::kMax),
+                        "while the sequence-parallel ranks agree on the batch");
+    if (!local.ok()) return local;
+    const std::string sp = "sequence-parallel group of " + std::to_string(geo_.P) + " ranks";
+    if (v[0] != 0) return InvalidArgumentError("another rank of the " + sp + " refused its batch");
+    if (v[1] != -v[2] || v[3] != -v[4]) {
+      return InvalidArgumentError("the " + sp + " disagree on the shard: batch in [" +
+                                  std::to_string(-v[2]) + ", " + std::to_string(v[1]) +
+                                  "], seq_len in [" + std::to_string(-v[4]) + ", " +
+                                  std::to_string(v[3]) + "]");
+    }
+    if (v[5] != -v[6]) {
+      return InvalidArgumentError("the shards of the " + sp +
+                                  " are not consecutive: position_offset - rank * seq_len "
+                                  "ranges over [" +
+                                  std::to_string(-v[6]) + ", " + std::to_string(v[5]) + "] (rank " +
+                                  std::to_string(geo_.r) +
+                                  ": position_offset=" + std::to_string(b.position_offset) +
+                                  ", seq_len=" + std::to_string(b.seq_len) + ")");
+    }
+    if (v[7] != -v[8]) {
+      return InvalidArgumentError("some ranks of the " + sp +
+                                  " call Forward and others ForwardBackward");
+    }
+    return Status::Ok();
+  }
+
+  // qkv [B][Tl][W] (this shard, all heads) -> qkv_full [B][T][Wl] (all positions, this rank's
+  // heads).
+  Status QkvToHeads(const T* qkv, T* qkv_full, int64_t B, int64_t Tl) {
+    const UlyssesGeometry& g = geo_;
+    const int64_t N = B * Tl, qn = g.hpgl * g.hd;
+    T* send = send_.data();
+    par_->For(N, [&](int, int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const T* src = qkv + n * g.W;
+        for (int64_t j = 0; j < g.P; ++j) {
+          T* dst = send + (j * N + n) * g.Wl;
+          for (int64_t k = 0; k < g.KVl; ++k) {
+            T* d = dst + k * (g.hpgl + 2) * g.hd;
+            std::memcpy(d, src + g.QCol(j, k), sizeof(T) * qn);
+            std::memcpy(d + qn, src + g.KCol(j, k), sizeof(T) * 2 * g.hd);
+          }
+        }
+      }
+    });
+    UCP_RETURN_IF_ERROR(Exchange(N * g.Wl), "while ulysses gathers the sequence of qkv");
+    Interleave(recv_.data(), qkv_full, B, Tl, g.Wl);
+    return Status::Ok();
+  }
+
+  // att_full [B][T][NHl hd] -> atty [B][Tl][NH hd].
+  Status HeadsToSeq(const T* att_full, T* atty, int64_t B, int64_t Tl) {
+    const int64_t wh = geo_.NHl * geo_.hd;
+    Deinterleave(att_full, send_.data(), B, Tl, wh);
+    UCP_RETURN_IF_ERROR(Exchange(B * Tl * wh), "while ulysses returns the attention output");
+    BlocksToColumns(recv_.data(), atty, B * Tl, wh);
+    return Status::Ok();
+  }
+
+  // The transpose of HeadsToSeq: datty [B][Tl][NH hd] -> datt_full [B][T][NHl hd].
+  Status SeqToHeads(const T* datty, T* datt_full, int64_t B, int64_t Tl) {
+    const int64_t wh = geo_.NHl * geo_.hd;
+    ColumnsToBlocks(datty, send_.data(), B * Tl, wh);
+    UCP_RETURN_IF_ERROR(Exchange(B * Tl * wh), "while ulysses gathers the attention gradient");
+    Interleave(recv_.data(), datt_full, B, Tl, wh);
+    return Status::Ok();
+  }
+
+  // The transpose of QkvToHeads: dqkv [B][Tl][W] += dqkv_full [B][T][Wl] sent back to the
+  // shards, replicated KV heads' partial gradients added in rank order.
+  Status HeadsToQkv(const T* dqkv_full, T* dqkv, int64_t B, int64_t Tl) {
+    const UlyssesGeometry& g = geo_;
+    const int64_t N = B * Tl, qn = g.hpgl * g.hd;
+    Deinterleave(dqkv_full, send_.data(), B, Tl, g.Wl);
+    UCP_RETURN_IF_ERROR(Exchange(N * g.Wl), "while ulysses returns the qkv gradient");
+    const T* recv = recv_.data();
+    par_->For(N, [&](int, int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        T* dst = dqkv + n * g.W;
+        for (int64_t j = 0; j < g.P; ++j) {
+          const T* src = recv + (j * N + n) * g.Wl;
+          for (int64_t k = 0; k < g.KVl; ++k) {
+            const T* s = src + k * (g.hpgl + 2) * g.hd;
+            T* q = dst + g.QCol(j, k);
+            for (int64_t i = 0; i < qn; ++i) q[i] += s[i];
+            T* kv = dst + g.KCol(j, k);
+            for (int64_t i = 0; i < 2 * g.hd; ++i) kv[i] += s[qn + i];
+          }
+        }
+      }
+    });
+    return Status::Ok();
+  }
+
+ private:
+  // send_[0, P n) -> recv_[0, P n): P blocks of n values.
+  Status Exchange(int64_t n) {
+    const size_t count = static_cast<size_t>(geo_.P * n);
+    if constexpr (std::is_same_v<T, float>) {
+      return comm_->AllToAll(std::span<const float>(send_.data(), count),
+                             std::span<float>(recv_.data(), count));
+    } else {
+      (void)count;
+      return UnimplementedError("sequence parallelism runs in fp32 only");
+    }
+  }
+  // src [P][B][Tl][w] -> dst [B][P Tl][w].
+  void Interleave(const T* src, T* dst, int64_t B, int64_t Tl, int64_t w) {
+    const int64_t P = geo_.P, blk = Tl * w;
+    par_->For(P * B, [&](int, int64_t u0, int64_t u1) {
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t j = u / B, b = u % B;
+        std::memcpy(dst + (b * P + j) * blk, src + u * blk, sizeof(T) * blk);
+      }
+    });
+  }
+  // src [B][P Tl][w] -> dst [P][B][Tl][w].
+  void Deinterleave(const T* src, T* dst, int64_t B, int64_t Tl, int64_t w) {
+    const int64_t P = geo_.P, blk = Tl * w;
+    par_->For(P * B, [&](int, int64_t u0, int64_t u1) {
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t j = u / B, b = u % B;
+        std::memcpy(dst + u * blk, src + (b * P + j) * blk, sizeof(T) * blk);
+      }
+    });
+  }
+  // src [P][N][w] -> dst [N][P w].
+  void BlocksToColumns(const T* src, T* dst, int64_t N, int64_t w) {
+    const int64_t P = geo_.P;
+    par_->For(N, [&](int, int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t j = 0; j < P; ++j) {
+          std::memcpy(dst + n * P * w + j * w, src + (j * N + n) * w, sizeof(T) * w);
+        }
+      }
+    });
+  }
+  // src [N][P w] -> dst [P][N][w].
+  void ColumnsToBlocks(const T* src, T* dst, int64_t N, int64_t w) {
+    const int64_t P = geo_.P;
+    par_->For(N, [&](int, int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t j = 0; j < P; ++j) {
+          std::memcpy(dst + (j * N + n) * w, src + n * P * w + j * w, sizeof(T) * w);
+        }
+      }
+    });
+  }
+
+  Communicator* comm_;
+  Parallel* par_;
+  UlyssesGeometry geo_;
+  std::vector<T> send_, recv_, qkv_, att_, dqkv_;
 };
 
 // The fast fp32 ops, all on the Parallel's arena.
@@ -259,18 +527,25 @@ struct RefOps {
   }
 };
 
-// Forward (and backward when g != nullptr) of the whole model; returns the loss sum.
+// Forward (and backward when g != nullptr) of the whole model; returns the loss sum. Tn tokens
+// per sequence at positions [pos0, pos0 + Tn); sp: null, or this rank's Ulysses exchange, the
+// batch then being this rank's shard (fails only when the communicator does).
 template <typename T, typename Ops>
-double RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a, const T* w, T* g,
-                const int32_t* inputs, const int32_t* targets, int64_t B, int64_t Tn,
-                T grad_scale) {
+Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a, const T* w,
+                        T* g, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t Tn,
+                        int64_t pos0, T grad_scale, Ulysses<T>* sp) {
   const bool gpt = cfg.family == Family::kGpt;
   const int64_t C = cfg.hidden, NH = cfg.heads, KV = cfg.kv_heads, hd = cfg.head_dim;
   const int64_t qkv_dim = (NH + 2 * KV) * hd, ah = NH * hd, F = cfg.ffn_hidden;
   const int64_t F1 = gpt ? F : 2 * F, N = B * Tn, R = a.rows, V = cfg.vocab;
   const T eps = static_cast<T>(cfg.norm_eps);
+  // The saved qkv: [N, qkv_dim], or under SP the gathered heads [B, P Tn, Wl].
+  const int64_t qkv_width = sp ? sp->qkv_width() : qkv_dim;
   auto P = [&](int64_t off) -> const T* { return off < 0 ? nullptr : w + off; };
   auto G = [&](int64_t off) -> T* { return off < 0 ? nullptr : g + off; };
+  const T* wpe = gpt ? P(lay.wpe) + pos0 * C : nullptr;
+  const T* rope_cos = gpt ? nullptr : a.rope_cos.data() + pos0 * (hd / 2);
+  const T* rope_sin = gpt ? nullptr : a.rope_sin.data() + pos0 * (hd / 2);
   // Layer l's slice of a per-layer activation of `dim` values per row.
   auto At = [&](std::vector<T>& v, int64_t l, int64_t dim) { return v.data() + l * R * dim; };
   auto Norm = [&](T* out, T* mean, T* rstd, const T* x, int64_t w_off, int64_t b_off) {
@@ -290,12 +565,12 @@ double RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a,
   };
 
   // ---- forward
-  ops.EncoderForward(a.encoded.data(), inputs, P(lay.wte), gpt ? P(lay.wpe) : nullptr, B, Tn, C);
+  ops.EncoderForward(a.encoded.data(), inputs, P(lay.wte), wpe, B, Tn, C);
   const T* x = a.encoded.data();
   for (int64_t l = 0; l < cfg.layers; ++l) {
     const LayerOffsets& o = lay.layers[l];
     T* ln1 = At(a.ln1, l, C);
-    T* qkv = At(a.qkv, l, qkv_dim);
+    T* qkv = At(a.qkv, l, qkv_width);
     T* atty = At(a.atty, l, ah);
     T* resid_mid = At(a.resid_mid, l, C);
     T* ln2 = At(a.ln2, l, C);
@@ -303,9 +578,17 @@ double RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a,
     T* fch_act = At(a.fch_act, l, F);
     T* resid_out = At(a.resid_out, l, C);
     Norm(ln1, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), x, o.ln1_w, o.ln1_b);
-    ops.MatmulForward(qkv, ln1, P(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
-    if (!gpt) ops.RopeForward(qkv, a.rope_cos.data(), a.rope_sin.data(), B, Tn, NH, KV, hd);
-    ops.AttentionForward(atty, At(a.lse, l, NH), qkv, B, Tn, NH, KV, hd);
+    T* qkv_shard = sp ? sp->qkv_local() : qkv;  // [N, qkv_dim], this batch's positions
+    ops.MatmulForward(qkv_shard, ln1, P(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
+    if (!gpt) ops.RopeForward(qkv_shard, rope_cos, rope_sin, B, Tn, NH, KV, hd);
+    if (sp == nullptr) {
+      ops.AttentionForward(atty, At(a.lse, l, NH), qkv, B, Tn, NH, KV, hd);
+    } else {
+      const UlyssesGeometry& u = sp->geo();
+      UCP_RETURN_IF_ERROR(sp->QkvToHeads(qkv_shard, qkv, B, Tn), "in layer " + Str(l));
+      ops.AttentionForward(sp->att_full(), At(a.lse, l, NH), qkv, B, u.P * Tn, u.NHl, u.KVl, hd);
+      UCP_RETURN_IF_ERROR(sp->HeadsToSeq(sp->att_full(), atty, B, Tn), "in layer " + Str(l));
+    }
     ops.MatmulForward(a.tmp.data(), atty, P(o.proj_w), P(o.proj_b), N, ah, C);
     ops.ResidualForward(resid_mid, x, a.tmp.data(), N * C);
     Norm(ln2, At(a.ln2_mean, l, 1), At(a.ln2_rstd, l, 1), resid_mid, o.ln2_w, o.ln2_b);
@@ -334,7 +617,7 @@ double RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a,
   for (int64_t l = cfg.layers - 1; l >= 0; --l) {
     const LayerOffsets& o = lay.layers[l];
     const T* x_in = l == 0 ? a.encoded.data() : At(a.resid_out, l - 1, C);
-    T* qkv = At(a.qkv, l, qkv_dim);
+    T* qkv = At(a.qkv, l, qkv_width);
     // MLP branch.
     ops.Zero(a.dfch_act.data(), N * F);
     ops.MatmulBackward(a.dfch_act.data(), G(o.fc2_w), G(o.fc2_b), dres, At(a.fch_act, l, F),
@@ -355,22 +638,34 @@ double RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a,
     ops.MatmulBackward(a.datty.data(), G(o.proj_w), G(o.proj_b), dres, At(a.atty, l, ah),
                        P(o.proj_w), N, ah, C);
     ops.Zero(a.dqkv.data(), N * qkv_dim);
-    ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH, KV, hd);
-    if (!gpt) {
-      ops.RopeBackward(a.dqkv.data(), a.rope_cos.data(), a.rope_sin.data(), B, Tn, NH, KV, hd);
+    if (sp == nullptr) {
+      ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH, KV,
+                            hd);
+    } else {
+      const UlyssesGeometry& u = sp->geo();
+      UCP_RETURN_IF_ERROR(sp->SeqToHeads(a.datty.data(), sp->att_full(), B, Tn),
+                          "in the backward of layer " + Str(l));
+      ops.Zero(sp->dqkv_full(), N * qkv_width);
+      ops.AttentionBackward(sp->dqkv_full(), sp->att_full(), qkv, At(a.lse, l, NH), B, u.P * Tn,
+                            u.NHl, u.KVl, hd);
+      UCP_RETURN_IF_ERROR(sp->HeadsToQkv(sp->dqkv_full(), a.dqkv.data(), B, Tn),
+                          "in the backward of layer " + Str(l));
     }
+    if (!gpt) ops.RopeBackward(a.dqkv.data(), rope_cos, rope_sin, B, Tn, NH, KV, hd);
     ops.Zero(a.dln.data(), N * C);
     ops.MatmulBackward(a.dln.data(), G(o.qkv_w), G(o.qkv_b), a.dqkv.data(), At(a.ln1, l, C),
                        P(o.qkv_w), N, C, qkv_dim);
     NormBackward(dres, a.dln.data(), x_in, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), o.ln1_w,
                  o.ln1_b);
   }
-  ops.EncoderBackward(G(lay.wte), gpt ? G(lay.wpe) : nullptr, dres, inputs, B, Tn, C);
+  ops.EncoderBackward(G(lay.wte), gpt ? G(lay.wpe) + pos0 * C : nullptr, dres, inputs, B, Tn, C);
   return loss;
 }
 
+// max_seq_len: the most tokens per sequence of the batch (the shard's under SP); max_position:
+// the exclusive bound of position_offset + seq_len (the model's max_seq_len).
 Status ValidateBatch(const ModelConfig& c, const Batch& batch, int64_t max_batch,
-                     int64_t max_seq_len) {
+                     int64_t max_seq_len, int64_t max_position) {
   if (batch.batch < 1 || batch.batch > max_batch) {
     return InvalidArgumentError("batch=" + Str(batch.batch) + " not in [1, " + Str(max_batch) +
                                 "]");
@@ -378,6 +673,11 @@ Status ValidateBatch(const ModelConfig& c, const Batch& batch, int64_t max_batch
   if (batch.seq_len < 1 || batch.seq_len > max_seq_len) {
     return InvalidArgumentError("seq_len=" + Str(batch.seq_len) + " not in [1, " +
                                 Str(max_seq_len) + "]");
+  }
+  if (batch.position_offset < 0 || batch.position_offset > max_position - batch.seq_len) {
+    return InvalidArgumentError(
+        "position_offset=" + Str(batch.position_offset) + " with seq_len=" + Str(batch.seq_len) +
+        " reaches past max_seq_len=" + Str(max_position) + " positions (or is negative)");
   }
   const int64_t n = batch.batch * batch.seq_len;
   if (static_cast<int64_t>(batch.inputs.size()) != n ||
@@ -447,18 +747,48 @@ Result<double> RefForwardBackward(const ModelConfig& config, std::span<const dou
                                   std::span<double> grads, const Batch& batch, double grad_scale) {
   UCP_ASSIGN_OR_RETURN(Layout lay, BuildLayout(config));
   const int64_t max_seq = std::max(batch.seq_len, int64_t{1});
-  UCP_RETURN_IF_ERROR(ValidateBatch(config, batch, std::max(batch.batch, int64_t{1}), max_seq));
+  const int64_t max_position = std::max(batch.position_offset, int64_t{0}) + max_seq;
+  if (config.family == Family::kGpt &&
+      batch.position_offset + batch.seq_len > config.max_positions) {
+    return InvalidArgumentError("position_offset=" + Str(batch.position_offset) +
+                                " + seq_len=" + Str(batch.seq_len) +
+                                " > max_positions=" + Str(config.max_positions));
+  }
+  UCP_RETURN_IF_ERROR(
+      ValidateBatch(config, batch, std::max(batch.batch, int64_t{1}), max_seq, max_position));
   if (static_cast<int64_t>(weights.size()) != lay.total ||
       (!grads.empty() && static_cast<int64_t>(grads.size()) != lay.total)) {
     return InvalidArgumentError("weights/grads hold " + Str(weights.size()) + "/" +
                                 Str(grads.size()) + " values, the model has " + Str(lay.total));
   }
   Acts<double> acts;
-  acts.Allocate(config, batch.batch * batch.seq_len, batch.seq_len);
+  const int64_t qkv_dim = (config.heads + 2 * config.kv_heads) * config.head_dim;
+  acts.Allocate(config, batch.batch * batch.seq_len, max_position, qkv_dim);
   RefOps<double> ops;
   return RunGraph<double>(ops, config, lay, acts, weights.data(),
                           grads.empty() ? nullptr : grads.data(), batch.inputs.data(),
-                          batch.targets.data(), batch.batch, batch.seq_len, grad_scale);
+                          batch.targets.data(), batch.batch, batch.seq_len, batch.position_offset,
+                          grad_scale, nullptr);
+}
+
+Status ValidateSequenceParallel(const ModelConfig& config, int64_t sp, int64_t seq_len) {
+  if (sp < 1) return InvalidArgumentError("sequence-parallel size sp=" + Str(sp) + " < 1");
+  if (sp == 1) return Status::Ok();
+  const std::string ulysses = "ulysses sequence parallelism over sp=" + Str(sp) + " ranks: ";
+  if (config.heads < 1 || config.kv_heads < 1 || config.heads % sp != 0) {
+    return InvalidArgumentError(ulysses + "heads=" + Str(config.heads) +
+                                " not divisible by sp (each rank takes heads/sp query heads)");
+  }
+  if (config.kv_heads % sp != 0 && sp % config.kv_heads != 0) {
+    return InvalidArgumentError(ulysses + "kv_heads=" + Str(config.kv_heads) +
+                                " neither divisible by sp nor dividing it (KV heads are split "
+                                "or replicated whole)");
+  }
+  if (seq_len < 1 || seq_len % sp != 0) {
+    return InvalidArgumentError(ulysses + "seq_len=" + Str(seq_len) +
+                                " tokens not a positive multiple of sp");
+  }
+  return Status::Ok();
 }
 
 struct Model::Impl {
@@ -468,10 +798,12 @@ struct Model::Impl {
   int num_threads = 1;
   Parallel par{1};
   Acts<float> acts;
+  std::unique_ptr<Ulysses<float>> sp;  // null without sequence parallelism
 
-  Result<double> Run(std::span<const float> weights, std::span<float> grads, bool backward,
-                     const Batch& batch, float grad_scale) {
-    UCP_RETURN_IF_ERROR(ValidateBatch(config, batch, max_batch, max_seq_len));
+  Status Validate(std::span<const float> weights, std::span<float> grads, bool backward,
+                  const Batch& batch) const {
+    const int64_t shard_len = sp ? max_seq_len / sp->geo().P : max_seq_len;
+    UCP_RETURN_IF_ERROR(ValidateBatch(config, batch, max_batch, shard_len, max_seq_len));
     if (static_cast<int64_t>(weights.size()) != layout.total) {
       return InvalidArgumentError("weights hold " + Str(weights.size()) +
                                   " values, the model has " + Str(layout.total));
@@ -480,18 +812,30 @@ struct Model::Impl {
       return InvalidArgumentError("grads hold " + Str(grads.size()) + " values, the model has " +
                                   Str(layout.total));
     }
+    return Status::Ok();
+  }
+
+  Result<double> Run(std::span<const float> weights, std::span<float> grads, bool backward,
+                     const Batch& batch, float grad_scale) {
+    const Status valid = Validate(weights, grads, backward, batch);
+    if (sp) {
+      UCP_RETURN_IF_ERROR(sp->Agree(valid, batch, backward));
+    } else {
+      UCP_RETURN_IF_ERROR(valid);
+    }
     // The ops split every GEMM over the arena themselves (ops.cc, Gemm), so OpenBLAS must run
     // each call on its caller's thread. The setting is process-global: set it on every call.
     openblas_set_num_threads(1);
     FastOps ops{&par};
     return RunGraph<float>(ops, config, layout, acts, weights.data(),
                            backward ? grads.data() : nullptr, batch.inputs.data(),
-                           batch.targets.data(), batch.batch, batch.seq_len, grad_scale);
+                           batch.targets.data(), batch.batch, batch.seq_len, batch.position_offset,
+                           grad_scale, sp.get());
   }
 };
 
 Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
-                            int num_threads) {
+                            int num_threads, Communicator* sp_comm) {
   UCP_ASSIGN_OR_RETURN(Layout layout, BuildLayout(config));
   if (max_batch < 1 || max_seq_len < 1) {
     return InvalidArgumentError("max_batch=" + Str(max_batch) +
@@ -502,6 +846,9 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
                                 " > max_positions=" + Str(config.max_positions));
   }
   if (num_threads < 1) return InvalidArgumentError("num_threads=" + Str(num_threads) + " < 1");
+  const int sp = sp_comm ? sp_comm->size() : 1;
+  UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, sp, max_seq_len),
+                      "while creating the model (seq_len = its max_seq_len)");
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->layout = std::move(layout);
@@ -509,10 +856,17 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
   impl->max_seq_len = max_seq_len;
   impl->num_threads = num_threads;
   impl->par = Parallel(num_threads);
-  const int64_t rows = max_batch * max_seq_len;
+  // Under SP the activations hold this rank's shard of every sequence.
+  const int64_t rows = max_batch * (max_seq_len / sp);
   // The model's only allocations: std::bad_alloc is caught here, at its one source (ADR 0001).
   try {
-    impl->acts.Allocate(config, rows, max_seq_len);
+    int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim;
+    if (sp > 1) {
+      impl->sp = std::make_unique<Ulysses<float>>(sp_comm, &impl->par, config);
+      impl->sp->Allocate(rows);
+      qkv_width = impl->sp->qkv_width();
+    }
+    impl->acts.Allocate(config, rows, max_seq_len, qkv_width);
     impl->par.Reserve(
         std::max(ops::ClassifierScratch(rows, config.vocab, num_threads),
                  ops::OpsScratch(rows,
@@ -534,6 +888,8 @@ Model::~Model() = default;
 const ModelConfig& Model::config() const { return impl_->config; }
 const std::vector<ParamInfo>& Model::params() const { return impl_->layout.params; }
 int64_t Model::num_params() const { return impl_->layout.total; }
+int Model::sp_size() const { return impl_->sp ? static_cast<int>(impl_->sp->geo().P) : 1; }
+int Model::sp_rank() const { return impl_->sp ? static_cast<int>(impl_->sp->geo().r) : 0; }
 
 Result<double> Model::Forward(std::span<const float> weights, const Batch& batch) {
   return impl_->Run(weights, {}, false, batch, 0.0f);

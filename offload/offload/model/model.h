@@ -7,6 +7,12 @@
 // The model is stateless across calls apart from its activation scratch: the caller owns the
 // weights (fp32, the compute copy; the trainer widens its bf16/fp16 weights into it) and the
 // gradients (fp32, accumulated with +=, so micro-batches add up).
+//
+// Sequence parallelism (DeepSpeed-Ulysses): a Model created with an sp communicator of size
+// P > 1 is one of the P ranks that process the same samples, each holding a contiguous shard of
+// T/P positions. Everything position-wise runs on the shard; attention runs over the whole
+// sequence for this rank's heads, between two all-to-alls (model.cc has the layout). The trainer
+// only creates the model with the sp group and passes each rank its shard with position_offset.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +22,12 @@
 #include <vector>
 
 #include "ucp/base/result.h"
+#include "ucp/base/status.h"
 #include "ucp/patterns/model.h"
 
 namespace ucp::offload {
+
+class Communicator;
 
 enum class Family : uint8_t { kGpt, kLlama };
 
@@ -53,21 +62,42 @@ struct ParamInfo {
 };
 
 /// What one training micro-batch is: B sequences of T tokens, inputs and next-token targets.
-/// A target < 0 contributes no loss (padding / masked).
+/// A target < 0 contributes no loss (padding / masked). Under sequence parallelism over P ranks
+/// it is this rank's shard: T = the sample length / P tokens of each of the B samples.
 struct Batch {
   std::span<const int32_t> inputs;   ///< [B, T]
   std::span<const int32_t> targets;  ///< [B, T]
   int64_t batch = 0;                 ///< B
-  int64_t seq_len = 0;               ///< T (<= max_positions for GPT)
+  int64_t seq_len = 0;               ///< T, this shard's tokens per sequence
+  /// The position of token t is position_offset + t (GPT's position-embedding row, LLaMA's RoPE
+  /// angle); position_offset + T <= the model's max_seq_len. Under sequence parallelism rank r
+  /// holds positions [position_offset, position_offset + T) of the sample, and the ranks' shards
+  /// must be consecutive in rank order: position_offset == base + r * T with one base (usually
+  /// 0, so position_offset = r * T), the same B and the same T on every rank.
+  int64_t position_offset = 0;
 };
+
+/// Checks that Ulysses sequence parallelism over `sp` ranks fits `config` and samples of
+/// `seq_len` tokens (DeepSpeed's rules): heads % sp == 0; kv_heads % sp == 0 (each rank takes
+/// kv_heads / sp KV heads) or sp % kv_heads == 0 (each KV head is replicated on the sp / kv_heads
+/// ranks whose query heads use it); seq_len % sp == 0. sp == 1 always fits. A pure function, for
+/// the trainer's layout checks; Model::Create applies it to max_seq_len.
+/// Errors: kInvalidArgument naming the numbers (sp < 1, heads, kv_heads, seq_len).
+Status ValidateSequenceParallel(const ModelConfig& config, int64_t sp, int64_t seq_len);
 
 class Model {
  public:
   /// Allocates activation scratch for micro-batches up to `max_batch` x `max_seq_len`.
   /// `num_threads` bounds every parallel region (BLAS and oneTBB together).
-  /// Errors: kInvalidArgument (config; max_seq_len > max_positions for GPT), kResourceExhausted.
+  /// `sp_comm`: the sequence-parallel group (rank = shard index), not owned, used from the
+  /// calling thread only and kept until the model is destroyed; null or of size 1: no sequence
+  /// parallelism. With P = sp_comm->size() > 1, max_seq_len is the whole sample's length (each
+  /// shard holds at most max_seq_len / P positions) and ValidateSequenceParallel(config, P,
+  /// max_seq_len) must pass.
+  /// Errors: kInvalidArgument (config; max_seq_len > max_positions for GPT; the sequence-parallel
+  /// rules), kResourceExhausted.
   static Result<Model> Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
-                              int num_threads);
+                              int num_threads, Communicator* sp_comm = nullptr);
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
   ~Model();
@@ -76,16 +106,27 @@ class Model {
   /// In canonical order (the rule set's template order, layers expanded), tiling [0, num_params).
   const std::vector<ParamInfo>& params() const;
   int64_t num_params() const;
+  /// The sequence-parallel size P and this rank's shard index (1 and 0 without SP).
+  int sp_size() const;
+  int sp_rank() const;
 
   /// Sum over the batch of the per-token cross-entropy (natural log) of tokens with target >= 0,
-  /// in double. Writes nothing but scratch. Errors: kInvalidArgument (sizes, a token >= vocab).
+  /// in double (under SP: over this shard's tokens). Writes nothing but scratch.
+  /// Under SP, Forward and ForwardBackward are collective over the sp group: every rank makes the
+  /// same calls in the same order. They first agree on the batch (one all-reduce of 9 int64), so
+  /// a batch refused on any rank is refused on all of them, before any all-to-all.
+  /// Errors: kInvalidArgument (sizes, a token >= vocab, position_offset; under SP also a peer's
+  /// refusal, or shards that are not consecutive or differ in B or T); kIoError when the sp
+  /// communicator fails (the peers may then be stuck in a collective: Abort the job).
   Result<double> Forward(std::span<const float> weights, const Batch& batch);
 
   /// Forward, then backward of `grad_scale * sum of per-token losses`, adding the gradients into
   /// `grads` (+=, fp32, the same layout as weights). Returns the same loss sum as Forward. The
   /// trainer passes grad_scale = loss_scale / (global count of target tokens), so the gradients
   /// are those of the mean loss over the global batch whatever the micro-batching.
-  /// Deterministic: the same inputs and thread count give the same bits.
+  /// Deterministic: the same inputs and thread count give the same bits (under SP: and the same
+  /// P). Under SP, `grads` gets this shard's partial sums (sum them over the dp x sp ranks) and
+  /// the loss is this shard's sum. Errors: as Forward.
   Result<double> ForwardBackward(std::span<const float> weights, std::span<float> grads,
                                  const Batch& batch, float grad_scale);
 

@@ -262,7 +262,9 @@ struct Trainer::Impl {
   Communicator* comm = nullptr;
   std::unique_ptr<Communicator> own_comm;           // when the caller gave none
   std::unique_ptr<api::ProcessGroup> save_group;    // RankSaver's, with several processes
-  int rank = 0, world = 1, dp_rank = 0;
+  int rank = 0, world = 1, dp_rank = 0, sp_rank = 0, sp = 1;
+  std::unique_ptr<Communicator> sp_comm;  // the sp ranks of this dp rank (Ulysses)
+  std::vector<int32_t> full_inputs, full_targets;  // whole samples, before the sequence shard
   // Optimizer memory: this rank's block of the ZeRO flat view, one buffer per state.
   int blocks = 1;
   int64_t block_size = 0;
@@ -311,6 +313,7 @@ struct Trainer::Impl {
   Status RefreshWeights();
   Result<double> SumOverRanks(double local);
   Result<double> TreeOverRanks(double local);
+  Result<Batch> MicroBatch(int64_t first, int64_t nb);
   Status TreeGrad(int64_t lo, int64_t hi, int level, float* out, double* loss, float grad_scale);
   std::vector<std::vector<float>> tree_bufs;  // --deterministic: one gradient per tree level
   void AppendLog(const json& line);
@@ -325,9 +328,9 @@ Status Trainer::Impl::SetUpLayout() {
                               ": the engine runs data parallelism with ZeRO 0-3 (tp=1,pp=1,ep=1); "
                               "tensor, pipeline and expert parallelism are not implemented");
   }
-  if (layout.sp != 1) {
+  if (layout.sp != 1 && cfg.deterministic) {
     return UnimplementedError("--layout " + cfg.layout +
-                              ": Ulysses sequence parallelism is not implemented yet (sp=1)");
+                              ": --deterministic runs data parallelism only (sp=1)");
   }
   if (layout::WorldSize(layout) != world) {
     return FailedPreconditionError("--layout " + layout::ToString(layout) + " has " +
@@ -352,6 +355,7 @@ Status Trainer::Impl::SetUpLayout() {
   }
   UCP_ASSIGN_OR_RETURN(layout::RankCoords coords, layout::CoordsOfRank(layout, rank));
   dp_rank = coords.dp;
+  UCP_CHECK(coords.sp == sp_rank);
   const auto& params = net->params();
   const int64_t np = static_cast<int64_t>(params.size());
   blocks = layout.zero_stage == 0 ? 1 : layout::NumZeroFragments(layout, false);
@@ -462,9 +466,7 @@ Status Trainer::Impl::SetUpData() {
     if (tf.ok()) {
       train_path = p;
     } else {
-      UCP_ASSIGN_OR_RETURN(std::string text, io::ReadFileToString(p, int64_t{1} << 31),
-                           "--data " + cfg.data);
-      UCP_RETURN_IF_ERROR(TokenizeDocument(text, cfg.data, text_tokens), "--data " + cfg.data);
+      UCP_RETURN_IF_ERROR(TokenizeTextFile(p, text_tokens), "--data " + cfg.data);
     }
   }
   if (!train_path.empty()) {
@@ -498,8 +500,10 @@ Status Trainer::Impl::SetUpData() {
                                                   seq_len, cfg.seed),
                        "--data " + cfg.data);
   sampler.emplace(std::move(s));
-  inputs.assign(static_cast<size_t>(micro_batch * seq_len), 0);
+  inputs.assign(static_cast<size_t>(micro_batch * seq_len / sp), 0);
   targets.assign(inputs.size(), 0);
+  full_inputs.assign(static_cast<size_t>(micro_batch * seq_len), 0);
+  full_targets.assign(full_inputs.size(), 0);
   return Status::Ok();
 }
 
@@ -666,6 +670,30 @@ Status Trainer::Impl::TreeGrad(int64_t lo, int64_t hi, int level, float* out, do
     *loss = *loss + other;
   }
   return Status::Ok();
+}
+
+// Global samples [first, first + nb) as this rank's micro-batch: whole samples, or with sp > 1
+// this rank's contiguous shard of their positions (targets alike) at its position offset.
+Result<Batch> Trainer::Impl::MicroBatch(int64_t first, int64_t nb) {
+  const size_t len = static_cast<size_t>(nb * seq_len);
+  if (sp == 1) {
+    sampler->Fill(train_tokens, first, nb, std::span(inputs).first(len),
+                  std::span(targets).first(len));
+    return Batch{std::span<const int32_t>(inputs).first(len),
+                 std::span<const int32_t>(targets).first(len), nb, seq_len};
+  }
+  sampler->Fill(train_tokens, first, nb, std::span(full_inputs).first(len),
+                std::span(full_targets).first(len));
+  const int64_t ts = seq_len / sp;
+  for (int64_t b = 0; b < nb; ++b) {
+    std::memcpy(inputs.data() + b * ts, full_inputs.data() + b * seq_len + sp_rank * ts, ts * 4);
+    std::memcpy(targets.data() + b * ts, full_targets.data() + b * seq_len + sp_rank * ts, ts * 4);
+  }
+  const size_t slen = static_cast<size_t>(nb * ts);
+  Batch batch{std::span<const int32_t>(inputs).first(slen),
+              std::span<const int32_t>(targets).first(slen), nb, ts};
+  batch.position_offset = sp_rank * ts;
+  return batch;
 }
 
 // One double per process, combined by the same halving tree over the ranks (--deterministic).
@@ -986,7 +1014,27 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   if (c.decay_samples < 0) c.decay_samples = total_samples;
   t.seq_len = c.seq_len;
 
-  UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, t.micro_batch, t.seq_len, t.threads));
+  // Ulysses: the sp ranks of one dp rank share its samples, each a contiguous shard of the
+  // positions; the model swaps sequence shards for head shards around attention.
+  {
+    UCP_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(c.layout), "--layout");
+    t.sp = l.sp;
+    if (l.sp > 1) {
+      UCP_RETURN_IF_ERROR(ValidateSequenceParallel(mc, l.sp, t.seq_len),
+                          "--layout " + layout::ToString(l));
+      if (layout::WorldSize(l) != t.world) {
+        return FailedPreconditionError("--layout " + layout::ToString(l) + " has " +
+                                       std::to_string(layout::WorldSize(l)) + " ranks but " +
+                                       std::to_string(t.world) + " processes run it (mpirun -np " +
+                                       std::to_string(layout::WorldSize(l)) + ")");
+      }
+      UCP_ASSIGN_OR_RETURN(layout::RankCoords rc, layout::CoordsOfRank(l, t.rank));
+      t.sp_rank = rc.sp;
+      UCP_ASSIGN_OR_RETURN(t.sp_comm, t.comm->Split(rc.dp, rc.sp), "the sp group");
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, t.micro_batch, t.seq_len, t.threads,
+                                                t.sp_comm.get()));
   t.net.emplace(std::move(net));
   // The model's parameter table must be the rule set's, in the same order (its flat buffer is
   // then the canonical order the optimizer groups are cut from).
@@ -1147,11 +1195,7 @@ Result<StepRecord> Trainer::Step() {
   } else {
     for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
       const int64_t nb = std::min(t.micro_batch, range.second - first);
-      const size_t len = static_cast<size_t>(nb * t.seq_len);
-      t.sampler->Fill(t.train_tokens, first, nb, std::span(t.inputs).first(len),
-                      std::span(t.targets).first(len));
-      Batch b{std::span<const int32_t>(t.inputs).first(len),
-              std::span<const int32_t>(t.targets).first(len), nb, t.seq_len};
+      UCP_ASSIGN_OR_RETURN(Batch b, t.MicroBatch(first, nb));
       UCP_ASSIGN_OR_RETURN(double l, t.net->ForwardBackward(t.w32, t.grads, b, grad_scale),
                            "step " + std::to_string(rec.step));
       loss_sum += l;
@@ -1315,16 +1359,19 @@ Result<double> Trainer::Validate() {
   double sum = 0;
   for (int64_t first = lo; first < hi; first += mb) {
     const int64_t nb = std::min(mb, hi - first);
+    // Held-out samples in order, unshuffled; with sp > 1 this rank's shard of positions.
+    const int64_t ts = t.seq_len / t.sp, off = t.sp_rank * ts;
     for (int64_t b = 0; b < nb; ++b) {
-      for (int64_t i = 0; i < t.seq_len; ++i) {
-        const size_t at = static_cast<size_t>((first + b) * t.seq_len + i);
-        t.inputs[b * t.seq_len + i] = t.val_tokens[at];
-        t.targets[b * t.seq_len + i] = t.val_tokens[at + 1];
+      for (int64_t i = 0; i < ts; ++i) {
+        const size_t at = static_cast<size_t>((first + b) * t.seq_len + off + i);
+        t.inputs[b * ts + i] = t.val_tokens[at];
+        t.targets[b * ts + i] = t.val_tokens[at + 1];
       }
     }
-    const size_t len = static_cast<size_t>(nb * t.seq_len);
+    const size_t len = static_cast<size_t>(nb * ts);
     Batch batch{std::span<const int32_t>(t.inputs).first(len),
-                std::span<const int32_t>(t.targets).first(len), nb, t.seq_len};
+                std::span<const int32_t>(t.targets).first(len), nb, ts};
+    batch.position_offset = off;
     UCP_ASSIGN_OR_RETURN(double l, t.net->Forward(t.w32, batch), "validation");
     sum += l;
   }
