@@ -22,6 +22,17 @@ Result<json> ParseStrict(std::string_view text, const std::string& file) {
   return ucp::json::ParseStrict(text, file, StatusCode::kDataLoss, kMaxDepth);
 }
 
+bool IsRuleSetName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+          c == '_' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // A JSON object whose keys must be exactly `allowed`, plus any of `optional`.
 Status CheckKeys(const json& j, const std::string& file, const std::string& path,
                  const std::set<std::string>& allowed, const std::set<std::string>& optional = {}) {
@@ -114,6 +125,12 @@ Result<DistManifest> ParseImpl(const json& j, const std::string& file) {
   UCP_RETURN_IF_ERROR(CheckKeys(model, file, "$.model", {"name", "family", "dtype", "hyper"}));
   UCP_ASSIGN_OR_RETURN(m.model.name, GetString(model, "name", file, "$.model"));
   UCP_ASSIGN_OR_RETURN(m.model.family, GetString(model, "family", file, "$.model"));
+  // The family becomes a rule-file name (patterns::LoadRuleSet): a name, never a path. The same
+  // rule as patterns::ValidateRuleSetName, checked here so the error is data_loss on this file.
+  if (!IsRuleSetName(m.model.family)) {
+    return DataLossError(file + ": $.model.family: not a rule-set name (1 to 64 bytes of " +
+                         "[A-Za-z0-9_-]; a name read from a file is never a path)");
+  }
   UCP_ASSIGN_OR_RETURN(m.model.dtype, GetDType(model, "dtype", file, "$.model"));
   if (!model.at("hyper").is_object()) {
     return DataLossError(file + ": $.model.hyper: expected an object");

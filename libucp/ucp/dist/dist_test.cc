@@ -174,6 +174,14 @@ TEST(DistTest, StrictManifest) {
   version.replace(version.find("\"version\": 1"), 12, "\"version\": 2");
   EXPECT_THAT(ParseDistManifest(version, "m.json").status(),
               StatusIs(StatusCode::kUnimplemented, HasSubstr("format version 2")));
+  // Issue 16 #1: model.family becomes a rule-file name; a path there is corruption.
+  for (const char* fam : {"../../x", "/etc/passwd", "a/b", "a.json", ""}) {
+    std::string f = text;
+    f.replace(f.find("\"gpt\""), 5, std::string("\"") + fam + "\"");
+    EXPECT_THAT(ParseDistManifest(f, "m.json").status(),
+                StatusIs(StatusCode::kDataLoss, HasSubstr("m.json: $.model.family: not a rule-set name")))
+        << fam;
+  }
   std::string dtype = text;
   dtype.replace(dtype.find("\"bf16\""), 6, "\"bf17\"");
   EXPECT_THAT(ParseDistManifest(dtype, "m.json").status(),

@@ -88,7 +88,8 @@ Status WriteFileAtomic(const fs::path& path, std::string_view text) {
 }
 
 Result<std::string> ReadFileToString(const fs::path& path, int64_t max_bytes) {
-  int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in place of the file must not block the open; it is refused below.
+  int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (raw < 0) {
     if (errno == ENOENT) return NotFoundError("file " + path.string() + " does not exist");
     return ErrnoError("open " + path.string(), errno);
@@ -96,6 +97,10 @@ Result<std::string> ReadFileToString(const fs::path& path, int64_t max_bytes) {
   Fd fd(raw);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat " + path.string(), errno);
+  if (!S_ISREG(st.st_mode)) return IoError(path.string() + " is not a regular file");
+  if (::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK) != 0) {
+    return ErrnoError("fcntl " + path.string(), errno);
+  }
   if (st.st_size > max_bytes) {
     return ResourceExhaustedError("file " + path.string() + " is " + std::to_string(st.st_size) +
                                   " bytes, more than the limit of " + std::to_string(max_bytes) +

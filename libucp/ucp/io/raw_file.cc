@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+
+#include <cstring>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,10 +25,17 @@ std::string RangeText(int64_t offset, size_t n) {
 
 Result<RawFile> OpenWith(const fs::path& path, int flags, const char* what,
                          RawFile (*make)(int, fs::path, int64_t)) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a device) put where a checkpoint file belongs must not wait
+  // forever for a writer; anything but a regular file is refused after fstat.
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
     if (e == ENOENT) return NotFoundError("file " + path.string() + " does not exist");
+    if (e == ENXIO) return IoError(path.string() + " is not a regular file (a FIFO or socket)");
+    if (e == EMFILE || e == ENFILE || e == ENOMEM) {
+      return ResourceExhaustedError(std::string("open ") + what + " " + path.string() + ": " +
+                                    std::strerror(e));
+    }
     return ErrnoError(std::string("open ") + what + " " + path.string(), e);
   }
   struct stat st {};
@@ -34,6 +43,15 @@ Result<RawFile> OpenWith(const fs::path& path, int flags, const char* what,
     const int e = errno;
     ::close(fd);
     return ErrnoError("fstat " + path.string(), e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return IoError(path.string() + " is not a regular file");
+  }
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return ErrnoError("fcntl " + path.string(), e);
   }
   return make(fd, path, static_cast<int64_t>(st.st_size));
 }

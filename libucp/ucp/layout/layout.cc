@@ -31,6 +31,22 @@ Status Validate(const Layout& l) {
                                   ": sizes must be >= 1");
     }
   }
+  for (const auto& [name, v] : sizes) {
+    if (v > kMaxAxisSize) {
+      return InvalidArgumentError(std::string("layout ") + name + "=" + std::to_string(v) +
+                                  ": sizes must be <= " + std::to_string(kMaxAxisSize));
+    }
+  }
+  // Multiplied one axis at a time and checked after each (each size <= 2^16, so a product that
+  // is still within the limit times one more size fits int64; 2^64 would not).
+  int64_t world = 1;
+  for (int v : {l.tp, l.sp, l.dp, l.pp}) {
+    world *= v;
+    if (world > kMaxWorldSize) {
+      return InvalidArgumentError("layout " + ToString(l) + ": world size tp*sp*dp*pp exceeds " +
+                                  "the limit of " + std::to_string(kMaxWorldSize) + " ranks");
+    }
+  }
   if (l.zero_stage < 0 || l.zero_stage > 3) {
     return InvalidArgumentError("layout zero=" + std::to_string(l.zero_stage) +
                                 ": zero stage must be 0, 1, 2 or 3");

@@ -29,13 +29,21 @@ struct Layout {
   friend bool operator==(const Layout&, const Layout&) = default;
 };
 
+/// Largest size of one axis (tp, pp, dp, sp, ep) a layout may ask for.
+inline constexpr int kMaxAxisSize = 1 << 16;
+/// Largest world size (tp * sp * dp * pp) a layout may ask for: about 2^20 ranks, well above any
+/// real job, so that a typo such as dp=1048576000 fails at once instead of planning a billion
+/// ranks (the plan costs a few KB per rank).
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
 /// The universal layout (what `--from universal` / `--to universal` means).
 Layout UniversalLayout();
 
 /// Parses `tp=2,pp=2,dp=4[,sp=1][,ep=1][,zero=1]` (keys in any order, each at most once; missing
 /// keys are 1, zero defaults to 0) or the word `universal`.
 /// Errors: kInvalidArgument naming the token for an unknown key, a duplicate key, a value that is
-/// not a positive integer, a zero stage outside 0..3, ep not dividing dp, or an empty string.
+/// not a positive integer, a size above kMaxAxisSize, a world size above kMaxWorldSize, a zero
+/// stage outside 0..3, ep not dividing dp, or an empty string.
 Result<Layout> ParseLayout(std::string_view text);
 
 /// The canonical form: `tp=2,pp=2,dp=4,sp=1,ep=1,zero=1`, or `universal`.

@@ -165,3 +165,24 @@ TEST(Experts, PlacementAndRenumbering) {
 
 }  // namespace
 }  // namespace ucp::layout
+
+namespace ucp::layout {
+namespace {
+
+// Issue 16 #9: a layout may not ask for more ranks than any job has (planning is per rank).
+TEST(ParseLayout, BoundsSizesAndWorld) {
+  EXPECT_THAT(ParseLayout("tp=1,pp=1,dp=1048576").status(),
+              ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,
+                                       ::testing::HasSubstr("dp=1048576: sizes must be <= 65536")));
+  EXPECT_THAT(ParseLayout("tp=64,pp=64,dp=512").status(),
+              ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,
+                                       ::testing::HasSubstr("world size tp*sp*dp*pp exceeds "
+                                                            "the limit of 1048576 ranks")));
+  EXPECT_THAT(ParseLayout("tp=65536,pp=65536,dp=65536,sp=65536").status(),
+              ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,
+                                       ::testing::HasSubstr("exceeds the limit")));
+  UCP_EXPECT_OK(ParseLayout("tp=16,pp=1,dp=65536").status());
+}
+
+}  // namespace
+}  // namespace ucp::layout

@@ -428,11 +428,41 @@ Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what
   return rs;
 }
 
+Status ValidateRuleSetName(std::string_view name, const std::string& what, StatusCode code) {
+  bool ok = !name.empty() && name.size() <= kMaxRuleSetNameBytes;
+  for (char c : name) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '_' || c == '-');
+  }
+  if (ok) return Status::Ok();
+  std::string shown;
+  for (unsigned char c : name.substr(0, 80)) {
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      shown += static_cast<char>(c);
+    } else {
+      static const char* kHex = "0123456789abcdef";
+      shown += std::string("\\x") + kHex[c >> 4] + kHex[c & 15];
+    }
+  }
+  return Status(code, what + ": " + Q(shown) +
+                          " is not a rule-set or preset name (1 to " +
+                          std::to_string(kMaxRuleSetNameBytes) +
+                          " bytes of [A-Za-z0-9_-]; a name read from a file is never a path)");
+}
+
 Result<RuleSet> LoadRuleSet(const std::filesystem::path& data_dir, std::string_view family) {
+  // Every caller's family comes from a file (a preset, a model file, a checkpoint's metadata), so
+  // it is a name: it may never leave `data_dir`.
+  UCP_RETURN_IF_ERROR(ValidateRuleSetName(family, "family", StatusCode::kInvalidArgument));
   const std::filesystem::path path = data_dir / (std::string(family) + ".json");
   UCP_ASSIGN_OR_RETURN(std::string text, ReadFile(path), "rule set of family " + Q(family));
   return ParseRuleSet(text, path.string());
 }
+
+namespace {
+Result<ModelSpec> LoadModelFile(const std::filesystem::path& data_dir,
+                                const std::filesystem::path& path, const std::string& n);
+}  // namespace
 
 Result<ModelSpec> LoadModel(const std::filesystem::path& data_dir, std::string_view name_or_path) {
   std::filesystem::path path;
@@ -445,6 +475,18 @@ Result<ModelSpec> LoadModel(const std::filesystem::path& data_dir, std::string_v
     }
     path = data_dir / "models" / (n + ".json");
   }
+  return LoadModelFile(data_dir, path, n);
+}
+
+Result<ModelSpec> LoadModelPreset(const std::filesystem::path& data_dir, std::string_view name) {
+  UCP_RETURN_IF_ERROR(ValidateRuleSetName(name, "model", StatusCode::kInvalidArgument));
+  const std::string n(name);
+  return LoadModelFile(data_dir, data_dir / "models" / (n + ".json"), n);
+}
+
+namespace {
+Result<ModelSpec> LoadModelFile(const std::filesystem::path& data_dir,
+                                const std::filesystem::path& path, const std::string& n) {
   UCP_ASSIGN_OR_RETURN(std::string text, ReadFile(path), "model " + Q(n));
   const std::string what = path.string();
   UCP_ASSIGN_OR_RETURN(json root, ParseStrictJson(text, what));
@@ -489,6 +531,7 @@ Result<ModelSpec> LoadModel(const std::filesystem::path& data_dir, std::string_v
   spec.templates = std::move(rs.templates);
   return spec;
 }
+}  // namespace
 
 Result<ResolvedModel> Resolve(const ModelSpec& spec, const RuleSet& rules) {
   ResolvedModel out;

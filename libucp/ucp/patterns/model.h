@@ -59,7 +59,22 @@ Result<int64_t> EvalSizeExpr(std::string_view expr, const std::map<std::string, 
 /// the templates of `<data_dir>/<family>.json`.
 /// Errors: kNotFound (no preset / family file), kInvalidArgument (bad JSON or field, naming the
 /// file and field).
+/// For a name given on the command line only: a `.json` argument is a path. A name read from a
+/// file (a checkpoint's metadata, client state) goes to LoadModelPreset instead.
 Result<ModelSpec> LoadModel(const std::filesystem::path& data_dir, std::string_view name_or_path);
+
+/// Loads the preset `<data_dir>/models/<name>.json`; `name` is a name, never a path.
+/// Errors: kInvalidArgument when `name` fails ValidateRuleSetName; then as LoadModel.
+Result<ModelSpec> LoadModelPreset(const std::filesystem::path& data_dir, std::string_view name);
+
+/// Longest rule-set / preset name, in bytes.
+inline constexpr size_t kMaxRuleSetNameBytes = 64;
+
+/// Checks that `name` (a family or preset name, usually read from a file) is a name and not a
+/// path: 1 to kMaxRuleSetNameBytes bytes of [A-Za-z0-9_-], so no '/', '.', '..', NUL or absolute
+/// path can make it name a file outside the data directory.
+/// Errors: `code` with "<what>: \"<name, escaped>\" is not a rule-set or preset name ...".
+Status ValidateRuleSetName(std::string_view name, const std::string& what, StatusCode code);
 
 enum class RuleKind : uint8_t { kReplicate, kAverage, kShard, kFuse, kPadStrip };
 enum class Axis : uint8_t { kTp, kEp };
@@ -103,7 +118,8 @@ struct RuleSet {
 /// Parses a rule set; structural validation as in schemas/pattern_set.schema.json.
 /// Errors: kInvalidArgument naming `what` (the file), the rule and the field; bad regexes too.
 Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what);
-/// Loads `<data_dir>/<family>.json`. Errors: kNotFound, as ParseRuleSet.
+/// Loads `<data_dir>/<family>.json`; `family` must pass ValidateRuleSetName.
+/// Errors: kInvalidArgument (not a name), kNotFound, as ParseRuleSet.
 Result<RuleSet> LoadRuleSet(const std::filesystem::path& data_dir, std::string_view family);
 
 /// A rule with every expression evaluated for one parameter.

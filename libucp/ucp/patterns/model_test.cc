@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <fstream>
 #include <string>
 
 #include "tests/testutil/status_matchers.h"
@@ -208,6 +211,44 @@ TEST(LoadModel, MissingPresetIsNotFound) {
   EXPECT_THAT(LoadModel(kData, "gpt-huge"), StatusIs(StatusCode::kNotFound, HasSubstr("gpt-huge")));
   EXPECT_THAT(LoadModel(kData, "../gpt"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("a preset name has no")));
+}
+
+}  // namespace
+}  // namespace ucp::patterns
+
+namespace ucp::patterns {
+namespace {
+
+// Issue 16 #1: a family or preset name read from a file is a name, never a path.
+TEST(Names, FamilyFromAFileCannotEscapeTheDataDir) {
+  for (const std::string& bad : std::vector<std::string>{"../../etc/x", "../gpt", "/etc/passwd", "models/gpt-tiny", "gpt.json",
+                          "..", ".", "", std::string("gpt\0x", 5), "a\\b",
+                          std::string(65, 'a')}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THAT(LoadRuleSet(kData, bad).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("is not a rule-set or preset name")));
+    EXPECT_THAT(LoadModelPreset(kData, bad).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("is not a rule-set or preset name")));
+  }
+  // A NUL is shown escaped so the message stays one printable line.
+  EXPECT_THAT(LoadRuleSet(kData, std::string("gpt\0x", 5)).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("gpt\\x00x")));
+  UCP_EXPECT_OK(LoadRuleSet(kData, "gpt").status());
+  UCP_EXPECT_OK(LoadModelPreset(kData, "llama-tiny-tied").status());
+}
+
+TEST(Names, ModelFileWithPathFamilyIsRefused) {
+  // A user-given --model file.json is allowed, but the family it names is still a name.
+  const std::filesystem::path tmp =
+      std::filesystem::temp_directory_path() / ("ucp_names_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(tmp);
+  {
+    std::ofstream f(tmp / "m.json");
+    f << R"({"name":"m","family":"../../../../../../tmp/evil","hyper":{"hidden":8,"layers":1,"heads":2,"vocab":4}})";
+  }
+  EXPECT_THAT(LoadModel(kData, (tmp / "m.json").string()).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("family")));
+  std::filesystem::remove_all(tmp);
 }
 
 }  // namespace

@@ -2,12 +2,16 @@
 // oneTBB tasks with the lock released, and only direct chunk reads/writes touch HDF5.
 #include "ucp/io/hdf5/h5_file.h"
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <system_error>
@@ -24,6 +28,14 @@ static_assert(std::endian::native == std::endian::little,
 namespace ucp::io {
 namespace fs = std::filesystem;
 namespace {
+
+// Limits hit while opening (too many open files, no memory) are resource_exhausted, never
+// data_loss: the file is fine, the process is not.
+bool IsResourceErrno(int e) { return e == EMFILE || e == ENFILE || e == ENOMEM; }
+Status OsError(const std::string& what, int e) {
+  if (IsResourceErrno(e)) return ResourceExhaustedError(what + ": " + std::strerror(e));
+  return ErrnoError(what, e);
+}
 
 constexpr int kMaxRank = 32;
 constexpr int64_t kMinChunkBytes = int64_t{4} << 10;
@@ -845,22 +857,51 @@ Result<H5File> H5File::Create(const fs::path& path) {
 
 Result<H5File> H5File::Open(const fs::path& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) return NotFoundError("hdf5 file " + path.string() + " does not exist");
-  if (!fs::is_regular_file(path, ec)) {
-    return DataLossError(path.string() + " is not a regular file");
+  // HDF5 hides errno: a file it cannot open (EMFILE under a low `ulimit -n`, ENOMEM) would read
+  // as "not an hdf5 file". Open it ourselves first, without blocking on a FIFO, so that limits
+  // are reported as limits and special files are refused before HDF5 sees them.
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      const int e = errno;
+      if (e == ENOENT) return NotFoundError("hdf5 file " + path.string() + " does not exist");
+      return OsError("cannot open hdf5 file " + path.string(), e);
+    }
+    struct stat st {};
+    const int rc = ::fstat(fd, &st);
+    const int e = errno;
+    ::close(fd);
+    if (rc != 0) return OsError("cannot stat hdf5 file " + path.string(), e);
+    if (!S_ISREG(st.st_mode)) return IoError(path.string() + " is not a regular file");
   }
   Hdf5Lock lock;
+  errno = 0;
   htri_t is = H5Fis_hdf5(path.c_str());
-  if (is <= 0) {
+  if (is < 0) {
+    // Not "no signature" (that is 0): the library could not open or read the file.
+    const int e = errno;
+    H5Eclear2(H5E_DEFAULT);
+    if (IsResourceErrno(e)) return OsError("cannot open hdf5 file " + path.string(), e);
+    return IoError("cannot read hdf5 file " + path.string() +
+                   (e != 0 ? std::string(": ") + std::strerror(e) : std::string()));
+  }
+  if (is == 0) {
     H5Eclear2(H5E_DEFAULT);
     return DataLossError("file " + path.string() + " (" + std::to_string(fs::file_size(path, ec)) +
                          " bytes) is not an hdf5 file: no hdf5 signature");
   }
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  errno = 0;
+  hid_t opened = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (opened < 0 && IsResourceErrno(errno)) {
+    const int e = errno;
+    H5Eclear2(H5E_DEFAULT);
+    return OsError("cannot open hdf5 file " + path.string(), e);
+  }
   UCP_ASSIGN_OR_RETURN(
       impl->file,
-      Wrap(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, StatusCode::kDataLoss,
+      Wrap(opened, H5Fclose, StatusCode::kDataLoss,
            "hdf5 file " + path.string() + " (" + std::to_string(fs::file_size(path, ec)) +
                " bytes) is truncated or corrupt"));
   return H5File(std::move(impl));

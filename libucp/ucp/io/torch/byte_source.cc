@@ -15,7 +15,8 @@
 namespace ucp::torch {
 
 Result<std::shared_ptr<const ByteSource>> ByteSource::OpenFile(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK so that a FIFO in place of the file cannot block the open (refused below).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
     if (e == ENOENT) return NotFoundError("torch file " + path.string() + " does not exist");
@@ -30,6 +31,11 @@ Result<std::shared_ptr<const ByteSource>> ByteSource::OpenFile(const std::filesy
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
     return IoError("torch file " + path.string() + " is not a regular file");
+  }
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    int e = errno;
+    ::close(fd);
+    return ErrnoError("cannot open torch file " + path.string(), e);
   }
   std::shared_ptr<ByteSource> src(new ByteSource());
   src->fd_ = fd;

@@ -3,8 +3,14 @@
 // out-of-file records, and every truncation of real files. Each must fail with its code and a
 // message naming the fault; none may crash.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,6 +79,10 @@ struct RawEntry {
   int64_t lho = -1;      // local header offset the central directory claims
 };
 
+// Every record's CRC is checked, so the handcrafted archives carry real ones.
+uint32_t RawCrc(const std::string& data) {
+  return Crc32(std::as_bytes(std::span<const char>(data.data(), data.size())));
+}
 void Put16(std::string& s, uint16_t v) {
   s.push_back(static_cast<char>(v & 0xFF));
   s.push_back(static_cast<char>(v >> 8));
@@ -91,7 +101,7 @@ std::string RawZip(const std::vector<RawEntry>& entries, int64_t cd_offset = -1,
     Put16(z, 0);
     Put16(z, 0);
     Put32(z, 0);
-    Put32(z, 0);
+    Put32(z, RawCrc(e.data));
     Put32(z, static_cast<uint32_t>(e.data.size()));
     Put32(z, static_cast<uint32_t>(e.data.size()));
     Put16(z, static_cast<uint16_t>(e.name.size()));
@@ -108,7 +118,7 @@ std::string RawZip(const std::vector<RawEntry>& entries, int64_t cd_offset = -1,
     Put16(z, 0);
     Put16(z, 0);
     Put32(z, 0);
-    Put32(z, 0);
+    Put32(z, RawCrc(e.data));
     Put32(z, size);
     Put32(z, size);
     Put16(z, static_cast<uint16_t>(e.name.size()));
@@ -431,6 +441,45 @@ TEST(MaliciousZip, MissingAndBadRecords) {
               StatusIs(StatusCode::kDataLoss, HasSubstr("is not a torch.save file")));
 }
 
+// Issue 16 #7: a stored CRC of 0 is checked like any other (it is not "not recorded").
+std::string ZeroCrcOf(std::string zip, const std::string& suffix) {
+  for (size_t at = zip.find("PK\x01\x02"); at != std::string::npos;
+       at = zip.find("PK\x01\x02", at + 4)) {
+    const size_t name_len = static_cast<uint8_t>(zip[at + 28]) |
+                            (static_cast<size_t>(static_cast<uint8_t>(zip[at + 29])) << 8);
+    if (zip.substr(at + 46, name_len).ends_with(suffix)) {
+      for (int i = 0; i < 4; ++i) zip[at + 16 + i] = '\0';
+    }
+  }
+  return zip;
+}
+
+TEST(MaliciousZip, ZeroedCrcIsStillChecked) {
+  std::string good = Fixture("model_state_dict.pt");
+  UCP_ASSERT_OK_AND_ASSIGN(TorchFile f, OpenBytes(good));
+  ASSERT_FALSE(f.storages().empty());
+  const StorageRecord rec = f.storages()[0];
+  ASSERT_GT(rec.num_bytes, 0);
+  std::string bad = good;
+  bad[static_cast<size_t>(rec.data_offset)] ^= 0x01;
+  bad = ZeroCrcOf(bad, "/data/" + rec.key);
+  UCP_ASSERT_OK_AND_ASSIGN(TorchFile g, OpenBytes(bad));
+  const StorageRecord* zeroed = nullptr;
+  for (const StorageRecord& r : g.storages()) {
+    if (r.key == rec.key) zeroed = &r;
+  }
+  ASSERT_NE(zeroed, nullptr);
+  EXPECT_EQ(zeroed->crc32, 0u);
+  EXPECT_THAT(g.VerifyStorageCrc32(*zeroed),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("crc32")));
+  // data.pkl is read whole at open: a zeroed CRC no longer matches its bytes.
+  EXPECT_THAT(OpenBytes(ZeroCrcOf(good, "/data.pkl")).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("crc32 mismatch in zip record")));
+  TorchReadOptions no_crc;
+  no_crc.verify_crc32 = false;
+  UCP_EXPECT_OK(OpenBytes(ZeroCrcOf(good, "/data.pkl"), no_crc).status());
+}
+
 TEST(MaliciousZip, CrcMismatchIsDataLossUnlessDisabled) {
   std::string good = Fixture("model_state_dict.pt");
   UCP_ASSERT_OK_AND_ASSIGN(TorchFile f, OpenBytes(good));
@@ -501,6 +550,121 @@ TEST(MaliciousTruncation, EveryPrefixOfAPickleFailsCleanly) {
     ASSERT_FALSE(r.ok()) << cut;
     ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << cut << ": " << r.status().ToString();
   }
+}
+
+}  // namespace
+}  // namespace ucp::torch
+
+// --- resource budgets (issue 16 #2) ---------------------------------------------------------
+
+namespace ucp::torch {
+namespace {
+
+// Runs `body` in a forked child whose address space may grow by `headroom_bytes` only, so a
+// regression that expands memory fails (bad_alloc, a signal) instead of thrashing the machine.
+// Returns "" when the child exited 0, else what went wrong.
+std::string RunUnderMemoryLimit(int64_t headroom_bytes, const std::function<bool()>& body) {
+  pid_t pid = fork();
+  if (pid < 0) return "fork failed";
+  if (pid == 0) {
+    long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    struct rlimit lim;
+    getrlimit(RLIMIT_AS, &lim);
+    lim.rlim_cur = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + headroom_bytes;
+    setrlimit(RLIMIT_AS, &lim);
+    _exit(body() ? 0 : 1);
+  }
+  int st = 0;
+  if (waitpid(pid, &st, 0) != pid) return "waitpid failed";
+  if (WIFSIGNALED(st)) return "child killed by signal " + std::to_string(WTERMSIG(st));
+  return WEXITSTATUS(st) == 0 ? "" : "child failed its checks";
+}
+
+std::string BinGet(int i) { return std::string("h") + static_cast<char>(i); }
+std::string BinPut(int i) { return std::string("q") + static_cast<char>(i); }
+
+TEST(PickleBudgets, BillionLaughsThroughTheMemoStaysShared) {
+  // Level i+1 is a list of ten references to level i: 10^30 leaves if expanded.
+  std::string p = kProto2 + "]" + BinPut(0) + "0";
+  for (int i = 0; i < 30; ++i) {
+    p += "(";
+    for (int k = 0; k < 10; ++k) p += BinGet(i);
+    p += "l" + BinPut(i + 1) + (i < 29 ? "0" : "");
+  }
+  p += ".";
+  {
+    PyArena arena;
+    Result<UnpickleResult> r = RunPickle(p, arena);
+    UCP_ASSERT_OK(r.status());
+    EXPECT_LT(arena.size(), 64u);
+    EXPECT_EQ(r->value->nesting(), 30u);
+  }
+  EXPECT_EQ(RunUnderMemoryLimit(int64_t{64} << 20, [&] {
+              PyArena arena;
+              Result<UnpickleResult> r = RunPickle(p, arena);
+              return r.ok() && arena.size() < 64 && r->value->nesting() == 30 &&
+                     r->value->items().size() == 10 && r->value->items()[0] == r->value->items()[9];
+            }),
+            "");
+}
+
+TEST(PickleBudgets, DeeplyNestedTuplesFailFastNamingOpcodeAndOffset) {
+  // 50 MB of TUPLE1: one level per byte.
+  std::string p = kProto2 + ")" + std::string(50'000'000, '\x85') + ".";
+  PyArena arena;
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(RunPickle(p, arena).status(),
+              StatusIs(StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("pickle opcode TUPLE1 at offset 203 of test.pkl"),
+                             HasSubstr("nested deeper than 200 levels"))));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  EXPECT_LT(arena.size(), 1000u);
+  // Through lists and APPEND too, and through an object's arguments.
+  std::string q = kProto2 + "]";
+  for (int i = 0; i < 300; ++i) q += "]";
+  for (int i = 0; i < 300; ++i) q += "a";
+  q += ".";
+  EXPECT_THAT(RunPickle(q).status(),
+              StatusIs(StatusCode::kResourceExhausted, HasSubstr("nested deeper than 200")));
+}
+
+TEST(PickleBudgets, FlatListOf16MNonesIsBounded) {
+  std::string chunk = "(" + std::string(1000, 'N') + "e";
+  std::string p = kProto2 + "]";
+  p.reserve(16'000 * chunk.size() + 8);
+  for (int i = 0; i < 16'000; ++i) p += chunk;
+  p += ".";
+  // 16M Nones are 16M pointers to one shared node: well under 1 GiB (they were 16M nodes).
+  EXPECT_EQ(RunUnderMemoryLimit(int64_t{1} << 30, [&] {
+              PyArena arena;
+              Result<UnpickleResult> r = RunPickle(p, arena);
+              return r.ok() && r->value->items().size() == 16'000'000u && arena.size() < 8;
+            }),
+            "");
+  // The memory budget and the item bound name the opcode and offset.
+  PickleOptions small;
+  small.max_memory_bytes = 1 << 20;
+  EXPECT_THAT(RunPickle(p, small).status(),
+              StatusIs(StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("pickle opcode APPENDS at offset"), HasSubstr("of test.pkl"),
+                             HasSubstr("memory budget"))));
+  PickleOptions few;
+  few.max_items = 5000;
+  EXPECT_THAT(RunPickle(p, few).status(),
+              StatusIs(StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("pickle opcode APPENDS at offset 6014 of test.pkl"),
+                             HasSubstr("more than 5000 items"))));
+  // Many distinct nodes (ints) are charged per node against the budget.
+  std::string ints = kProto2 + "]";
+  for (int i = 0; i < 200'000; ++i) ints += "(" + PInt(i % 250) + "e";
+  ints += ".";
+  EXPECT_THAT(RunPickle(ints, small).status(),
+              StatusIs(StatusCode::kResourceExhausted, HasSubstr("memory budget")));
+  UCP_EXPECT_OK(RunPickle(ints).status());
 }
 
 }  // namespace

@@ -130,6 +130,10 @@ class PyValue {
   void SetItem(const PyValue* key, const PyValue* value);
   void SetState(const PyValue* state) { state_ = state; }
   void SetTypeName(std::string name) { type_name_ = std::move(name); }
+  /// Containers below this node, as the unpickler counts them while building (1 for a container
+  /// of scalars, 0 for a scalar); it bounds nesting before any recursive walk sees the value.
+  uint32_t nesting() const { return nesting_; }
+  void set_nesting(uint32_t n) { nesting_ = n; }
 
  private:
   friend class PyArena;
@@ -138,6 +142,7 @@ class PyValue {
   PyKind kind_ = PyKind::kNone;
   bool bool_ = false;
   bool newobj_ = false;
+  uint32_t nesting_ = 0;
   int64_t int_ = 0;
   size_t module_len_ = 0;
   double float_ = 0;

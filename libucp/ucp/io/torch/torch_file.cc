@@ -379,7 +379,9 @@ Result<Tensor> TorchFile::ReadTensor(const TensorRef& ref) const {
   const int64_t first_byte = ref.storage_offset * item;
   const int64_t span_bytes = (last + 1) * item - first_byte;
   const bool whole = first_byte == 0 && span_bytes == rec->num_bytes;
-  const bool check_crc = whole && impl_->options.verify_crc32 && rec->crc32 != 0;
+  // Zip records carry a CRC (always checked, 0 included); legacy files have none.
+  const bool check_crc =
+      whole && impl_->options.verify_crc32 && impl_->format == TorchFormat::kZip;
   if (ref.IsContiguous() && span_bytes == t.num_bytes()) {
     UCP_RETURN_IF_ERROR(impl_->source->ReadAt(rec->data_offset + first_byte,
                                               std::span<std::byte>(t.data(), t.num_bytes())));
@@ -422,7 +424,7 @@ Status TorchFile::ReadTensorBytes(const TensorRef& ref, int64_t byte_offset,
 }
 
 Status TorchFile::VerifyStorageCrc32(const StorageRecord& rec) const {
-  if (impl_->format != TorchFormat::kZip || rec.crc32 == 0) return Status::Ok();
+  if (impl_->format != TorchFormat::kZip) return Status::Ok();
   constexpr int64_t kChunkBytes = int64_t{1} << 20;
   std::vector<std::byte> buf(static_cast<size_t>(std::min(kChunkBytes, rec.num_bytes)));
   uint32_t crc = 0;

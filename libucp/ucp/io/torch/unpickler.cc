@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <cmath>
 #include <cstring>
+#include <new>
+#include <stdexcept>
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -228,7 +231,13 @@ class Machine {
         arena_(arena),
         options_(options),
         load_(load),
-        what_(what) {}
+        what_(what) {
+    arena_seen_ = arena.size();
+    max_memory_ = options.max_memory_bytes > 0
+                      ? options.max_memory_bytes
+                      : PickleOptions::kMemoryBaseBytes +
+                            PickleOptions::kMemoryPerPickleByte * std::max<int64_t>(end - begin, 0);
+  }
 
   Result<UnpickleResult> Run();
 
@@ -253,6 +262,57 @@ class Machine {
     char buf[8];
     std::snprintf(buf, sizeof(buf), "0x%02x", op_);
     return buf;
+  }
+
+  Status Exhausted(std::string_view msg) const {
+    return ResourceExhaustedError("pickle opcode " + OpName() + " at offset " +
+                                  std::to_string(op_pos_ - begin_) + " of " + std::string(what_) +
+                                  ": " + std::string(msg));
+  }
+
+  // Budgets: memory accounted per value, items per container and in all, nesting depth.
+  Status Charge(int64_t bytes) {
+    memory_ += bytes;
+    if (memory_ > max_memory_) {
+      return Exhausted("values need more than " + std::to_string(max_memory_) +
+                       " bytes (the memory budget for a pickle of " +
+                       std::to_string(end_ - begin_) + " bytes)");
+    }
+    return Status::Ok();
+  }
+  // `parent` gains `n` children (the last of them `child`; nullptr: nesting unchanged).
+  Status AddItems(PyValue* parent, int64_t n, int64_t container_size) {
+    items_ += n;
+    if (container_size > options_.max_items || items_ > options_.max_items) {
+      return Exhausted("more than " + std::to_string(options_.max_items) + " items");
+    }
+    return Charge(n * static_cast<int64_t>(parent->kind() == PyKind::kDict ? 96 : 8));
+  }
+  Status Nest(PyValue* parent, const PyValue* child) {
+    if (child == nullptr) return Status::Ok();
+    const uint32_t n = std::max(parent->nesting(), child->nesting() + 1);
+    if (static_cast<int64_t>(n) > options_.max_nesting_depth) {
+      return Exhausted("values nested deeper than " + std::to_string(options_.max_nesting_depth) +
+                       " levels");
+    }
+    parent->set_nesting(n);
+    return Status::Ok();
+  }
+  template <typename Range>
+  Status NestAll(PyValue* parent, const Range& children) {
+    parent->set_nesting(std::max<uint32_t>(parent->nesting(), 1));
+    for (const PyValue* c : children) UCP_RETURN_IF_ERROR(Nest(parent, c));
+    return Status::Ok();
+  }
+  // Shared immutable singletons: a flat list of N Nones costs N pointers, not N nodes.
+  PyValue* SharedNone() {
+    if (none_ == nullptr) none_ = arena_.None();
+    return none_;
+  }
+  PyValue* SharedBool(bool v) {
+    PyValue*& b = v ? true_ : false_;
+    if (b == nullptr) b = arena_.Bool(v);
+    return b;
   }
 
   // Input.
@@ -332,6 +392,13 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, PyValue*> memo_;
   bool stopped_ = false;
+  int64_t max_memory_ = 0;
+  int64_t memory_ = 0;
+  int64_t items_ = 0;
+  size_t arena_seen_ = 0;
+  PyValue* none_ = nullptr;
+  PyValue* true_ = nullptr;
+  PyValue* false_ = nullptr;
 };
 
 Result<std::string_view> Machine::Take(int64_t n) {
@@ -375,6 +442,7 @@ Result<std::string_view> Machine::Line() {
 
 Status Machine::PushString(std::string_view bytes, bool is_bytes) {
   if (!is_bytes && !DecodeUtf8(bytes, nullptr)) return Fault("string is not valid UTF-8");
+  UCP_RETURN_IF_ERROR(Charge(static_cast<int64_t>(bytes.size())));
   return Push(is_bytes ? arena_.Bytes(std::string(bytes)) : arena_.Str(std::string(bytes)));
 }
 
@@ -413,7 +481,14 @@ Status Machine::SetItems(PyValue* target, const std::vector<PyValue*>& kv) {
     return Fault("cannot set items on a " + std::string(PyKindName(target->kind())));
   }
   if (kv.size() % 2 != 0) return Fault("odd number of items for a dict");
-  for (size_t i = 0; i < kv.size(); i += 2) target->SetItem(kv[i], kv[i + 1]);
+  UCP_RETURN_IF_ERROR(AddItems(target, static_cast<int64_t>(kv.size() / 2),
+                               static_cast<int64_t>(target->entries().size() + kv.size() / 2)));
+  for (size_t i = 0; i < kv.size(); i += 2) {
+    UCP_RETURN_IF_ERROR(Nest(target, kv[i]));
+    UCP_RETURN_IF_ERROR(Nest(target, kv[i + 1]));
+    target->SetItem(kv[i], kv[i + 1]);
+  }
+  target->set_nesting(std::max<uint32_t>(target->nesting(), 1));
   return Status::Ok();
 }
 
@@ -622,6 +697,7 @@ Status Machine::Reduce() {
   UCP_ASSIGN_OR_RETURN(PyValue * args, Pop());
   UCP_ASSIGN_OR_RETURN(PyValue * fn, Pop());
   UCP_ASSIGN_OR_RETURN(PyValue * out, Call(fn, args));
+  if (out != args) UCP_RETURN_IF_ERROR(Nest(out, args));
   return Push(out);
 }
 
@@ -636,12 +712,15 @@ Status Machine::NewObj(PyValue* cls, PyValue* args) {
   if (!IsInertClass(cls->str(), options_)) {
     return Fault("cannot construct '" + cls->str() + "' (not an inert class)");
   }
-  return Push(arena_.Object(cls, args, true));
+  PyValue* obj = arena_.Object(cls, args, true);
+  UCP_RETURN_IF_ERROR(Nest(obj, args));
+  return Push(obj);
 }
 
 Status Machine::Build() {
   UCP_ASSIGN_OR_RETURN(PyValue * state, Pop());
   UCP_ASSIGN_OR_RETURN(PyValue * target, Top());
+  if (target != state) UCP_RETURN_IF_ERROR(Nest(target, state));
   switch (target->kind()) {
     case PyKind::kObject:
     case PyKind::kTensor:
@@ -692,11 +771,11 @@ Status Machine::DoOp() {
       return Push(v);
     }
     case 'N':
-      return Push(arena_.None());
+      return Push(SharedNone());
     case 0x88:
-      return Push(arena_.Bool(true));
+      return Push(SharedBool(true));
     case 0x89:
-      return Push(arena_.Bool(false));
+      return Push(SharedBool(false));
     case 'J': {
       UCP_ASSIGN_OR_RETURN(uint64_t v, TakeLE(4));
       return Push(arena_.Int(static_cast<int32_t>(static_cast<uint32_t>(v))));
@@ -791,6 +870,9 @@ Status Machine::DoOp() {
       UCP_ASSIGN_OR_RETURN(std::vector<PyValue*> items, PopMark());
       PyValue* v = op_ == 'l' ? arena_.List() : op_ == 't' ? arena_.Tuple() : arena_.Set();
       if (op_ == 0x91) v->SetTypeName("builtins.frozenset");
+      UCP_RETURN_IF_ERROR(AddItems(v, static_cast<int64_t>(items.size()),
+                                   static_cast<int64_t>(items.size())));
+      UCP_RETURN_IF_ERROR(NestAll(v, items));
       for (PyValue* i : items) v->Append(i);
       return Push(v);
     }
@@ -801,7 +883,10 @@ Status Machine::DoOp() {
       if (stack_.size() < Floor() + n) return Fault("stack underflow");
       std::vector<const PyValue*> items(stack_.end() - n, stack_.end());
       stack_.resize(stack_.size() - n);
-      return Push(arena_.Tuple(std::move(items)));
+      PyValue* t = arena_.Tuple(std::move(items));
+      UCP_RETURN_IF_ERROR(AddItems(t, n, n));
+      UCP_RETURN_IF_ERROR(NestAll(t, t->items()));
+      return Push(t);
     }
     case 'd': {
       UCP_ASSIGN_OR_RETURN(std::vector<PyValue*> kv, PopMark());
@@ -815,6 +900,9 @@ Status Machine::DoOp() {
       if (list->kind() != PyKind::kList) {
         return Fault("cannot append to a " + std::string(PyKindName(list->kind())));
       }
+      UCP_RETURN_IF_ERROR(
+          AddItems(list, 1, static_cast<int64_t>(list->items().size()) + 1));
+      UCP_RETURN_IF_ERROR(NestAll(list, std::vector<const PyValue*>{v}));
       list->Append(v);
       return Status::Ok();
     }
@@ -826,6 +914,10 @@ Status Machine::DoOp() {
       if (target->kind() != want) {
         return Fault("cannot add items to a " + std::string(PyKindName(target->kind())));
       }
+      UCP_RETURN_IF_ERROR(
+          AddItems(target, static_cast<int64_t>(items.size()),
+                   static_cast<int64_t>(target->items().size() + items.size())));
+      UCP_RETURN_IF_ERROR(NestAll(target, items));
       for (PyValue* i : items) target->Append(i);
       return Status::Ok();
     }
@@ -936,6 +1028,11 @@ Result<UnpickleResult> Machine::Run() {
     UCP_ASSIGN_OR_RETURN(std::string_view b, Take(1));
     op_ = static_cast<uint8_t>(b[0]);
     UCP_RETURN_IF_ERROR(DoOp());
+    if (arena_.size() != arena_seen_) {
+      const size_t made = arena_.size() - arena_seen_;
+      arena_seen_ = arena_.size();
+      UCP_RETURN_IF_ERROR(Charge(static_cast<int64_t>(made * sizeof(PyValue))));
+    }
   }
   if (!marks_.empty() || stack_.size() != 1) {
     return Fault("STOP with " + std::to_string(stack_.size()) + " values and " +
@@ -954,8 +1051,18 @@ Result<UnpickleResult> Unpickle(const ByteSource& source, int64_t begin, int64_t
     return DataLossError("pickle " + std::string(what) + " ends at " + std::to_string(end) +
                          ", past the end of " + source.name());
   }
-  Machine m(source, begin, end, arena, options, load, what);
-  return m.Run();
+  // The one place where the standard library can throw into the machine (allocation): a
+  // pickle that defeats the budgets still ends as a Status, never as an abort.
+  try {
+    Machine m(source, begin, end, arena, options, load, what);
+    return m.Run();
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("pickle " + std::string(what) +
+                                  ": out of memory while unpickling");
+  } catch (const std::length_error&) {
+    return ResourceExhaustedError("pickle " + std::string(what) +
+                                  ": out of memory while unpickling");
+  }
 }
 
 Result<std::optional<DType>> StorageDTypeFromClass(std::string_view class_name) {

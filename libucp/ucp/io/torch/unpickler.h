@@ -23,6 +23,16 @@ struct PickleOptions {
   bool strict_globals = false;
   int64_t max_memo_entries = int64_t{1} << 22;
   int64_t max_stack_depth = int64_t{1} << 20;  ///< values plus marks on the stack
+  /// Nesting of containers (list, tuple, dict, set, object arguments and state).
+  int64_t max_nesting_depth = 200;
+  /// Items of one list, tuple, set or dict, and of all of them together.
+  int64_t max_items = int64_t{1} << 24;
+  /// Memory the machine may account for its values (nodes, strings, container slots); 0 means
+  /// kMemoryBaseBytes + kMemoryPerPickleByte x the pickle's size.
+  int64_t max_memory_bytes = 0;
+
+  static constexpr int64_t kMemoryBaseBytes = int64_t{256} << 20;
+  static constexpr int64_t kMemoryPerPickleByte = 32;
 };
 
 /// Called for each BINPERSID with the persistent id (a tuple); returns the storage node that
@@ -41,7 +51,9 @@ struct UnpickleResult {
 /// outside its storage) and for a global outside the allowlist, each naming the opcode and its
 /// byte offset from `begin`; kUnimplemented for real opcodes outside the subset (INST, OBJ, EXT*,
 /// out-of-band buffers, text STRING/UNICODE), protocols above 5 and torch dtypes ucp lacks;
-/// kResourceExhausted past the memo or stack limits; errors of `load`.
+/// kResourceExhausted past the memo, stack, nesting, item or memory limits (naming `what`, the
+/// opcode and its offset); errors of `load`. None, True and False are shared nodes and memo gets
+/// are references (never copies), so a pickle's values cost memory in proportion to its size.
 Result<UnpickleResult> Unpickle(const ByteSource& source, int64_t begin, int64_t end,
                                 PyArena& arena, const PickleOptions& options,
                                 const PersistentLoader& load, std::string_view what);

@@ -361,7 +361,8 @@ Result<std::string> ZipReader::ReadRecord(const ZipEntry& entry, int64_t max_byt
                                   Num(entry.size) + " bytes, over the limit of " + Num(max_bytes));
   }
   UCP_ASSIGN_OR_RETURN(std::string data, source_->ReadString(entry.data_offset, entry.size));
-  if (verify_crc && entry.crc32 != 0) {
+  // Every record is checked: a zeroed CRC field is not "not recorded" (issue 16 #7).
+  if (verify_crc) {
     uint32_t got = Crc32(std::as_bytes(std::span<const char>(data.data(), data.size())));
     if (got != entry.crc32) {
       return DataLossError("crc32 mismatch in zip record '" + entry.name + "' of " +
