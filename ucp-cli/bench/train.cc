@@ -242,13 +242,13 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
      << " MiB, plus " << rss - state_mib << " MiB of activations, scratch, data and code\n";
   if (vm["torch"].as<bool>() && root) {
     const fs::path preset = api::UcpDataDir() / "models" / (model + ".json");
-    const std::string out = RunTorch(preset.string(), batch, seq, threads, steps);
-    const double torch_tps = Field(out, "tokens_per_s");
+    const std::string torch_out = RunTorch(preset.string(), batch, seq, threads, steps);
+    const double torch_tps = Field(torch_out, "tokens_per_s");
     if (torch_tps <= 0) {
       os << "torch: not run (python3-torch missing or the script failed)\n";
     } else {
       os << "torch 1.13 (tools/bench_torch_train.py, fp32, same threads): " << torch_tps
-         << " tokens/s, peak RSS " << Field(out, "peak_rss_mib") << " MiB -> ucp is "
+         << " tokens/s, peak RSS " << Field(torch_out, "peak_rss_mib") << " MiB -> ucp is "
          << (tok / best) / torch_tps << "x torch (aim >= 1.5x)\n";
     }
   }

@@ -110,6 +110,12 @@ int main(int argc, char** argv) {
      "start at step 0 from the weights of any checkpoint ucp reads (ucp, universal, DeepSpeed); "
      "the model is the checkpoint's")
     ("sync-save", po::bool_switch(&sync_save), "write checkpoints in the foreground")
+    ("pipeline", po::value(&r.pipeline)->default_value("sync"),
+     "optimizer pipeline: sync (Adam after backward) or overlap (buckets stepped speculatively "
+     "during backward, validated after it; bitwise the same training; dp=1)")
+    ("gpu-tail-buckets", po::value(&r.gpu_tail_buckets)->default_value(0),
+     "overlap: the last buckets of backward (first layers) stepped on the device")
+    ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
      "threads per process (0: all cores; on --resume, the run's recorded count, so that the "
      "resumed steps repeat the same bits)")

@@ -533,7 +533,8 @@ struct RefOps {
 template <typename T, typename Ops>
 Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Acts<T>& a, const T* w,
                         T* g, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t Tn,
-                        int64_t pos0, T grad_scale, Ulysses<T>* sp) {
+                        int64_t pos0, T grad_scale, Ulysses<T>* sp,
+                        const BackwardHook* hook = nullptr) {
   const bool gpt = cfg.family == Family::kGpt;
   const int64_t C = cfg.hidden, NH = cfg.heads, KV = cfg.kv_heads, hd = cfg.head_dim;
   const int64_t qkv_dim = (NH + 2 * KV) * hd, ah = NH * hd, F = cfg.ffn_hidden;
@@ -613,7 +614,13 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
   // ---- backward: dres is the gradient of the residual stream, flowing down the layers.
   T* dres = a.dres.data();
   ops.Zero(dres, N * C);
+  // Grad groups (Model::grad_groups): 0 the head, 1 + (L-1-l) layer l, L+1 the embeddings.
+  auto GroupDone = [&](int64_t k) {
+    if (hook != nullptr && hook->on_group_done) hook->on_group_done(static_cast<int>(k));
+  };
+  if (hook != nullptr && hook->on_backward_begin) hook->on_backward_begin();
   NormBackward(dres, dlnf, x, a.lnf_mean.data(), a.lnf_rstd.data(), lay.lnf_w, lay.lnf_b);
+  GroupDone(0);
   for (int64_t l = cfg.layers - 1; l >= 0; --l) {
     const LayerOffsets& o = lay.layers[l];
     const T* x_in = l == 0 ? a.encoded.data() : At(a.resid_out, l - 1, C);
@@ -657,8 +664,10 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
                        P(o.qkv_w), N, C, qkv_dim);
     NormBackward(dres, a.dln.data(), x_in, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), o.ln1_w,
                  o.ln1_b);
+    GroupDone(1 + (cfg.layers - 1 - l));
   }
   ops.EncoderBackward(G(lay.wte), gpt ? G(lay.wpe) + pos0 * C : nullptr, dres, inputs, B, Tn, C);
+  GroupDone(cfg.layers + 1);
   return loss;
 }
 
@@ -815,8 +824,10 @@ struct Model::Impl {
     return Status::Ok();
   }
 
+  std::vector<GradGroup> groups;  // Model::grad_groups
+
   Result<double> Run(std::span<const float> weights, std::span<float> grads, bool backward,
-                     const Batch& batch, float grad_scale) {
+                     const Batch& batch, float grad_scale, const BackwardHook* hook = nullptr) {
     const Status valid = Validate(weights, grads, backward, batch);
     if (sp) {
       UCP_RETURN_IF_ERROR(sp->Agree(valid, batch, backward));
@@ -830,9 +841,33 @@ struct Model::Impl {
     return RunGraph<float>(ops, config, layout, acts, weights.data(),
                            backward ? grads.data() : nullptr, batch.inputs.data(),
                            batch.targets.data(), batch.batch, batch.seq_len, batch.position_offset,
-                           grad_scale, sp.get());
+                           grad_scale, sp.get(), hook);
   }
 };
+
+// The grad groups of a layout (Model::grad_groups): the params before "layers.0." are the
+// embeddings, then each layer's run, then the head.
+static std::vector<GradGroup> BuildGradGroups(const ModelConfig& c, const Layout& lay) {
+  const auto& ps = lay.params;
+  const int64_t np = static_cast<int64_t>(ps.size());
+  std::vector<int64_t> layer_begin(static_cast<size_t>(c.layers) + 1, np);
+  int64_t i = 0;
+  while (i < np && ps[i].name.rfind("layers.", 0) != 0) ++i;
+  const int64_t emb_end = i;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    layer_begin[l] = i;
+    const std::string prefix = "layers." + Str(l) + ".";
+    while (i < np && ps[i].name.rfind(prefix, 0) == 0) ++i;
+  }
+  layer_begin[c.layers] = i;
+  std::vector<GradGroup> g;
+  g.push_back({"head", i, np});
+  for (int64_t l = c.layers - 1; l >= 0; --l) {
+    g.push_back({"layers." + Str(l), layer_begin[l], layer_begin[l + 1]});
+  }
+  g.push_back({"embedding", 0, emb_end});
+  return g;
+}
 
 Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                             int num_threads, Communicator* sp_comm) {
@@ -855,6 +890,7 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
   impl->max_batch = max_batch;
   impl->max_seq_len = max_seq_len;
   impl->num_threads = num_threads;
+  impl->groups = BuildGradGroups(config, impl->layout);
   impl->par = Parallel(num_threads);
   // Under SP the activations hold this rank's shard of every sequence.
   const int64_t rows = max_batch * (max_seq_len / sp);
@@ -898,6 +934,14 @@ Result<double> Model::Forward(std::span<const float> weights, const Batch& batch
 Result<double> Model::ForwardBackward(std::span<const float> weights, std::span<float> grads,
                                       const Batch& batch, float grad_scale) {
   return impl_->Run(weights, grads, true, batch, grad_scale);
+}
+
+const std::vector<GradGroup>& Model::grad_groups() const { return impl_->groups; }
+
+Result<double> Model::ForwardBackward(std::span<const float> weights, std::span<float> grads,
+                                      const Batch& batch, float grad_scale,
+                                      const BackwardHook& hook) {
+  return impl_->Run(weights, grads, true, batch, grad_scale, &hook);
 }
 
 }  // namespace ucp::offload

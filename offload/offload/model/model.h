@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -59,6 +60,24 @@ struct ParamInfo {
   std::vector<int64_t> shape;  ///< as the tp=1 rank holds it (vocab rows padded)
   int64_t offset = 0;          ///< in elements, into the flat buffers
   int64_t numel = 0;
+};
+
+/// Parameters whose gradients one backward completes together: params()[first_param, end_param).
+struct GradGroup {
+  std::string name;  ///< "head" (final norm, untied output layer), "layers.N", "embedding"
+  int64_t first_param = 0;
+  int64_t end_param = 0;
+};
+
+/// What ForwardBackward tells its caller during backward, on the calling thread (so a callback
+/// must be short: it hands the work to other threads). For the offloaded optimizer pipeline
+/// (offload/engine), whose buckets leave while backward goes on.
+struct BackwardHook {
+  /// When backward starts (the loss and the classifier's gradient are done). Optional.
+  std::function<void()> on_backward_begin;
+  /// When the gradients of grad_groups()[group] are complete (this call's += is done and nothing
+  /// later in this call writes them), in the order of grad_groups(). Optional.
+  std::function<void(int group)> on_group_done;
 };
 
 /// What one training micro-batch is: B sequences of T tokens, inputs and next-token targets.
@@ -129,6 +148,18 @@ class Model {
   /// the loss is this shard's sum. Errors: as Forward.
   Result<double> ForwardBackward(std::span<const float> weights, std::span<float> grads,
                                  const Batch& batch, float grad_scale);
+
+  /// The groups backward completes, in the order it completes them: "head" (final norm and, when
+  /// untied, the output layer), then "layers.L-1" down to "layers.0", then "embedding" (with
+  /// tied embeddings it also holds the head's matrix, whose gradient the encoder adds last).
+  /// Together they tile [0, params().size()).
+  const std::vector<GradGroup>& grad_groups() const;
+
+  /// ForwardBackward, calling `hook` as backward completes each grad group. The arithmetic and
+  /// its bits are the plain overload's; the plain overload runs no hook code at all.
+  /// Errors: as ForwardBackward (a refused batch calls no hook).
+  Result<double> ForwardBackward(std::span<const float> weights, std::span<float> grads,
+                                 const Batch& batch, float grad_scale, const BackwardHook& hook);
 
  private:
   struct Impl;

@@ -238,6 +238,55 @@ TEST_P(ModelGrad, DeterministicAccumulatingAndPaddedRowsStayZero) {
   for (int64_t i = 0; i < total; ++i) ASSERT_NEAR(g3[i], g1[i], 1e-4 * (1 + std::abs(g1[i])));
 }
 
+// The backward hook: the groups tile the parameters, are reported in backward order (head,
+// last layer .. first, embeddings), each group's gradient is final when reported, and the hooked
+// call gives the plain call's bits.
+TEST_P(ModelGrad, BackwardHookReportsFinalGroupsInOrderAndChangesNoBits) {
+  const ModelConfig c = Tiny(GetParam().family, GetParam().tied);
+  auto model = *Model::Create(c, 2, 8, 2);
+  const int64_t total = model.num_params();
+  const std::vector<double> wd = InitWeights(model.params(), total, 41);
+  const std::vector<float> w(wd.begin(), wd.end());
+  Tokens t = MakeTokens(c, 2, 8, 42);
+  const auto& groups = model.grad_groups();
+  ASSERT_EQ(groups.size(), static_cast<size_t>(c.layers + 2));
+  EXPECT_EQ(groups.front().name, "head");
+  EXPECT_EQ(groups[1].name, "layers." + std::to_string(c.layers - 1));
+  EXPECT_EQ(groups.back().name, "embedding");
+  std::vector<int> covered(model.params().size(), 0);
+  for (const GradGroup& g : groups) {
+    for (int64_t i = g.first_param; i < g.end_param; ++i) covered[i] += 1;
+  }
+  for (int v : covered) EXPECT_EQ(v, 1);
+
+  std::vector<float> plain(total, 0.0f), hooked(total, 0.0f);
+  const double l1 = *model.ForwardBackward(w, plain, t.batch, 1.0f);
+  std::vector<int> order;
+  std::vector<std::vector<float>> seen;  // the whole gradient when each group was reported
+  bool began = false;
+  BackwardHook hook;
+  hook.on_backward_begin = [&] { began = order.empty(); };
+  hook.on_group_done = [&](int k) {
+    order.push_back(k);
+    seen.push_back(hooked);
+  };
+  const double l2 = *model.ForwardBackward(w, hooked, t.batch, 1.0f, hook);
+  EXPECT_TRUE(began);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(plain, hooked);  // bitwise
+  ASSERT_EQ(order.size(), groups.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    EXPECT_EQ(order[k], static_cast<int>(k));
+    const auto& ps = model.params();
+    for (int64_t i = groups[k].first_param; i < groups[k].end_param; ++i) {
+      const int64_t b = ps[i].offset, e = b + ps[i].numel;
+      for (int64_t j = b; j < e; ++j) {
+        ASSERT_EQ(seen[k][j], hooked[j]) << groups[k].name << " " << ps[i].name << " " << j;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
                          testing::Values(Case{Family::kGpt, true}, Case{Family::kGpt, false},
                                          Case{Family::kLlama, true}, Case{Family::kLlama, false}),

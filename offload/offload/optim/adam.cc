@@ -361,6 +361,77 @@ void RunAdamKernel(SimdPath path, const AdamConfig& config, int64_t step, const 
   UCP_CHECK(false) << "RunAdamKernel called with an unchecked path " << SimdPathName(path);
 }
 
+Result<AdamFusedArgs> PrepareFusedArgs(const AdamConfig& c, const AdamSpans& sp,
+                                       const AdamFusedOptions& o) {
+  if (o.source != nullptr && o.save != nullptr) {
+    return InvalidArgumentError("adam fused step: source and save are both given (a step either "
+                                "saves its pre-step state or reads it from a snapshot)");
+  }
+  AdamFusedArgs f;
+  UCP_ASSIGN_OR_RETURN(f.args, PrepareAdamArgs(c, sp, o.save));
+  f.grad_scale = o.grad_scale;
+  if (o.source == nullptr || sp.param.empty()) return f;
+  const AdamSnapshot& src = *o.source;
+  const size_t n = sp.param.size();
+  std::vector<Region> in = {
+      {"source.param", src.param.data(), src.param.size(), src.param.size_bytes()},
+      {"source.exp_avg", src.exp_avg.data(), src.exp_avg.size(), src.exp_avg.size_bytes()},
+      {"source.exp_avg_sq", src.exp_avg_sq.data(), src.exp_avg_sq.size(),
+       src.exp_avg_sq.size_bytes()}};
+  if (c.amsgrad) {
+    in.push_back({"source.max_exp_avg_sq", src.max_exp_avg_sq.data(), src.max_exp_avg_sq.size(),
+                  src.max_exp_avg_sq.size_bytes()});
+  } else if (!src.max_exp_avg_sq.empty()) {
+    return InvalidArgumentError("adam fused step: source.max_exp_avg_sq given but amsgrad is off");
+  }
+  UCP_RETURN_IF_ERROR(CheckRegions(in, n));
+  // A source may not overlap what the step writes (it is read after the outputs are written at
+  // the same index only in the same lane, but a shifted overlap would read updated values).
+  std::vector<Region> outs = {
+      {"param", sp.param.data(), n, sp.param.size_bytes()},
+      {"exp_avg", sp.exp_avg.data(), n, sp.exp_avg.size_bytes()},
+      {"exp_avg_sq", sp.exp_avg_sq.data(), n, sp.exp_avg_sq.size_bytes()}};
+  if (c.amsgrad) {
+    outs.push_back({"max_exp_avg_sq", sp.max_exp_avg_sq.data(), n, sp.max_exp_avg_sq.size_bytes()});
+  }
+  if (!sp.out.data.empty()) {
+    outs.push_back({"out", sp.out.data.data(), n, sp.out.data.size_bytes()});
+  }
+  for (const Region& a : in) {
+    for (const Region& b : outs) {
+      UCP_RETURN_IF_ERROR(CheckRegions({a, b}, n), "in the fused step's source");
+    }
+  }
+  f.src_p = src.param.data();
+  f.src_m = src.exp_avg.data();
+  f.src_v = src.exp_avg_sq.data();
+  f.src_vmax = c.amsgrad ? src.max_exp_avg_sq.data() : nullptr;
+  return f;
+}
+
+AdamFusedArgs SubFusedArgs(const AdamFusedArgs& f, size_t offset, size_t count) {
+  AdamFusedArgs r = f;
+  r.args = SubArgs(f.args, offset, count);
+  auto at = [&](const float* p) { return p == nullptr ? p : p + offset; };
+  r.src_p = at(f.src_p);
+  r.src_m = at(f.src_m);
+  r.src_v = at(f.src_v);
+  r.src_vmax = at(f.src_vmax);
+  return r;
+}
+
+void RunFusedKernel(SimdPath path, const AdamStepScalars& s, const AdamFusedArgs& f) {
+  if (f.args.n == 0) return;
+#ifdef UCP_OFFLOAD_HAVE_AVX2
+  if (path == SimdPath::kAvx2 || path == SimdPath::kAvx512) {
+    AdamFusedKernelAvx2(s, f);
+    return;
+  }
+#endif
+  (void)path;
+  AdamFusedKernelPortable(s, f);
+}
+
 void RunProbeKernel(SimdPath path, float* p, const float* g, float* m, float* v, size_t n,
                     float s) {
   switch (path) {
@@ -408,6 +479,16 @@ Status AdamStepSpeculative(const AdamConfig& config, int64_t step, const AdamSpa
                        internal::PrepareAdamArgs(config, spans, &snapshot));
   UCP_RETURN_IF_ERROR(internal::CheckSimdPath(path));
   internal::RunAdamKernel(path, config, step, s, a);
+  return Status::Ok();
+}
+
+Status AdamStepFused(const AdamConfig& config, int64_t step, const AdamSpans& spans,
+                     const AdamFusedOptions& options, SimdPath path) {
+  UCP_ASSIGN_OR_RETURN(const AdamStepScalars s, MakeAdamStepScalars(config, step));
+  UCP_ASSIGN_OR_RETURN(const internal::AdamFusedArgs f,
+                       internal::PrepareFusedArgs(config, spans, options));
+  UCP_RETURN_IF_ERROR(internal::CheckSimdPath(path));
+  internal::RunFusedKernel(path, s, f);
   return Status::Ok();
 }
 

@@ -150,4 +150,32 @@ Status AdamStepSpeculative(const AdamConfig& config, int64_t step, const AdamSpa
 /// Errors: kInvalidArgument (sizes differ, max_exp_avg_sq present in one but not the other).
 Status AdamRollback(const AdamSpans& spans, const AdamSnapshot& snapshot);
 
+/// How AdamStepFused reads its pre-step state and scales the gradient (the offloaded pipeline's
+/// kernel: offload/engine). At most one of `source` and `save`.
+struct AdamFusedOptions {
+  /// Read the pre-step param, exp_avg, exp_avg_sq (and max_exp_avg_sq) from here instead of the
+  /// live spans: a speculative step's snapshot, so that re-taking the step with another gradient
+  /// scale (the clip correction) is one pass and needs no rollback. null: the live spans.
+  const AdamSnapshot* source = nullptr;
+  /// Save the pre-step state here in the same pass (a speculative step). null: nothing saved.
+  const AdamSnapshot* save = nullptr;
+  /// The gradient used is fl(widen(grad) * grad_scale): one fp32 multiply, as a caller that
+  /// scales the gradient in place before AdamStep does (1 / loss_scale, times the clip factor).
+  float grad_scale = 1.0f;
+};
+
+/// AdamStep with the gradient multiplied by options.grad_scale, the pre-step state read from
+/// options.source (when given) and saved into options.save (when given). Bitwise:
+///   AdamStepFused(spans, {.grad_scale = c}) == (g *= c in fp32; AdamStep(spans))
+///   AdamStepFused(spans, {.source = &snap, .grad_scale = c}) after a speculative step that saved
+///   `snap` == the same step taken directly from the pre-step state with scale c
+/// for every path and size (a multiply by 1.0f changes no value but a NaN's payload). So a
+/// speculative step corrected for clipping equals the clipped step exactly: the correction has
+/// no error to bound. Traffic: a step's (read p, m, v, g; write p, m, v, out), plus the 12 B/param
+/// snapshot written when saving.
+/// Errors: as AdamStepSpeculative; kInvalidArgument (source and save both given, a source span
+/// of the wrong size, or overlapping an output span).
+Status AdamStepFused(const AdamConfig& config, int64_t step, const AdamSpans& spans,
+                     const AdamFusedOptions& options, SimdPath path = BestSimdPath());
+
 }  // namespace ucp::offload

@@ -67,3 +67,32 @@ void RunAdamKernel(SimdPath path, const AdamConfig& config, int64_t step, const 
 void RunProbeKernel(SimdPath path, float* p, const float* g, float* m, float* v, size_t n, float s);
 
 }  // namespace ucp::offload::internal
+
+namespace ucp::offload::internal {
+
+/// AdamStepFused's arguments: AdamStep's (snap_* set iff the pre-step state is saved), where the
+/// pre-step state is read from (src_*: null for the live spans) and the gradient's multiplier.
+/// Saving and reading from a source exclude each other.
+struct AdamFusedArgs {
+  AdamKernelArgs args;
+  const float* src_p = nullptr;
+  const float* src_m = nullptr;
+  const float* src_v = nullptr;
+  const float* src_vmax = nullptr;
+  float grad_scale = 1.0f;
+};
+
+void AdamFusedKernelPortable(const AdamStepScalars& s, const AdamFusedArgs& f);
+void AdamFusedKernelAvx2(const AdamStepScalars& s, const AdamFusedArgs& f);
+
+/// Validates AdamStepFused's spans and options. Errors: as PrepareAdamArgs; kInvalidArgument
+/// (source and save both given; a source span of the wrong size or overlapping an output).
+Result<AdamFusedArgs> PrepareFusedArgs(const AdamConfig& config, const AdamSpans& spans,
+                                       const AdamFusedOptions& options);
+/// Elements [offset, offset + count).
+AdamFusedArgs SubFusedArgs(const AdamFusedArgs& f, size_t offset, size_t count);
+/// Runs the fused kernel of `path` (kAvx2 and kAvx512 take the AVX2 build, every other path the
+/// portable one: all give the same bits).
+void RunFusedKernel(SimdPath path, const AdamStepScalars& s, const AdamFusedArgs& f);
+
+}  // namespace ucp::offload::internal

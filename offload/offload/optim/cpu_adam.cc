@@ -98,6 +98,34 @@ Status CpuAdam::StepBucketSpeculative(int64_t step, std::span<const AdamSpans> b
   return impl_->Step(step, bucket, snapshots, true);
 }
 
+Status CpuAdam::StepBucketFused(int64_t step, std::span<const AdamSpans> bucket,
+                                std::span<const AdamSnapshot> snapshots, SnapshotUse use,
+                                float grad_scale) {
+  UCP_ASSIGN_OR_RETURN(const AdamStepScalars s, MakeAdamStepScalars(impl_->config, step));
+  const size_t want = use == SnapshotUse::kNone ? 0 : bucket.size();
+  if (snapshots.size() != want) {
+    return InvalidArgumentError("adam fused bucket: " + std::to_string(bucket.size()) +
+                                " entries but " + std::to_string(snapshots.size()) +
+                                " snapshots (want " + std::to_string(want) + ")");
+  }
+  std::vector<internal::AdamFusedArgs> blocks;
+  for (size_t i = 0; i < bucket.size(); ++i) {
+    AdamFusedOptions o;
+    o.grad_scale = grad_scale;
+    if (use == SnapshotUse::kSave) o.save = &snapshots[i];
+    if (use == SnapshotUse::kSource) o.source = &snapshots[i];
+    UCP_ASSIGN_OR_RETURN(const internal::AdamFusedArgs f,
+                         internal::PrepareFusedArgs(impl_->config, bucket[i], o),
+                         "in bucket entry " + std::to_string(i));
+    for (size_t off = 0; off < f.args.n; off += kBlockElems) {
+      blocks.push_back(internal::SubFusedArgs(f, off, std::min(kBlockElems, f.args.n - off)));
+    }
+  }
+  impl_->ParallelFor(blocks.size(),
+                     [&](size_t b) { internal::RunFusedKernel(impl_->path, s, blocks[b]); });
+  return Status::Ok();
+}
+
 Status CpuAdam::RollbackBucket(std::span<const AdamSpans> bucket,
                                std::span<const AdamSnapshot> snapshots) {
   if (snapshots.size() != bucket.size()) {

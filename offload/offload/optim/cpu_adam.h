@@ -4,6 +4,7 @@
 // the step back once the global gradient norm is known.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 
@@ -42,6 +43,18 @@ class CpuAdam {
   /// Errors: as StepBucket and AdamStepSpeculative; kInvalidArgument (snapshot count differs).
   Status StepBucketSpeculative(int64_t step, std::span<const AdamSpans> bucket,
                                std::span<const AdamSnapshot> snapshots);
+
+  /// What StepBucketFused does with snapshots[i]: nothing (empty), save the pre-step state into it
+  /// (a speculative step), or read the pre-step state from it (the clip correction).
+  enum class SnapshotUse : uint8_t { kNone, kSave, kSource };
+
+  /// AdamStepFused over every entry of `bucket` with gradient multiplier `grad_scale`, in
+  /// parallel over blocks as StepBucket; the same bits for any thread count and grouping.
+  /// Errors: as AdamStepFused, with the entry's index; kInvalidArgument (snapshot count is not
+  /// the bucket's with kSave/kSource, or not 0 with kNone). Nothing is stepped on an error.
+  Status StepBucketFused(int64_t step, std::span<const AdamSpans> bucket,
+                         std::span<const AdamSnapshot> snapshots, SnapshotUse use,
+                         float grad_scale);
 
   /// Undoes one StepBucketSpeculative bitwise (parallel copy of the snapshots back).
   /// Errors: as AdamRollback, with the entry's index; kInvalidArgument (count differs).

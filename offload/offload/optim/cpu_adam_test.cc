@@ -172,3 +172,66 @@ TEST(CpuAdam, BandwidthProbeMovesBytesWithoutChangingThem) {
 
 }  // namespace
 }  // namespace ucp::offload
+
+namespace ucp::offload {
+namespace {
+
+// The offloaded pipeline's kernel (AdamStepFused, CpuAdam::StepBucketFused): a speculative step
+// with the loss scale folded in, then the clip correction from its snapshot, each bitwise equal
+// to scaling the gradient in place and calling AdamStep, on every available path.
+TEST(AdamFused, ScaledSpeculativeAndCorrectionEqualDirectSteps) {
+  const size_t n = CpuAdam::kBlockElems + 37;
+  const float spec_scale = 1.0f / 65536.0f, clip_scale = static_cast<float>(0.37 / 65536.0);
+  for (SimdPath path : {SimdPath::kPortable, SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (!SimdPathAvailable(path)) continue;
+    SCOPED_TRACE(SimdPathName(path));
+    const State initial(n, 21);
+    // Direct: the gradient scaled in place, then AdamStep (what the synchronous trainer does).
+    State direct_spec = initial, direct_clip = initial;
+    for (float& g : direct_spec.g) g *= spec_scale;
+    for (float& g : direct_clip.g) g *= clip_scale;
+    UCP_ASSERT_OK(AdamStep(Config(), 7, direct_spec.Spans(0, n), path));
+    UCP_ASSERT_OK(AdamStep(Config(), 7, direct_clip.Spans(0, n), path));
+
+    UCP_ASSERT_OK_AND_ASSIGN(CpuAdam adam, CpuAdam::Create(Config(), 2, path));
+    State got = initial;
+    std::vector<float> sp(n), sm(n), sv(n);
+    const AdamSnapshot snap{sp, sm, sv, {}};
+    const AdamSpans spans[] = {got.Spans(0, n)};
+    const AdamSnapshot snaps[] = {snap};
+    UCP_ASSERT_OK(adam.StepBucketFused(7, spans, snaps, CpuAdam::SnapshotUse::kSave, spec_scale));
+    EXPECT_TRUE(got == direct_spec) << "speculative step with the loss scale folded in";
+    EXPECT_EQ(std::memcmp(sp.data(), initial.p.data(), n * 4), 0);
+    EXPECT_EQ(std::memcmp(sv.data(), initial.v.data(), n * 4), 0);
+    UCP_ASSERT_OK(adam.StepBucketFused(7, spans, snaps, CpuAdam::SnapshotUse::kSource, clip_scale));
+    EXPECT_TRUE(got == direct_clip) << "the clip correction from the snapshot";
+    // A plain fused step with scale 1 is AdamStep.
+    State plain = initial, fused = initial;
+    UCP_ASSERT_OK(AdamStep(Config(), 3, plain.Spans(0, n), path));
+    UCP_ASSERT_OK(AdamStepFused(Config(), 3, fused.Spans(0, n), {}, path));
+    EXPECT_TRUE(plain == fused);
+  }
+}
+
+TEST(AdamFused, RejectsSourceAndSaveTogetherAndBadSnapshots) {
+  State s(8, 1);
+  std::vector<float> a(8), b(8), c(8);
+  const AdamSnapshot snap{a, b, c, {}};
+  AdamFusedOptions o;
+  o.source = &snap;
+  o.save = &snap;
+  EXPECT_THAT(AdamStepFused(Config(), 1, s.Spans(0, 8), o),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("source and save")));
+  const AdamSnapshot aliased{s.p, b, c, {}};
+  AdamFusedOptions src;
+  src.source = &aliased;
+  EXPECT_THAT(AdamStepFused(Config(), 1, s.Spans(0, 8), src),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("overlap")));
+  UCP_ASSERT_OK_AND_ASSIGN(CpuAdam adam, CpuAdam::Create(Config(), 1));
+  const AdamSpans spans[] = {s.Spans(0, 8)};
+  EXPECT_THAT(adam.StepBucketFused(1, spans, {}, CpuAdam::SnapshotUse::kSave, 1.0f),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("snapshots")));
+}
+
+}  // namespace
+}  // namespace ucp::offload

@@ -31,6 +31,7 @@
 #include "offload/data/sampler.h"
 #include "offload/data/token_file.h"
 #include "offload/data/tokenizer.h"
+#include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
 #include "offload/optim/cpu_adam.h"
 #include "ucp/api/checkpoint.h"
@@ -54,6 +55,8 @@ constexpr int kClientStateVersion = 1;
 // Fixed chunks for reductions, so the gradient norm is the same bits for any thread count.
 constexpr int64_t kReduceChunk = int64_t{1} << 16;
 constexpr float kFp16Max = 65504.0f;
+// --trace records the first steps of the run (its file is written after the last of them).
+constexpr int64_t kTraceSteps = 3;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -273,6 +276,9 @@ struct Trainer::Impl {
   std::vector<float> flat;                        // blocks * block_size scratch (stages 1-3)
   std::map<std::string, int64_t> state_offset;    // rank tensor name -> offset in the block
   std::optional<CpuAdam> adam;
+  std::unique_ptr<TraceRecorder> trace;  // --trace (before the pipeline, which points at it)
+  std::unique_ptr<Pipeline> pipeline;    // --pipeline overlap
+  Status SetUpPipeline(const AdamConfig& ac);
 
   LrSchedule sched;
   LossScaler scaler;
@@ -892,6 +898,53 @@ Status Trainer::Impl::FinishSave() {
   return Status::Ok();
 }
 
+// --pipeline overlap: one bucket per grad group of the model (a layer, the head, the
+// embeddings), in backward order, each the pieces of its parameters in this rank's block.
+Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
+  if (opts.pipeline == "sync") {
+    if (!opts.trace.empty()) return InvalidArgumentError("--trace needs --pipeline overlap");
+    return Status::Ok();
+  }
+  if (opts.pipeline != "overlap") {
+    return InvalidArgumentError("--pipeline " + opts.pipeline + ": must be sync or overlap");
+  }
+  if (world > 1 || blocks > 1 || cfg.deterministic) {
+    return UnimplementedError("--pipeline overlap runs one process (dp=1, sp=1) without "
+                              "--deterministic; this run has " + std::to_string(world) +
+                              " processes (layout " + layout::ToString(layout) +
+                              "): use --pipeline sync");
+  }
+  const auto& groups = net->grad_groups();
+  std::vector<int> group_of(net->params().size(), 0);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    for (int64_t i = groups[k].first_param; i < groups[k].end_param; ++i) {
+      group_of[static_cast<size_t>(i)] = static_cast<int>(k);
+    }
+  }
+  std::vector<Bucket> buckets(groups.size());
+  for (size_t k = 0; k < groups.size(); ++k) buckets[k].name = groups[k].name;
+  for (const Piece& pc : block_pieces[0]) {
+    buckets[static_cast<size_t>(group_of[static_cast<size_t>(pc.param)])].pieces.push_back(
+        {pc.coff, pc.foff, pc.n});
+  }
+  PipelineOptions po;
+  po.adam = ac;
+  po.adam_threads = std::max(1, threads / 2);
+  po.gpu_tail_buckets = opts.gpu_tail_buckets;
+  po.weights = dtype == DType::kBf16 ? LowpDType::kBf16
+               : dtype == DType::kFp16 ? LowpDType::kFp16 : LowpDType::kFp32;
+  po.fp16_range_check = dtype == DType::kFp16;
+  if (!opts.trace.empty()) {
+    trace = std::make_unique<TraceRecorder>();
+    po.trace = trace.get();
+  }
+  PipelineMemory mem{grads, lowp() ? std::span<uint16_t>(w_lp) : std::span<uint16_t>(), master,
+                     exp_avg, exp_avg_sq};
+  UCP_ASSIGN_OR_RETURN(pipeline, Pipeline::Create(po, std::move(buckets), mem,
+                                                  CpuPipelineBackend()), "--pipeline overlap");
+  return Status::Ok();
+}
+
 // --- the public class -------------------------------------------------------------------------
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1078,6 +1131,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   ac.decoupled = true;
   UCP_ASSIGN_OR_RETURN(CpuAdam adam, CpuAdam::Create(ac, t.threads), "optimizer");
   t.adam.emplace(std::move(adam));
+  UCP_RETURN_IF_ERROR(t.SetUpPipeline(ac));
   t.sched = {c.lr, c.min_lr, c.warmup_samples, c.decay_samples};
   t.scaler.enabled = t.dtype == DType::kFp16;
   t.scaler.scale = t.scaler.enabled ? c.initial_loss_scale : 1.0;
@@ -1192,6 +1246,31 @@ Result<StepRecord> Trainer::Step() {
     UCP_RETURN_IF_ERROR(t.TreeGrad(range.first, range.second, 0, t.grads.data(), &loss_sum,
                                    grad_scale),
                         "step " + std::to_string(rec.step));
+  } else if (t.pipeline != nullptr) {
+    // --pipeline overlap: the last micro-batch's backward hands each completed bucket to the
+    // pipeline, which steps it speculatively with 1/loss_scale (this step's lr and number are
+    // known now); a failure undoes every speculative step.
+    if (t.trace != nullptr) t.trace->set_enabled(rec.step <= kTraceSteps);
+    UCP_RETURN_IF_ERROR(t.pipeline->Begin(t.optimizer_steps + 1,
+                                          static_cast<float>(t.sched.At(t.consumed + G)),
+                                          static_cast<float>(1.0 / t.scaler.scale)));
+    for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
+      const int64_t nb = std::min(t.micro_batch, range.second - first);
+      Result<Batch> b = t.MicroBatch(first, nb);
+      if (!b.ok()) {
+        t.pipeline->Cancel().IgnoreError();  // the step's own error is the one to report
+        return b.status();
+      }
+      Result<double> l = first + nb < range.second
+                             ? t.net->ForwardBackward(t.w32, t.grads, *b, grad_scale)
+                             : t.net->ForwardBackward(t.w32, t.grads, *b, grad_scale,
+                                                      t.pipeline->Hook());
+      if (!l.ok()) {
+        t.pipeline->Cancel().IgnoreError();
+        return l.status().WithContext("step " + std::to_string(rec.step));
+      }
+      loss_sum += *l;
+    }
   } else {
     for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
       const int64_t nb = std::min(t.micro_batch, range.second - first);
@@ -1281,6 +1360,24 @@ Result<StepRecord> Trainer::Step() {
   if (!t.scaler.Update(overflow)) {
     rec.skipped = true;
     t.skipped_steps += 1;
+    if (t.pipeline != nullptr) UCP_RETURN_IF_ERROR(t.pipeline->Finish({true, 1.0f}));
+  } else if (t.pipeline != nullptr) {
+    // Validation of the overlapped step: commit, or correct every speculative bucket in one fused
+    // pass with the multiplier the synchronous path applies below (bitwise its step).
+    double coef = 1.0 / rec.loss_scale;
+    if (t.cfg.clip_grad > 0 && rec.grad_norm > t.cfg.clip_grad) {
+      coef *= t.cfg.clip_grad / (rec.grad_norm + 1e-6);
+    }
+    t.optimizer_steps += 1;
+    UCP_RETURN_IF_ERROR(t.pipeline->Finish({false, static_cast<float>(coef)}), "optimizer step");
+    if (t.lowp()) {
+      t.WidenWeights();
+    } else {
+      for (const Piece& pc : t.block_pieces[0]) {
+        std::memcpy(t.w32.data() + pc.coff, t.master.data() + pc.foff,
+                    static_cast<size_t>(pc.n) * 4);
+      }
+    }
   } else {
     double coef = 1.0 / rec.loss_scale;
     if (t.cfg.clip_grad > 0 && rec.grad_norm > t.cfg.clip_grad) {
@@ -1337,6 +1434,9 @@ Result<StepRecord> Trainer::Step() {
     }
   }
   rec.seconds = Seconds(t0, Clock::now());
+  if (t.trace != nullptr && rec.step == kTraceSteps) {
+    UCP_RETURN_IF_ERROR(t.trace->Write(t.opts.trace), "--trace");
+  }
   return rec;
 }
 

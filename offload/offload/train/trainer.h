@@ -76,6 +76,13 @@ struct RunOptions {
   /// The processes training together, one per rank of the layout (dp x sp); null: this process
   /// alone. Every process calls Create, Step, Validate, Save and Wait in the same order.
   Communicator* comm = nullptr;
+  /// The optimizer pipeline (offload/engine, docs/offload.md): "sync" (Adam after backward) or
+  /// "overlap" (buckets stepped speculatively during backward, then committed, corrected for
+  /// clipping or undone; bitwise the same training, so it is not recorded and a resume may
+  /// change it). Overlap runs one process (dp=1, sp=1) without --deterministic.
+  std::string pipeline = "sync";
+  int gpu_tail_buckets = 0;      ///< overlap: buckets (the first layers) stepped on the device
+  std::filesystem::path trace;   ///< overlap: a Chrome trace of the first 3 steps, written here
 };
 
 /// One optimizer step's record (also a line of log.jsonl).

@@ -74,7 +74,9 @@ Trace RunSteps(Trainer& t, int64_t until, int64_t save_at = -1) {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (!r.ok()) break;
     tr.losses.push_back(r->loss);
-    if (t.step() == save_at) EXPECT_TRUE(t.Save().ok());
+    if (t.step() == save_at) {
+      EXPECT_TRUE(t.Save().ok());
+    }
   }
   EXPECT_TRUE(t.Wait().ok());
   tr.state = t.StateForTest();

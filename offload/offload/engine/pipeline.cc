@@ -1,0 +1,434 @@
+// The pipeline (pipeline.h): two worker threads stand for the device's copy stream and the host's
+// Adam dispatcher; the Adam itself runs on CpuAdam's own pool of adam_threads.
+#include "offload/engine/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "offload/optim/cpu_adam.h"
+#include "ucp/base/check.h"
+#include "ucp/base/status_macros.h"
+#include "ucp/tensor/float_bits.h"
+
+namespace ucp::offload {
+namespace {
+
+using Clock = TraceRecorder::Clock;
+
+class CpuBackend final : public PipelineBackend {
+ public:
+  bool GradToHost(const Bucket& bucket, std::span<const float> d_grad, std::span<float> h_grad,
+                  std::span<uint16_t> h_grad16, bool fp16_range) override {
+    bool ok = true;
+    for (const BucketPiece& pc : bucket.pieces) {
+      const float* src = d_grad.data() + pc.grad_offset;
+      float maxabs = 0.0f;
+      bool finite = true;
+      for (int64_t i = 0; i < pc.n; ++i) {
+        const float v = src[i];
+        finite = finite && std::isfinite(v);
+        maxabs = std::max(maxabs, std::fabs(v));
+      }
+      ok = ok && finite && !(fp16_range && maxabs > 65504.0f);
+      if (!h_grad16.empty()) {
+        uint16_t* dst = h_grad16.data() + pc.state_offset;
+        for (int64_t i = 0; i < pc.n; ++i) dst[i] = Bf16FromFloat(src[i]);
+      } else {
+        std::memcpy(h_grad.data() + pc.state_offset, src, static_cast<size_t>(pc.n) * 4);
+      }
+    }
+    return ok;
+  }
+  void WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
+                       std::span<uint16_t> d_weights) override {
+    for (const BucketPiece& pc : bucket.pieces) {
+      std::memcpy(d_weights.data() + pc.grad_offset, h_out.data() + pc.state_offset,
+                  static_cast<size_t>(pc.n) * 2);
+    }
+  }
+};
+
+enum class Fate : uint8_t { kPending, kSpeculated, kDeferred, kDevice };
+
+}  // namespace
+
+std::unique_ptr<PipelineBackend> CpuPipelineBackend() { return std::make_unique<CpuBackend>(); }
+
+struct Pipeline::Impl {
+  PipelineOptions opt;
+  std::vector<Bucket> buckets;
+  PipelineMemory mem;
+  std::unique_ptr<PipelineBackend> backend;
+  std::optional<CpuAdam> adam;
+  // Host staging: the gradient as it crossed the link, the snapshots, the updated low-precision
+  // weights on their way back; all in state order.
+  std::vector<float> h_grad, snap_p, snap_m, snap_v;
+  std::vector<uint16_t> h_grad16, h_out;
+  int num_cpu = 0;  // buckets [0, num_cpu) go through the host; the rest stay on the device
+
+  // The step in flight.
+  bool in_step = false;
+  int64_t step = 0;
+  float spec_scale = 1.0f;
+  std::vector<Fate> fate;
+  std::vector<char> handed, finite;
+  int num_handed = 0, cpu_handed = 0;
+  PipelineStats stats;
+  Clock::time_point mark, hook_made;
+
+  // The stages' queues; `done` counts host buckets the Adam stage has finished.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<int> copy_q, adam_q;
+  int done = 0;
+  bool stop = false;
+  Status error;
+  std::thread copy_thread, adam_thread;
+
+  void Trace(std::string name, const char* cat, TraceTrack track, Clock::time_point b) {
+    if (opt.trace != nullptr) opt.trace->Add(std::move(name), cat, track, b, Clock::now());
+  }
+
+  // Bucket k's Adam spans over the host gradient (or, for a device bucket, the device one).
+  void Spans(int k, bool device_grad, std::vector<AdamSpans>& out,
+             std::vector<AdamSnapshot>& snaps) {
+    out.clear();
+    snaps.clear();
+    for (const BucketPiece& pc : buckets[k].pieces) {
+      const size_t so = static_cast<size_t>(pc.state_offset), n = static_cast<size_t>(pc.n);
+      AdamSpans a;
+      a.param = mem.h_master.subspan(so, n);
+      a.exp_avg = mem.h_exp_avg.subspan(so, n);
+      a.exp_avg_sq = mem.h_exp_avg_sq.subspan(so, n);
+      if (device_grad) {
+        a.grad = GradSpan::Fp32(mem.d_grad.subspan(static_cast<size_t>(pc.grad_offset), n));
+      } else if (opt.bf16_link) {
+        a.grad = GradSpan::Bf16(std::span<const uint16_t>(h_grad16).subspan(so, n));
+      } else {
+        a.grad = GradSpan::Fp32(std::span<const float>(h_grad).subspan(so, n));
+      }
+      if (opt.weights != LowpDType::kFp32) {
+        a.out = {opt.weights, std::span<uint16_t>(h_out).subspan(so, n)};
+      }
+      out.push_back(a);
+      snaps.push_back({std::span<float>(snap_p).subspan(so, n),
+                       std::span<float>(snap_m).subspan(so, n),
+                       std::span<float>(snap_v).subspan(so, n),
+                       {}});
+    }
+  }
+
+  void CopyLoop() {
+    for (;;) {
+      int k;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !copy_q.empty(); });
+        if (stop) return;
+        k = copy_q.front();
+        copy_q.pop_front();
+      }
+      const auto t0 = Clock::now();
+      const bool ok = backend->GradToHost(buckets[k], mem.d_grad, h_grad, h_grad16,
+                                          opt.fp16_range_check);
+      Trace("grad->host " + buckets[k].name, "transfer", TraceTrack::kTransfer, t0);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        finite[k] = ok;
+        adam_q.push_back(k);
+      }
+      cv.notify_all();
+    }
+  }
+
+  void AdamLoop() {
+    std::vector<AdamSpans> spans;
+    std::vector<AdamSnapshot> snaps;
+    for (;;) {
+      int k;
+      bool ok;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !adam_q.empty(); });
+        if (stop) return;
+        k = adam_q.front();
+        adam_q.pop_front();
+        ok = finite[k];
+      }
+      Status st;
+      Fate f = Fate::kDeferred;
+      if (ok) {
+        // Speculative: the pre-step state saved in the same pass, 1/loss_scale folded in.
+        const auto t0 = Clock::now();
+        Spans(k, false, spans, snaps);
+        st = adam->StepBucketFused(step, spans, snaps, CpuAdam::SnapshotUse::kSave, spec_scale);
+        Trace("adam " + buckets[k].name, "speculative", TraceTrack::kCpuAdam, t0);
+        f = Fate::kSpeculated;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (st.ok()) {
+          fate[k] = f;
+        } else if (error.ok()) {
+          error = st;
+        }
+        done += 1;
+      }
+      cv.notify_all();
+    }
+  }
+
+  // Waits until the Adam stage has finished every host bucket handed over.
+  Status Drain() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done == cpu_handed; });
+    return error;
+  }
+
+  Status Undo() {
+    std::vector<AdamSpans> spans;
+    std::vector<AdamSnapshot> snaps;
+    for (int k = 0; k < num_cpu; ++k) {
+      if (fate[k] != Fate::kSpeculated) continue;
+      const auto t0 = Clock::now();
+      Spans(k, false, spans, snaps);
+      UCP_RETURN_IF_ERROR(adam->RollbackBucket(spans, snaps), "undoing bucket " + buckets[k].name);
+      Trace("undo " + buckets[k].name, "validate", TraceTrack::kValidate, t0);
+      stats.rolled_back += 1;
+    }
+    return Status::Ok();
+  }
+};
+
+Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Pipeline::~Pipeline() {
+  if (impl_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->copy_thread.joinable()) impl_->copy_thread.join();
+  if (impl_->adam_thread.joinable()) impl_->adam_thread.join();
+}
+
+Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& options,
+                                                   std::vector<Bucket> buckets,
+                                                   const PipelineMemory& memory,
+                                                   std::unique_ptr<PipelineBackend> backend) {
+  if (backend == nullptr) return InvalidArgumentError("pipeline: no backend");
+  if (options.adam_threads < 1) {
+    return InvalidArgumentError("pipeline: adam_threads is " +
+                                std::to_string(options.adam_threads) + ", must be >= 1");
+  }
+  const int nb = static_cast<int>(buckets.size());
+  if (options.gpu_tail_buckets < 0 || options.gpu_tail_buckets > nb) {
+    return InvalidArgumentError("pipeline: gpu_tail_buckets is " +
+                                std::to_string(options.gpu_tail_buckets) + ", must be in [0, " +
+                                std::to_string(nb) + "] (the number of buckets)");
+  }
+  const int64_t states = static_cast<int64_t>(memory.h_master.size());
+  const int64_t grads = static_cast<int64_t>(memory.d_grad.size());
+  if (static_cast<int64_t>(memory.h_exp_avg.size()) != states ||
+      static_cast<int64_t>(memory.h_exp_avg_sq.size()) != states) {
+    return InvalidArgumentError("pipeline: master, exp_avg and exp_avg_sq differ in size");
+  }
+  const bool lowp = options.weights != LowpDType::kFp32;
+  if (lowp != (static_cast<int64_t>(memory.d_weights.size()) == grads)) {
+    return InvalidArgumentError("pipeline: device weights hold " +
+                                std::to_string(memory.d_weights.size()) + " values for " +
+                                std::to_string(grads) + " gradients (training dtype " +
+                                std::string(LowpDTypeName(options.weights)) + ")");
+  }
+  for (const Bucket& b : buckets) {
+    for (const BucketPiece& pc : b.pieces) {
+      if (pc.n < 0 || pc.grad_offset < 0 || pc.state_offset < 0 ||
+          pc.grad_offset + pc.n > grads || pc.state_offset + pc.n > states) {
+        return InvalidArgumentError("pipeline: bucket " + b.name + " has a piece of " +
+                                    std::to_string(pc.n) + " elements at gradient offset " +
+                                    std::to_string(pc.grad_offset) + " / state offset " +
+                                    std::to_string(pc.state_offset) + " outside " +
+                                    std::to_string(grads) + " / " + std::to_string(states));
+      }
+    }
+  }
+  auto impl = std::make_unique<Impl>();
+  Impl& p = *impl;
+  p.opt = options;
+  p.buckets = std::move(buckets);
+  p.mem = memory;
+  p.backend = std::move(backend);
+  p.num_cpu = nb - options.gpu_tail_buckets;
+  UCP_ASSIGN_OR_RETURN(CpuAdam adam, CpuAdam::Create(options.adam, options.adam_threads),
+                       "pipeline adam");
+  p.adam.emplace(std::move(adam));
+  try {
+    p.snap_p.assign(static_cast<size_t>(states), 0.0f);
+    p.snap_m.assign(p.snap_p.size(), 0.0f);
+    p.snap_v.assign(p.snap_p.size(), 0.0f);
+    if (options.bf16_link) {
+      p.h_grad16.assign(p.snap_p.size(), 0);
+    } else {
+      p.h_grad.assign(p.snap_p.size(), 0.0f);
+    }
+    if (lowp) p.h_out.assign(p.snap_p.size(), 0);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("pipeline: host buffers for " + std::to_string(states) +
+                                  " state elements do not fit in memory");
+  }
+  p.fate.assign(static_cast<size_t>(nb), Fate::kPending);
+  p.handed.assign(p.fate.size(), 0);
+  p.finite.assign(p.fate.size(), 0);
+  auto out = std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
+  Impl* ip = out->impl_.get();
+  ip->copy_thread = std::thread([ip] { ip->CopyLoop(); });
+  ip->adam_thread = std::thread([ip] { ip->AdamLoop(); });
+  return out;
+}
+
+const std::vector<Bucket>& Pipeline::buckets() const { return impl_->buckets; }
+PipelineStats Pipeline::last_stats() const { return impl_->stats; }
+
+Status Pipeline::Begin(int64_t step, float lr, float speculative_grad_scale) {
+  Impl& p = *impl_;
+  if (p.in_step) return FailedPreconditionError("pipeline: step " + std::to_string(p.step) +
+                                                " is still in flight (Finish or Cancel it)");
+  UCP_RETURN_IF_ERROR(p.adam->set_lr(lr), "pipeline step " + std::to_string(step));
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.in_step = true;
+  p.step = step;
+  p.spec_scale = speculative_grad_scale;
+  std::fill(p.fate.begin(), p.fate.end(), Fate::kPending);
+  std::fill(p.handed.begin(), p.handed.end(), 0);
+  p.num_handed = p.cpu_handed = p.done = 0;
+  p.error = Status::Ok();
+  p.stats = {};
+  if (p.opt.trace != nullptr) p.opt.trace->set_step(step);
+  return Status::Ok();
+}
+
+void Pipeline::BucketReady(int k) {
+  Impl& p = *impl_;
+  UCP_CHECK(p.in_step && k >= 0 && k < static_cast<int>(p.buckets.size()) && !p.handed[k])
+      << "pipeline: bucket " << k << " handed over outside a step or twice";
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.handed[k] = 1;
+    p.num_handed += 1;
+    if (k < p.num_cpu) {
+      p.cpu_handed += 1;
+      p.copy_q.push_back(k);
+    } else {
+      p.fate[k] = Fate::kDevice;
+    }
+  }
+  p.cv.notify_all();
+}
+
+BackwardHook Pipeline::Hook() {
+  Impl* p = impl_.get();
+  p->hook_made = p->mark = Clock::now();
+  BackwardHook h;
+  h.on_backward_begin = [p] {
+    p->Trace("forward", "compute", TraceTrack::kBackward, p->hook_made);
+    p->mark = Clock::now();
+  };
+  h.on_group_done = [this, p](int k) {
+    p->Trace("backward " + p->buckets[k].name, "compute", TraceTrack::kBackward, p->mark);
+    p->mark = Clock::now();
+    BucketReady(k);
+  };
+  return h;
+}
+
+Status Pipeline::Finish(const Validation& v) {
+  Impl& p = *impl_;
+  if (!p.in_step) return FailedPreconditionError("pipeline: Finish without Begin");
+  if (p.num_handed != static_cast<int>(p.buckets.size())) {
+    UCP_RETURN_IF_ERROR(Cancel());
+    return FailedPreconditionError("pipeline: " + std::to_string(p.num_handed) + " of " +
+                                   std::to_string(p.buckets.size()) +
+                                   " buckets were handed over before Finish");
+  }
+  const auto t_wait = Clock::now();
+  Status drained = p.Drain();
+  p.Trace("wait for cpu adam", "validate", TraceTrack::kValidate, t_wait);
+  if (!drained.ok()) {
+    UCP_RETURN_IF_ERROR(p.Undo());
+    p.in_step = false;
+    return drained;
+  }
+  for (int k = 0; k < p.num_cpu; ++k) p.stats.speculated += p.fate[k] == Fate::kSpeculated;
+  if (v.skip) {
+    for (int k = 0; k < p.num_cpu; ++k) p.stats.deferred += p.fate[k] == Fate::kDeferred;
+    Status st = p.Undo();
+    p.in_step = false;
+    return st;
+  }
+  std::vector<AdamSpans> spans;
+  std::vector<AdamSnapshot> snaps;
+  uint32_t a, b;
+  std::memcpy(&a, &v.grad_scale, 4);
+  std::memcpy(&b, &p.spec_scale, 4);
+  const bool same_scale = a == b;
+  Status st;
+  for (int k = 0; k < static_cast<int>(p.buckets.size()) && st.ok(); ++k) {
+    const auto t0 = Clock::now();
+    const std::string& name = p.buckets[k].name;
+    switch (p.fate[k]) {
+      case Fate::kSpeculated:
+        if (same_scale) {
+          p.stats.committed += 1;
+        } else {
+          // The clip correction: one pass from the snapshot with the final multiplier.
+          p.Spans(k, false, spans, snaps);
+          st = p.adam->StepBucketFused(p.step, spans, snaps, CpuAdam::SnapshotUse::kSource,
+                                       v.grad_scale);
+          p.Trace("correct " + name, "validate", TraceTrack::kValidate, t0);
+          p.stats.corrected += 1;
+        }
+        break;
+      case Fate::kDeferred:
+        p.Spans(k, false, spans, snaps);
+        st = p.adam->StepBucketFused(p.step, spans, {}, CpuAdam::SnapshotUse::kNone, v.grad_scale);
+        p.Trace("deferred " + name, "validate", TraceTrack::kValidate, t0);
+        p.stats.deferred += 1;
+        break;
+      case Fate::kDevice:
+        p.Spans(k, true, spans, snaps);
+        st = p.adam->StepBucketFused(p.step, spans, {}, CpuAdam::SnapshotUse::kNone, v.grad_scale);
+        p.Trace("adam " + name, "device", TraceTrack::kDeviceAdam, t0);
+        p.stats.device += 1;
+        break;
+      case Fate::kPending:
+        UCP_CHECK(false) << "pipeline: bucket " << name << " was never processed";
+    }
+  }
+  p.in_step = false;
+  UCP_RETURN_IF_ERROR(st, "pipeline step " + std::to_string(p.step));
+  if (p.opt.weights != LowpDType::kFp32) {
+    const auto t0 = Clock::now();
+    for (const Bucket& bk : p.buckets) p.backend->WeightsToDevice(bk, p.h_out, p.mem.d_weights);
+    p.Trace("weights->device", "transfer", TraceTrack::kTransfer, t0);
+  }
+  return Status::Ok();
+}
+
+Status Pipeline::Cancel() {
+  Impl& p = *impl_;
+  if (!p.in_step) return Status::Ok();
+  Status drained = p.Drain();
+  Status undone = p.Undo();
+  p.in_step = false;
+  UCP_RETURN_IF_ERROR(drained);
+  return undone;
+}
+
+}  // namespace ucp::offload

@@ -1,0 +1,146 @@
+// The offloaded optimizer pipeline (issue 12; docs/offload.md, "The pipeline (CPU twin)").
+//
+// Gradients live on the device; fp32 masters and Adam states on the host. Backward completes the
+// gradients bucket by bucket (a bucket is one grad group of the model: a layer, the head or the
+// embeddings, so a whole optimizer sub-group aligned to layers). As soon as a bucket is complete:
+//   1. the copy stream moves it host-ward (fp32, or cast to bf16 to model a narrow link) and
+//      checks it is finite (fp16: also within fp16's range);
+//   2. the CPU Adam steps it SPECULATIVELY, with the gradient multiplier known before backward
+//      (1 / loss_scale) folded in, saving the pre-step state into a snapshot in the same pass; a
+//      bucket that failed the check is never stepped (deferred to validation);
+// while backward goes on. The last `gpu_tail_buckets` buckets (the first layers and the
+// embeddings, which backward finishes last) stay on the device and are stepped after backward.
+// Once the global gradient norm and the overflow check are known (validation), Finish:
+//   - commits (the final multiplier equals the speculative one: nothing to do);
+//   - corrects for clipping in ONE fused pass per bucket (AdamStepFused reading the snapshot with
+//     the final multiplier): bitwise the direct clipped step, so the correction has no error;
+//   - or undoes the step exactly for an overflow (the snapshot copied back, bitwise).
+// Then the updated low-precision weights go device-ward. So the pipeline's training is bitwise
+// the synchronous trainer's (tested over steps, GPT and LLaMA, bf16 and fp16, clipping on).
+//
+// Backends: the stages' data movement is behind PipelineBackend. CpuPipelineBackend ("the CPU
+// twin") uses host buffers as device memory and the pipeline's threads as streams; a CUDA backend
+// implements the same calls with async copies on a copy stream and events.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "offload/engine/trace.h"
+#include "offload/model/model.h"
+#include "offload/optim/adam.h"
+#include "ucp/base/result.h"
+#include "ucp/base/status.h"
+
+namespace ucp::offload {
+
+/// Elements [grad_offset, grad_offset + n) of the device gradient (and weights), model order, are
+/// elements [state_offset, state_offset + n) of the host optimizer state.
+struct BucketPiece {
+  int64_t grad_offset = 0;
+  int64_t state_offset = 0;
+  int64_t n = 0;
+};
+
+/// A unit of reduction, transfer and optimizer step.
+struct Bucket {
+  std::string name;
+  std::vector<BucketPiece> pieces;
+};
+
+/// The memory the pipeline steps (caller-owned, kept alive while the pipeline lives).
+struct PipelineMemory {
+  std::span<const float> d_grad;  ///< device gradients, model order
+  std::span<uint16_t> d_weights;  ///< device bf16/fp16 weights, model order; empty for fp32
+  std::span<float> h_master;      ///< host fp32 masters, state order
+  std::span<float> h_exp_avg;
+  std::span<float> h_exp_avg_sq;
+};
+
+struct PipelineOptions {
+  AdamConfig adam;
+  int adam_threads = 1;       ///< the CPU Adam's worker pool
+  int gpu_tail_buckets = 0;   ///< the buckets backward completes last that stay on the device
+  bool bf16_link = false;     ///< gradients cross the link as bf16 (RNE): not bitwise the sync path
+  LowpDType weights = LowpDType::kBf16;  ///< training dtype (kFp32: no low-precision copy)
+  bool fp16_range_check = false;         ///< a |gradient| > 65504 is an overflow (fp16 training)
+  TraceRecorder* trace = nullptr;        ///< optional, not owned
+};
+
+/// What validation decided for the step (Pipeline::Finish).
+struct Validation {
+  bool skip = false;        ///< overflow: undo every speculative step, update nothing
+  float grad_scale = 1.0f;  ///< the final gradient multiplier (1 / loss_scale x clip factor)
+};
+
+/// What the last step did, per bucket kind (for logs and tests).
+struct PipelineStats {
+  int speculated = 0;   ///< stepped during backward
+  int committed = 0;    ///< speculative steps kept as they were
+  int corrected = 0;    ///< speculative steps re-taken from the snapshot (clipping)
+  int rolled_back = 0;  ///< speculative steps undone (overflow)
+  int deferred = 0;     ///< buckets with a non-finite (or fp16-overflowing) gradient: not stepped
+  int device = 0;       ///< tail buckets stepped on the device after validation
+};
+
+/// The data movement of the stages. Each call handles one bucket and returns when it is done (on
+/// a GPU: when the copy stream has finished it).
+class PipelineBackend {
+ public:
+  virtual ~PipelineBackend() = default;
+  /// Gradient device -> host: the bucket's pieces of `d_grad` into `h_grad` (fp32) or `h_grad16`
+  /// (bf16 bits, RNE) at their state offsets. Returns whether every value is finite (and, with
+  /// `fp16_range`, at most 65504 in magnitude).
+  virtual bool GradToHost(const Bucket& bucket, std::span<const float> d_grad,
+                          std::span<float> h_grad, std::span<uint16_t> h_grad16,
+                          bool fp16_range) = 0;
+  /// Weights host -> device: the bucket's pieces of `h_out` (state order) into `d_weights`.
+  virtual void WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
+                               std::span<uint16_t> d_weights) = 0;
+};
+
+/// The CPU twin's backend: plain copies between host buffers.
+std::unique_ptr<PipelineBackend> CpuPipelineBackend();
+
+class Pipeline {
+ public:
+  /// `buckets` in the order backward completes them; their pieces must lie inside the memory's
+  /// spans and not overlap. Starts the copy-stream and Adam threads.
+  /// Errors: kInvalidArgument (a piece out of range, options), kResourceExhausted.
+  static Result<std::unique_ptr<Pipeline>> Create(const PipelineOptions& options,
+                                                  std::vector<Bucket> buckets,
+                                                  const PipelineMemory& memory,
+                                                  std::unique_ptr<PipelineBackend> backend);
+  ~Pipeline();
+
+  const std::vector<Bucket>& buckets() const;
+
+  /// Starts a step: its 1-based optimizer step number, learning rate, and the gradient multiplier
+  /// known before backward (1 / loss_scale). Errors: kFailedPrecondition (a step in flight),
+  /// kInvalidArgument (lr).
+  Status Begin(int64_t step, float lr, float speculative_grad_scale);
+  /// Bucket k's gradient is complete on the device: hand it to the copy stream. Non-blocking.
+  void BucketReady(int k);
+  /// A BackwardHook that calls BucketReady for grad group k (buckets built one per grad group)
+  /// and records forward/backward events in the trace.
+  BackwardHook Hook();
+  /// Waits for every bucket, then commits, corrects or undoes (see the file comment) and moves
+  /// the updated weights device-ward. Every bucket must have been handed over (BucketReady).
+  /// Errors: kFailedPrecondition (no step begun; a bucket never handed over), the Adam's errors.
+  Status Finish(const Validation& validation);
+  /// Abandons the step in flight (backward failed): waits for the stages and undoes every
+  /// speculative step. A no-op without a step in flight.
+  Status Cancel();
+
+  PipelineStats last_stats() const;
+
+ private:
+  struct Impl;
+  explicit Pipeline(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ucp::offload

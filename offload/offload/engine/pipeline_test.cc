@@ -1,0 +1,180 @@
+// Tests of the pipeline on synthetic buckets (the trainer-level equalities are in
+// offload/train/trainer_test.cc): commit and clip correction equal the direct step bitwise, an
+// overflow restores every state bit, a non-finite bucket is never stepped, tail buckets are
+// stepped on the "device", and the trace is valid JSON.
+#include "offload/engine/pipeline.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "offload/optim/cpu_adam.h"
+#include "tests/testutil/status_matchers.h"
+#include "ucp/json/strict_json.h"
+
+namespace ucp::offload {
+namespace {
+
+using ::testing::HasSubstr;
+using ::ucp::testing::StatusIs;
+
+// A model of 3 buckets whose pieces sit at other offsets in the state than in the gradient (as
+// the ZeRO group buffers put matrices and biases apart).
+struct World {
+  static constexpr int64_t kN = 40000;
+  std::vector<float> grad, master, m, v;
+  std::vector<uint16_t> weights;
+  std::vector<Bucket> buckets;
+  explicit World(uint64_t seed) : grad(kN), master(kN), m(kN), v(kN), weights(kN) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int64_t i = 0; i < kN; ++i) {
+      grad[i] = 1e3f * nd(rng);
+      master[i] = nd(rng);
+      m[i] = 1e-1f * nd(rng);
+      v[i] = 1e-2f * std::fabs(nd(rng));
+    }
+    // Gradient order: [0, 20000) bucket "layers.1", [20000, 30000) "layers.0", rest "embedding";
+    // state order reversed in blocks.
+    buckets = {{"layers.1", {{0, 20000, 15000}, {15000, 5000, 5000}}},
+               {"layers.0", {{20000, 10000, 10000}}},
+               {"embedding", {{30000, 0, 5000}, {35000, 35000, 5000}}}};
+  }
+  PipelineMemory Memory() { return {grad, weights, master, m, v}; }
+  // The synchronous path: g *= scale in fp32, then one AdamStep over every piece.
+  void DirectStep(int64_t step, float lr, float scale) {
+    std::vector<float> g = grad;
+    for (float& x : g) x *= scale;
+    AdamConfig c = Config();
+    c.lr = lr;
+    for (const Bucket& b : buckets) {
+      for (const BucketPiece& pc : b.pieces) {
+        AdamSpans a;
+        a.param = std::span(master).subspan(pc.state_offset, pc.n);
+        a.grad = GradSpan::Fp32(std::span<const float>(g).subspan(pc.grad_offset, pc.n));
+        a.exp_avg = std::span(m).subspan(pc.state_offset, pc.n);
+        a.exp_avg_sq = std::span(v).subspan(pc.state_offset, pc.n);
+        a.out = LowpOutSpan::Bf16(std::span(weights).subspan(pc.grad_offset, pc.n));
+        ASSERT_TRUE(AdamStep(c, step, a).ok());
+      }
+    }
+  }
+  bool SameState(const World& o) const {
+    auto same = [](const auto& a, const auto& b) {
+      return std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    return same(master, o.master) && same(m, o.m) && same(v, o.v) && same(weights, o.weights);
+  }
+  static AdamConfig Config() {
+    AdamConfig c;
+    c.beta2 = 0.95f;
+    c.weight_decay = 0.1f;
+    return c;
+  }
+};
+
+std::unique_ptr<Pipeline> Make(World& w, int tail, TraceRecorder* trace = nullptr) {
+  PipelineOptions o;
+  o.adam = World::Config();
+  o.adam_threads = 2;
+  o.gpu_tail_buckets = tail;
+  o.trace = trace;
+  auto p = Pipeline::Create(o, w.buckets, w.Memory(), CpuPipelineBackend());
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return std::move(*p);
+}
+
+void RunStep(Pipeline& p, int64_t step, float lr, float spec, const Validation& v) {
+  UCP_ASSERT_OK(p.Begin(step, lr, spec));
+  for (int k = 0; k < static_cast<int>(p.buckets().size()); ++k) p.BucketReady(k);
+  UCP_ASSERT_OK(p.Finish(v));
+}
+
+TEST(Pipeline, CommitAndClipCorrectionEqualTheDirectStepBitwise) {
+  const float spec = 1.0f / 1024.0f;
+  for (int tail : {0, 1}) {
+    for (float final_scale : {spec, static_cast<float>(0.3 / 1024.0)}) {
+      SCOPED_TRACE(::testing::Message() << "tail " << tail << " scale " << final_scale);
+      World direct(5), piped(5);
+      for (int64_t step = 1; step <= 3; ++step) direct.DirectStep(step, 1e-3f, final_scale);
+      auto p = Make(piped, tail);
+      for (int64_t step = 1; step <= 3; ++step) {
+        RunStep(*p, step, 1e-3f, spec, {false, final_scale});
+      }
+      EXPECT_TRUE(piped.SameState(direct));
+      const PipelineStats s = p->last_stats();
+      EXPECT_EQ(s.speculated, 3 - tail);
+      EXPECT_EQ(s.device, tail);
+      EXPECT_EQ(final_scale == spec ? s.committed : s.corrected, 3 - tail);
+    }
+  }
+}
+
+TEST(Pipeline, OverflowUndoesEveryBitAndANonFiniteBucketIsNeverStepped) {
+  World w(7);
+  auto p = Make(w, 0);
+  RunStep(*p, 1, 1e-3f, 1.0f, {false, 1.0f});  // some history first
+  w.grad[20000 + 17] = NAN;                     // bucket "layers.0"
+  w.grad[3] = INFINITY;                         // bucket "layers.1"
+  World before = w;
+  RunStep(*p, 2, 1e-3f, 1.0f, {true, 1.0f});
+  EXPECT_TRUE(w.SameState(before));
+  PipelineStats s = p->last_stats();
+  EXPECT_EQ(s.speculated, 1);  // only "embedding" was finite
+  EXPECT_EQ(s.deferred, 2);
+  EXPECT_EQ(s.rolled_back, 1);
+  // After the undo the pipeline takes the next step as if the bad one never happened.
+  w.grad = World(7).grad;
+  World direct(7);
+  direct.DirectStep(1, 1e-3f, 1.0f);
+  direct.DirectStep(2, 1e-3f, 1.0f);
+  RunStep(*p, 2, 1e-3f, 1.0f, {false, 1.0f});
+  EXPECT_TRUE(w.SameState(direct));
+}
+
+TEST(Pipeline, RefusesBadOptionsAndUnfinishedSteps) {
+  World w(9);
+  PipelineOptions o;
+  o.adam = World::Config();
+  o.gpu_tail_buckets = 4;
+  EXPECT_THAT(Pipeline::Create(o, w.buckets, w.Memory(), CpuPipelineBackend()).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("gpu_tail_buckets")));
+  o.gpu_tail_buckets = 0;
+  std::vector<Bucket> bad = w.buckets;
+  bad[1].pieces[0].n = World::kN;
+  EXPECT_THAT(Pipeline::Create(o, bad, w.Memory(), CpuPipelineBackend()).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("layers.0")));
+  auto p = Make(w, 0);
+  World before = w;
+  UCP_ASSERT_OK(p->Begin(1, 1e-3f, 1.0f));
+  EXPECT_THAT(p->Begin(1, 1e-3f, 1.0f), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("in flight")));
+  p->BucketReady(0);
+  EXPECT_THAT(p->Finish({false, 1.0f}),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("1 of 3 buckets")));
+  EXPECT_TRUE(w.SameState(before));  // the speculative step of bucket 0 was undone
+}
+
+TEST(Pipeline, TraceIsChromeJsonWithEveryStage) {
+  World w(11);
+  TraceRecorder trace;
+  auto p = Make(w, 1, &trace);
+  RunStep(*p, 1, 1e-3f, 1.0f, {false, 0.5f});
+  auto j = ucp::json::ParseStrict(trace.ToJson(), "trace", StatusCode::kDataLoss);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  std::set<int> tracks;
+  for (const auto& e : (*j)["traceEvents"]) {
+    if (e["ph"] == "X") tracks.insert(e["tid"].get<int>());
+  }
+  EXPECT_TRUE(tracks.count(static_cast<int>(TraceTrack::kTransfer)));
+  EXPECT_TRUE(tracks.count(static_cast<int>(TraceTrack::kCpuAdam)));
+  EXPECT_TRUE(tracks.count(static_cast<int>(TraceTrack::kDeviceAdam)));
+  EXPECT_TRUE(tracks.count(static_cast<int>(TraceTrack::kValidate)));
+}
+
+}  // namespace
+}  // namespace ucp::offload
