@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates the venv of the peer tests (tests/peer, docs/peers.md): the real DeepSpeed, pinned in
-# tools/peer-requirements.txt, over Debian's python3-torch. Lives at
+# tools/peer-requirements.txt, and transformers + safetensors for the Hugging Face peer test, over
+# Debian's python3-torch. Lives at
 # ${UCP_PEER_VENV:-$HOME/.cache/ucp/peer-venv}. Idempotent: when the venv was made from the same
 # requirements it does nothing. Needs PyPI (or PIP_INDEX_URL) the first time, and python3-venv
 # (tools/setup.sh installs it).
@@ -31,11 +32,12 @@ if ! "${pip[@]}" install --no-deps --ignore-installed "$typing_pin" ||
        "(ctest -L peer) need them; everything else runs without (ctest -LE peer)." >&2
   exit 1
 fi
-# The venv is only good if DeepSpeed imports on this torch.
-if ! "$venv/bin/python" -c "import deepspeed" >/dev/null 2>&1; then
-  "$venv/bin/python" -c "import deepspeed" >&2 || true
+# The venv is only good if DeepSpeed and transformers' model classes import on this torch.
+check="import deepspeed, safetensors.torch; from transformers import GPT2LMHeadModel, LlamaForCausalLM"
+if ! "$venv/bin/python" -c "$check" >/dev/null 2>&1; then
+  "$venv/bin/python" -c "$check" >&2 || true
   rm -rf "$venv"
-  echo "setup_peers: deepspeed does not import in $venv (error above)" >&2
+  echo "setup_peers: deepspeed or transformers does not import in $venv (error above)" >&2
   exit 1
 fi
 cp "$req" "$stamp"

@@ -11,13 +11,14 @@ Status RunDiff(const po::variables_map& vm, CommandIo& io) {
   UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, "diff"));
   const double atol = vm["atol"].as<double>();
   if (!(atol >= 0)) return InvalidArgumentError("--atol must be >= 0");
-  // --model names the model of whichever side is a DeepSpeed folder.
+  // --model names the model of whichever side does not record one (a DeepSpeed folder).
   const std::string model = vm["model"].as<std::string>();
   UCP_ASSIGN_OR_RETURN(auto a, OpenCheckpoint(vm["a"].as<std::string>(), "A", model, true));
   UCP_ASSIGN_OR_RETURN(auto b, OpenCheckpoint(vm["b"].as<std::string>(), "B", model, true));
-  if (!model.empty() && a->meta().format != api::Format::kDeepSpeed &&
-      b->meta().format != api::Format::kDeepSpeed) {
-    return InvalidArgumentError("--model applies to DeepSpeed checkpoints; neither A nor B is one");
+  if (!model.empty() && !a->meta().model_from_options && !b->meta().model_from_options) {
+    return InvalidArgumentError(
+        "--model applies to DeepSpeed checkpoints (formats that do not record their model); "
+        "neither A nor B is one");
   }
   UCP_ASSIGN_OR_RETURN(api::DiffResult r, api::Diff(*a, *b, atol, setup->options));
   if (!r.equal) {

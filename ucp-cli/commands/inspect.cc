@@ -42,7 +42,7 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   for (const auto& t : stored) stored_bytes += NumElementsOrDie(t.shape) * DTypeSizeBytes(t.dtype);
   for (const auto& p : m.model.params) numel += NumElementsOrDie(p.shape);
   if (vm.count("json")) {
-    io.out << "{\n  \"format\": " << Quote(std::string(api::FormatName(m.format)))
+    io.out << "{\n  \"format\": " << Quote(m.format)
            << ",\n  \"layout\": " << Quote(layout::ToString(m.layout));
     if (!m.framework.empty()) {
       io.out << ",\n  \"source_framework\": " << Quote(m.framework)
@@ -67,7 +67,7 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
     io.out << "\n  ]\n}\n";
     return Status::Ok();
   }
-  io.out << "format:     " << api::FormatName(m.format) << "\n";
+  io.out << "format:     " << m.format << "\n";
   if (!m.framework.empty()) {
     // A foreign checkpoint: its own layout, and the ucp layout the planner reads it as.
     io.out << "source:     " << m.framework << " " << m.source_layout << " (" << m.source_notes

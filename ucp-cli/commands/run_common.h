@@ -1,16 +1,19 @@
 // Shared pieces of the checkpoint subcommands: --threads / --memory-limit, the progress bar
-// (stderr, terminals only) and opening a checkpoint with the data folder.
+// (stderr, terminals only), opening a checkpoint with the data folder, and `--format F` with the
+// options each writing format declares (api/format.h): no command knows a format by name.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "ucp-cli/command.h"
 #include "ucp/api/checkpoint.h"
-#include "ucp/api/deepspeed_writer.h"
+#include "ucp/api/format.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/exec/executor.h"
 #include "ucp/layout/layout.h"
@@ -65,8 +68,9 @@ inline void AddModelOption(po::options_description& opts) {
                      "Megatron args and the shapes)");
 }
 
-/// Opens a checkpoint of any format; `model` (--model) is for DeepSpeed folders only, and is an
-/// error for another format unless `model_may_not_apply` (diff: it names one side's model).
+/// Opens a checkpoint of any format; `model` (--model) is for formats that do not record their
+/// model (DeepSpeed), and is an error for another format unless `model_may_not_apply` (diff: it
+/// names one side's model).
 inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(
     const std::string& path, const std::string& what, const std::string& model = "",
     bool model_may_not_apply = false) {
@@ -74,10 +78,11 @@ inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(
   options.model = model;
   UCP_ASSIGN_OR_RETURN(auto src, api::CheckpointSource::Open(path, api::UcpDataDir(), options),
                        what);
-  if (!model.empty() && !model_may_not_apply && src->meta().format != api::Format::kDeepSpeed) {
-    return InvalidArgumentError("--model applies to DeepSpeed checkpoints; " + what + " " + path +
-                                " is " + std::string(api::FormatName(src->meta().format)) +
-                                " and records its model");
+  if (!model.empty() && !model_may_not_apply && !src->meta().model_from_options) {
+    return InvalidArgumentError(
+        "--model applies to DeepSpeed checkpoints (formats that do not "
+        "record their model); " +
+        what + " " + path + " is " + src->meta().format + " and records its model");
   }
   return src;
 }
@@ -88,35 +93,59 @@ inline std::string Gib(int64_t bytes) {
   return buf;
 }
 
-/// The options of `--format deepspeed` (reshard and convert).
-inline void AddDeepSpeedOutputOptions(po::options_description& opts, bool with_model_states_from) {
-  opts.add_options()("optimizer", po::value<std::string>()->default_value(""),
-                     "--format deepspeed: zero (DeepSpeedZeroOptimizer files) or bf16 "
-                     "(BF16_Optimizer: bf16 at zero=1); default: the source's, else zero")(
-      "naming", po::value<std::string>()->default_value(""),
-      "--format deepspeed: megatron-pipe (GPTModelPipe), megatron-gpt (GPTModel) or plain; "
-      "default: the source's recorded naming, else megatron-pipe")(
-      "tag", po::value<std::string>()->default_value(""),
-      "--format deepspeed: the tag folder (default: the source's, else global_step<iteration>)");
-  if (with_model_states_from) {
-    opts.add_options()("model-states-from", po::value<std::string>()->default_value(""),
-                       "a DeepSpeed tag folder whose client state (args, scheduler, RNG, "
-                       "optimizer hyper-parameters) is carried over");
+/// `--format` (default `default_format`) and the options of every writing format, each once.
+inline void AddFormatOptions(po::options_description& opts, const std::string& default_format) {
+  const api::FormatRegistry& formats = api::Formats();
+  std::string help = "output format:";
+  for (const api::CheckpointFormat* f : formats.formats()) {
+    if (f->writes()) help += " " + std::string(f->name()) + " (" + std::string(f->summary()) + ");";
+  }
+  help.back() = '.';
+  opts.add_options()("format", po::value<std::string>()->default_value(default_format),
+                     help.c_str());
+  std::vector<std::string> seen;
+  for (const api::CheckpointFormat* f : formats.formats()) {
+    for (const api::FormatOption& o : f->write_options()) {
+      if (std::find(seen.begin(), seen.end(), o.name) != seen.end()) continue;
+      seen.push_back(o.name);
+      opts.add_options()(o.name.c_str(), po::value<std::string>()->default_value(o.default_value),
+                         o.help.c_str());
+    }
   }
 }
 
-/// Runs `--format deepspeed` for reshard and convert.
-inline Status RunDeepSpeedOutput(const po::variables_map& vm, CommandIo& io, RunSetup& setup,
-                                 const api::CheckpointSource& src, const layout::Layout& l) {
-  api::DeepSpeedOutputOptions ds;
-  ds.optimizer = vm["optimizer"].as<std::string>();
-  ds.naming = vm["naming"].as<std::string>();
-  ds.tag = vm["tag"].as<std::string>();
-  ds.model_states_from = vm["model-states-from"].as<std::string>();
+/// Writes `src` to vm["dst"] in vm["format"] at `l` (`layout_given`: --layout was passed), with
+/// the format's own options; another format's option given explicitly is an error.
+inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& setup,
+                       const api::CheckpointSource& src, const layout::Layout& l,
+                       bool layout_given) {
+  const std::string format = vm["format"].as<std::string>();
+  UCP_ASSIGN_OR_RETURN(const api::CheckpointFormat* f,
+                       api::Formats().Find(format, /*for_writing=*/true));
+  api::WriteRequest request;
+  request.layout = l;
+  request.layout_given = layout_given;
+  request.run = setup.options;
+  std::vector<std::string> mine;
+  for (const api::FormatOption& o : f->write_options()) mine.push_back(o.name);
+  for (const api::CheckpointFormat* other : api::Formats().formats()) {
+    for (const api::FormatOption& o : other->write_options()) {
+      if (vm.count(o.name) == 0 || vm[o.name].defaulted()) continue;
+      if (std::find(mine.begin(), mine.end(), o.name) == mine.end()) {
+        return InvalidArgumentError("--" + o.name + " does not apply to --format " + format);
+      }
+      request.options[o.name] = vm[o.name].as<std::string>();
+    }
+  }
+  if (!layout_given && f->takes_layout()) {
+    return InvalidArgumentError("--format " + format + " needs --layout");
+  }
   const std::string dst = vm["dst"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats, api::ToDeepSpeed(src, l, dst, setup.options, ds));
-  io.out << "wrote DeepSpeed checkpoint " << dst << " at " << layout::ToString(l) << ": "
-         << stats.targets_written << " tensors, " << Gib(stats.bytes_written) << "\n";
+  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats, api::WriteCheckpoint(src, format, dst, request));
+  io.out << "wrote "
+         << (f->written_noun() == "checkpoint" ? "" : std::string(f->written_noun()) + " ") << dst;
+  if (f->takes_layout()) io.out << " at " << layout::ToString(l);
+  io.out << ": " << stats.targets_written << " tensors, " << Gib(stats.bytes_written) << "\n";
   return Status::Ok();
 }
 

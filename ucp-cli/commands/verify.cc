@@ -13,7 +13,7 @@ Status RunVerify(const po::variables_map& vm, CommandIo& io) {
   const std::string path = vm["path"].as<std::string>();
   UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(path, "PATH", vm["model"].as<std::string>()));
   UCP_RETURN_IF_ERROR(api::Verify(*src), "verifying " + path);
-  io.out << "ok: " << path << " (" << api::FormatName(src->meta().format) << ", "
+  io.out << "ok: " << path << " (" << src->meta().format << ", "
          << layout::ToString(src->meta().layout) << ", " << src->meta().model.params.size()
          << " parameters)\n";
   return Status::Ok();

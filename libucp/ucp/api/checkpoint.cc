@@ -15,47 +15,18 @@
 #include <set>
 #include <sstream>
 
-#include "ucp/api/deepspeed_source.h"
+#include "ucp/api/ucp_format.h"
 #include "ucp/base/status_macros.h"
-#include "ucp/deepspeed/deepspeed_checkpoint.h"
 #include "ucp/dist/dist_checkpoint.h"
 #include "ucp/io/manifest/universal_manifest.h"
 #include "ucp/io/universal/universal_checkpoint.h"
 #include "ucp/json/strict_json.h"
 #include "ucp/tensor/cast.h"
 
-#ifndef UCP_DATA_DIR
-#define UCP_DATA_DIR "."
-#endif
-
 namespace ucp::api {
 
 namespace fs = std::filesystem;
 using convert::TensorInfo;
-
-std::string_view FormatName(Format f) {
-  switch (f) {
-    case Format::kUniversal:
-      return "ucp-universal";
-    case Format::kDistributed:
-      return "ucp-distributed";
-    case Format::kDeepSpeed:
-      return "deepspeed";
-  }
-  return "?";
-}
-
-convert::PlanOptions CheckpointMeta::plan_options() const {
-  convert::PlanOptions o;
-  o.optimizer_states = optimizer_states;
-  o.model_slices = true;
-  return o;
-}
-
-fs::path UcpDataDir() {
-  const char* env = std::getenv("UCP_DATA_DIR");
-  return fs::path(env != nullptr && *env != '\0' ? env : UCP_DATA_DIR) / "patterns";
-}
 
 namespace {
 
@@ -369,13 +340,6 @@ Share ShareOf(const convert::Plan& plan, int64_t world, bool universal, int rank
   return share;
 }
 
-exec::ExecOptions ExecOpts(const RunOptions& o) {
-  exec::ExecOptions e;
-  e.memory_limit_bytes = o.memory_limit_bytes;
-  e.progress = o.progress;
-  return e;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<CheckpointSource>> CheckpointSource::Open(const fs::path& dir,
@@ -383,11 +347,15 @@ Result<std::unique_ptr<CheckpointSource>> CheckpointSource::Open(const fs::path&
                                                                  const SourceOptions& options) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return NotFoundError("no checkpoint folder " + dir.string());
-  if (!fs::exists(dir / dist::kLayoutFileName, ec) &&
-      !fs::exists(dir / io::kManifestFileName, ec) &&
-      deepspeed::LooksLikeDeepSpeedCheckpoint(dir)) {
-    return OpenDeepSpeedSource(dir, data_dir, options.model);
-  }
+  UCP_ASSIGN_OR_RETURN(const CheckpointFormat* format, Formats().Detect(dir));
+  return format->Open(dir, data_dir, options);
+}
+
+namespace {
+
+// A ucp checkpoint: distributed (ucp_layout.json) or universal (manifest.json).
+Result<std::unique_ptr<CheckpointSource>> OpenUcp(const fs::path& dir, const fs::path& data_dir) {
+  std::error_code ec;
   if (fs::exists(dir / dist::kLayoutFileName, ec)) {
     UCP_ASSIGN_OR_RETURN(dist::DistReader reader, dist::DistReader::Open(dir));
     const dist::DistManifest& m = reader.manifest();
@@ -405,6 +373,7 @@ Result<std::unique_ptr<CheckpointSource>> CheckpointSource::Open(const fs::path&
     meta.optimizer_hyper = m.optimizer_hyper;
     meta.optimizer_states = m.optimizer_states;
     meta.client_state_json = m.client_state_json;
+    meta.dir = dir;
     if (static_cast<int64_t>(m.ranks.size()) != layout::WorldSize(meta.layout)) {
       return DataLossError(where + ": " + std::to_string(m.ranks.size()) + " rank files for " +
                            m.layout + " (" + std::to_string(layout::WorldSize(meta.layout)) +
@@ -428,13 +397,16 @@ Result<std::unique_ptr<CheckpointSource>> CheckpointSource::Open(const fs::path&
     meta.optimizer_hyper = m.hyper;
     meta.optimizer_states = m.optimizer_states;
     meta.client_state_json = m.client_state_json;
+    meta.dir = dir;
     return std::unique_ptr<CheckpointSource>(
         new UniversalSource(std::move(reader), std::move(meta)));
   }
   return NotFoundError(dir.string() + " has neither " + std::string(dist::kLayoutFileName) +
                        " nor " + std::string(io::kManifestFileName) +
-                       " nor DeepSpeed's mp_rank_*_model_states.pt: not a complete checkpoint");
+                       ": not a complete checkpoint");
 }
+
+}  // namespace
 
 Result<std::pair<patterns::ModelSpec, patterns::ResolvedModel>> LoadResolvedModel(
     const fs::path& data_dir, const std::string& model, const std::string& dtype) {
@@ -491,7 +463,7 @@ Result<exec::ExecStats> RunShared(const CheckpointSource& src, const convert::Pl
     UCP_RETURN_IF_ERROR(group.Agree(st));
   }
   Sink sink = make_sink(*writer);
-  exec::ExecOptions eo = ExecOpts(options);
+  exec::ExecOptions eo = ExecOptionsOf(options);
   eo.targets = share.targets;
   Result<exec::ExecStats> stats = exec::ExecStats{};
   if (!share.targets.empty() || group.size() == 1) stats = exec::ExecutePlan(plan, src, sink, eo);
@@ -607,6 +579,50 @@ Result<exec::ExecStats> Generate(const patterns::ModelSpec& spec,
   GeneratedSource src(std::move(meta), seed);
   return ToLayout(src, to, dst, options);
 }
+
+Result<exec::ExecStats> WriteCheckpoint(const CheckpointSource& src, std::string_view format,
+                                        const fs::path& dst, const WriteRequest& request) {
+  UCP_ASSIGN_OR_RETURN(const CheckpointFormat* f, Formats().Find(format, /*for_writing=*/true));
+  if (!f->takes_layout() && request.layout_given && !request.layout.universal) {
+    return InvalidArgumentError("--format " + std::string(format) +
+                                " holds full tensors and takes no --layout (or --layout "
+                                "universal), got " +
+                                layout::ToString(request.layout));
+  }
+  return f->Write(src, dst, request);
+}
+
+namespace {
+
+// ucp's own format: distributed folders at a layout and universal ones.
+class UcpFormat final : public CheckpointFormat {
+ public:
+  std::string_view name() const override { return "ucp"; }
+  std::string_view summary() const override {
+    return "ucp's own checkpoints: distributed (ucp_layout.json, per-rank files) at a layout, "
+           "or universal (manifest.json) at --layout universal";
+  }
+  bool reads() const override { return true; }
+  bool Detect(const fs::path& dir) const override {
+    std::error_code ec;
+    return fs::exists(dir / dist::kLayoutFileName, ec) ||
+           fs::exists(dir / io::kManifestFileName, ec);
+  }
+  std::string_view detect_hint() const override { return "ucp_layout.json nor manifest.json"; }
+  Result<std::unique_ptr<CheckpointSource>> Open(const fs::path& dir, const fs::path& data_dir,
+                                                 const SourceOptions&) const override {
+    return OpenUcp(dir, data_dir);
+  }
+  bool writes() const override { return true; }
+  Result<exec::ExecStats> Write(const CheckpointSource& src, const fs::path& dst,
+                                const WriteRequest& request) const override {
+    return ToLayout(src, request.layout, dst, request.run);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CheckpointFormat> MakeUcpFormat() { return std::make_unique<UcpFormat>(); }
 
 Status Verify(const CheckpointSource& src) {
   const CheckpointMeta& meta = src.meta();

@@ -3,8 +3,6 @@
 // of another tp / pp / dp / zero is logically the DeepSpeed checkpoint, extract -> reshard ->
 // extract round-trips, RestoreRank reads a rank straight from DeepSpeed files, and DeepSpeed's
 // universal layout written from the extraction loads in torch.
-#include "ucp/api/deepspeed_source.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -20,12 +18,17 @@
 #include "tests/testutil/temp_dir.h"
 #include "ucp/api/checkpoint.h"
 #include "ucp/api/trainer.h"
+#include "ucp/deepspeed/deepspeed_format.h"
 #include "ucp/deepspeed/deepspeed_universal.h"
 #include "ucp/io/torch/torch_file.h"
 #include "ucp/io/universal/universal_checkpoint.h"
 
 namespace ucp::api {
 namespace {
+
+using deepspeed::DeepSpeedOutputOptions;
+using deepspeed::OpenDeepSpeedSource;
+using deepspeed::ToDeepSpeed;
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
@@ -120,7 +123,7 @@ class DeepSpeedSourceTest : public ::testing::TestWithParam<Case> {};
 TEST_P(DeepSpeedSourceTest, ExtractionIsBitwiseExpected) {
   const Case& c = GetParam();
   UCP_ASSERT_OK_AND_ASSIGN(auto src, OpenCase(c));
-  EXPECT_EQ(src->meta().format, Format::kDeepSpeed);
+  EXPECT_EQ(src->meta().format, "deepspeed");
   EXPECT_EQ(src->meta().framework, c.framework);
   EXPECT_EQ(src->meta().source_layout, c.source_layout);
   UCP_ASSERT_OK(Verify(*src));

@@ -5,8 +5,6 @@
 // values at the fragments param_slice_mappings name (ds_writer_check.py); client state carried
 // from a DeepSpeed source is rewritten for the new layout; every refused input names the
 // problem and leaves nothing behind.
-#include "ucp/api/deepspeed_writer.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -20,11 +18,16 @@
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
 #include "ucp/api/checkpoint.h"
+#include "ucp/deepspeed/deepspeed_format.h"
 #include "ucp/deepspeed/pickle_values.h"
 #include "ucp/io/torch/torch_file.h"
 
 namespace ucp::api {
 namespace {
+
+using deepspeed::DeepSpeedOutputOptions;
+using deepspeed::OpenDeepSpeedSource;
+using deepspeed::ToDeepSpeed;
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
@@ -101,7 +104,7 @@ TEST_P(DeepSpeedWriteTest, ReadsBackAsTheSourceBitwise) {
 
   // Read back (the model from the ucp_model the files record): the same logical checkpoint.
   UCP_ASSERT_OK_AND_ASSIGN(auto back, CheckpointSource::Open(tmp / "ds", Patterns()));
-  EXPECT_EQ(back->meta().format, Format::kDeepSpeed);
+  EXPECT_EQ(back->meta().format, "deepspeed");
   EXPECT_EQ(back->meta().model.spec.dtype, model.second.spec.dtype);
   // DeepSpeed records dp * sp partitions, not sp: without Megatron args (ds_sequence_parallel_size)
   // the reader sees them as dp.
@@ -134,9 +137,9 @@ TEST_P(DeepSpeedWriteTest, ReadsBackAsTheSourceBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DeepSpeedWriteTest, ::testing::ValuesIn(kWriteCases),
                          [](const auto& test_info) {
-                           std::string n = std::string(test_info.param.model) + "_" + test_info.param.dtype +
-                                           "_" + test_info.param.naming + "_" +
-                                           std::to_string(test_info.index);
+                           std::string n = std::string(test_info.param.model) + "_" +
+                                           test_info.param.dtype + "_" + test_info.param.naming +
+                                           "_" + std::to_string(test_info.index);
                            for (char& ch : n) {
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            }
