@@ -9,7 +9,7 @@
 #      to step 20; at dp=1 to step 24: every resumed step's loss within 1e-5 relative of the
 #      reference's, the final weights within 1e-5 (ucp diff --atol);
 #   4. a resume from a copy of the step-8 checkpoint converted by `ucp convert` to another
-#      layout continues the same curve;
+#      layout continues the same curve, and so does one from it written as DeepSpeed files;
 #   5. tools/elastic_run.sh relaunches a killed dp=4 job at 3 processes and finishes it;
 #   6. --deterministic gives the same bits at dp 1, 2 and 4 and across a resume at another dp;
 #   7. tools/plot_loss.py draws the curves with the resume marks.
@@ -87,6 +87,14 @@ mkdir -p "$work/conv"
 mv "$work/conv8" "$work/conv/step_00000008"
 cp "$work/run/log.jsonl" "$work/conv/log.jsonl"
 mpirun -np 2 "$train" --resume "$work/conv" --layout dp=2,zero=2 --steps 12 --quiet
+# 4b. From a DeepSpeed checkpoint: ucp writes the step-8 state as DeepSpeed ZeRO-1 files at dp=2
+#     (the trainer's state rides along as client state), and the run resumes from them.
+"$ucp" convert "$work/ckpt8" "$work/ds8" --layout tp=1,pp=1,dp=2,zero=1 --format deepspeed > /dev/null
+mkdir -p "$work/dsrun"
+cp "$work/run/log.jsonl" "$work/dsrun/log.jsonl"
+ds_tag=$(ls -d "$work"/ds8/global_step* 2>/dev/null | head -n 1)
+[ -n "$ds_tag" ] || ds_tag="$work/ds8"
+mpirun -np 2 "$train" --resume "$ds_tag" --out "$work/dsrun" --layout dp=2,zero=1 --steps 12 --quiet
 
 python3 - "$work" <<'PY'
 import json, sys, os
@@ -122,6 +130,11 @@ for s in range(9, 13):
     rel = abs(conv[s] - ref[s]) / abs(ref[s])
     assert rel <= 1e-5, "converted checkpoint: step %d rel %.2e" % (s, rel)
 print("elastic_test: resumed from a `ucp convert`ed checkpoint, steps 9-12 within 1e-5")
+ds, _ = log("dsrun")
+for s in range(9, 13):
+    rel = abs(ds[s] - ref[s]) / abs(ref[s])
+    assert rel <= 1e-5, "DeepSpeed checkpoint: step %d rel %.2e" % (s, rel)
+print("elastic_test: resumed from a DeepSpeed ZeRO-1 checkpoint written by ucp, steps 9-12 within 1e-5")
 PY
 "$ucp" diff "$work/ref/step_00000024" "$work/run/step_00000024" --atol 1e-5 > "$work/diff.txt" ||
   { cat "$work/diff.txt"; fail "final weights differ by more than 1e-5"; }

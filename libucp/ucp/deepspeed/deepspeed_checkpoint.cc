@@ -447,6 +447,12 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     }
   }
 
+  if (const PyValue* u = root.Get("ucp_client_state"); u != nullptr) {
+    if (u->kind() != PyKind::kStr) {
+      return DataLossError((ck.dir_ / files.mp.at(0)).string() + ": ucp_client_state is not a string");
+    }
+    ck.ucp_client_state_json_ = u->str();
+  }
   // Client state, as JSON where representable.
   std::string js = "{\"naming\":\"" + std::string(NamingName(ck.naming_)) + "\",\"tag\":";
   AppendJsonString(ck.dir_.filename().string(), js);

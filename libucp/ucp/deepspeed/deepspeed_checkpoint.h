@@ -110,6 +110,9 @@ class DeepSpeedCheckpoint {
   /// (argparse.Namespace as an object), checkpoint_version, tokens, global_steps, ...,
   /// ds_version, ds_config, lr_scheduler and universal_checkpoint_info where JSON can hold them.
   const std::string& client_state_json() const { return client_state_json_; }
+  /// The `ucp_client_state` string a ucp writer left in the model states (another framework's
+  /// client state carried through DeepSpeed files, a JSON object); "" when absent.
+  const std::string& ucp_client_state_json() const { return ucp_client_state_json_; }
   /// lr, beta1, beta2, eps, weight_decay of optimizer group 0.
   const std::vector<double>& hyper() const { return hyper_; }
 
@@ -133,6 +136,7 @@ class DeepSpeedCheckpoint {
   int64_t original_vocab_ = 0;
   std::vector<DeepSpeedParam> params_;
   std::string client_state_json_;
+  std::string ucp_client_state_json_;
   std::vector<double> hyper_;  // lr, beta1, beta2, eps, weight_decay
   patterns::ModelSpec spec_;
   patterns::ResolvedModel model_;

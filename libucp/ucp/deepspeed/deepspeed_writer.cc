@@ -533,6 +533,9 @@ class Builder {
         if (c_.js.contains(k) && !c_.js[k].is_null()) put(k, FromJson(a, c_.js[k]));
       }
     }
+    if (!o_.ucp_client_state_json.empty() && !done.contains("ucp_client_state")) {
+      put("ucp_client_state", a.Str(o_.ucp_client_state_json));
+    }
     if (Megatron()) {
       if (!done.contains("checkpoint_version")) put("checkpoint_version", a.Float(3.0));
       if (!done.contains("iteration")) put("iteration", a.Int(Iteration()));

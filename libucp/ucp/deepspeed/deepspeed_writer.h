@@ -54,6 +54,11 @@ struct DeepSpeedWriteOptions {
   /// Else the client state an extraction from DeepSpeed recorded (the JSON object
   /// client_state.deepspeed of a universal checkpoint), carried where JSON kept it; "" for none.
   std::string client_state_json;
+  /// Client state of other frameworks to carry through DeepSpeed files (a JSON object, e.g. a
+  /// ucp-train run's {"ucp_train": ...}): written as the string `ucp_client_state` of every
+  /// model-states file, which DeepSpeed's loader hands back as client state untouched and ucp's
+  /// reader turns back into client state. "" for none.
+  std::string ucp_client_state_json;
 };
 
 class DeepSpeedWriter final : public exec::TensorSink {
