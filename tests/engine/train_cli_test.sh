@@ -50,6 +50,26 @@ common=(--model gpt-tiny --data "$work/text.txt" --seq-len 32 --global-batch 8 -
 expect_exit 11 "$train" "${common[@]}" --out "$work/ref"
 expect_exit 3 "$train" --resume "$work/ref" --lr 0.5
 
+# --init from a Hugging Face folder trains from exactly the weights of the checkpoint it was
+# exported from (the same first-step loss as --init from that checkpoint).
+"$ucp" generate --model llama-tiny --layout universal --dtype fp32 --seed 3 --out "$work/u" > /dev/null
+"$ucp" convert "$work/u" "$work/hf" --format hf > /dev/null
+for src in u hf; do
+  "$train" --init "$work/$src" --data "$work/text.txt" --dtype fp32 --seq-len 32 --global-batch 4 \
+    --steps 1 --threads 1 --quiet --out "$work/init_$src"
+done
+python3 - "$work" <<'PY'
+import json, os, sys
+def first(run):
+    for line in open(os.path.join(sys.argv[1], run, "log.jsonl")):
+        j = json.loads(line)
+        if "loss" in j:
+            return j["loss"]
+a, b = first("init_u"), first("init_hf")
+assert a == b, "--init from the HF export: loss %r, from the universal source %r" % (b, a)
+print("train_cli_test: --init from a Hugging Face folder = --init from its source (loss %.6f)" % a)
+PY
+
 # Killed at several moments, resumed each time.
 "$train" "${common[@]}" --save-every 1 --keep 3 --out "$work/run" &
 pid=$!
