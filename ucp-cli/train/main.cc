@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
     ("sync-save", po::bool_switch(&sync_save), "write checkpoints in the foreground")
     ("pipeline", po::value(&r.pipeline)->default_value("sync"),
      "optimizer pipeline: sync (Adam after backward) or overlap (buckets stepped speculatively "
-     "during backward, validated after it; bitwise the same training; dp=1)")
+     "during backward and, with several processes, reduced per bucket as backward produces "
+     "them; validated after it; bitwise the same training as sync)")
     ("gpu-tail-buckets", po::value(&r.gpu_tail_buckets)->default_value(0),
      "overlap: the last buckets of backward (first layers) stepped on the device")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")

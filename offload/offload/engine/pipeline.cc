@@ -108,6 +108,8 @@ struct Pipeline::Impl {
       a.exp_avg_sq = mem.h_exp_avg_sq.subspan(so, n);
       if (device_grad) {
         a.grad = GradSpan::Fp32(mem.d_grad.subspan(static_cast<size_t>(pc.grad_offset), n));
+      } else if (!mem.h_reduced_grad.empty()) {
+        a.grad = GradSpan::Fp32(mem.h_reduced_grad.subspan(so, n));
       } else if (opt.bf16_link) {
         a.grad = GradSpan::Bf16(std::span<const uint16_t>(h_grad16).subspan(so, n));
       } else {
@@ -247,6 +249,17 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
                                 std::to_string(grads) + " gradients (training dtype " +
                                 std::string(LowpDTypeName(options.weights)) + ")");
   }
+  if (!memory.h_reduced_grad.empty()) {
+    if (static_cast<int64_t>(memory.h_reduced_grad.size()) != states) {
+      return InvalidArgumentError("pipeline: the reduced host gradient holds " +
+                                  std::to_string(memory.h_reduced_grad.size()) +
+                                  " values for " + std::to_string(states) + " state elements");
+    }
+    if (options.gpu_tail_buckets != 0 || options.bf16_link) {
+      return InvalidArgumentError("pipeline: with a reduced host gradient (data parallelism) "
+                                  "gpu_tail_buckets must be 0 and bf16_link off");
+    }
+  }
   for (const Bucket& b : buckets) {
     for (const BucketPiece& pc : b.pieces) {
       if (pc.n < 0 || pc.grad_offset < 0 || pc.state_offset < 0 ||
@@ -275,7 +288,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
     p.snap_v.assign(p.snap_p.size(), 0.0f);
     if (options.bf16_link) {
       p.h_grad16.assign(p.snap_p.size(), 0);
-    } else {
+    } else if (memory.h_reduced_grad.empty()) {
       p.h_grad.assign(p.snap_p.size(), 0.0f);
     }
     if (lowp) p.h_out.assign(p.snap_p.size(), 0);
@@ -316,6 +329,7 @@ Status Pipeline::Begin(int64_t step, float lr, float speculative_grad_scale) {
 
 void Pipeline::BucketReady(int k) {
   Impl& p = *impl_;
+  UCP_CHECK(p.mem.h_reduced_grad.empty()) << "pipeline: BucketReady with a reduced gradient";
   UCP_CHECK(p.in_step && k >= 0 && k < static_cast<int>(p.buckets.size()) && !p.handed[k])
       << "pipeline: bucket " << k << " handed over outside a step or twice";
   {
@@ -332,7 +346,27 @@ void Pipeline::BucketReady(int k) {
   p.cv.notify_all();
 }
 
+void Pipeline::HostBucketReady(int k, bool finite) {
+  Impl& p = *impl_;
+  UCP_CHECK(!p.mem.h_reduced_grad.empty()) << "pipeline: HostBucketReady without a reduced gradient";
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    UCP_CHECK(p.in_step && k >= 0 && k < static_cast<int>(p.buckets.size()) && !p.handed[k])
+        << "pipeline: bucket " << k << " handed over outside a step or twice";
+    p.handed[k] = 1;
+    p.num_handed += 1;
+    p.cpu_handed += 1;
+    p.finite[k] = finite;
+    p.adam_q.push_back(k);
+  }
+  p.cv.notify_all();
+}
+
 BackwardHook Pipeline::Hook() {
+  return Hook([this](int k) { BucketReady(k); });
+}
+
+BackwardHook Pipeline::Hook(std::function<void(int)> ready) {
   Impl* p = impl_.get();
   p->hook_made = p->mark = Clock::now();
   BackwardHook h;
@@ -340,10 +374,10 @@ BackwardHook Pipeline::Hook() {
     p->Trace("forward", "compute", TraceTrack::kBackward, p->hook_made);
     p->mark = Clock::now();
   };
-  h.on_group_done = [this, p](int k) {
+  h.on_group_done = [p, ready = std::move(ready)](int k) {
     p->Trace("backward " + p->buckets[k].name, "compute", TraceTrack::kBackward, p->mark);
     p->mark = Clock::now();
-    BucketReady(k);
+    ready(k);
   };
   return h;
 }

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -58,6 +59,10 @@ struct PipelineMemory {
   std::span<float> h_master;      ///< host fp32 masters, state order
   std::span<float> h_exp_avg;
   std::span<float> h_exp_avg_sq;
+  /// Data parallelism (docs/offload.md, "Data parallelism in the pipeline"): the host gradient in
+  /// state order, filled by the caller with each bucket's gradient reduced over the ranks. When
+  /// set, buckets come in through HostBucketReady (no copy stage, no tail buckets, no bf16 link).
+  std::span<const float> h_reduced_grad;
 };
 
 struct PipelineOptions {
@@ -127,6 +132,13 @@ class Pipeline {
   /// A BackwardHook that calls BucketReady for grad group k (buckets built one per grad group)
   /// and records forward/backward events in the trace.
   BackwardHook Hook();
+  /// The same hook, but bucket k's hand-over is `ready(k)` (the caller reduces it first and then
+  /// calls HostBucketReady). Called on the thread that runs backward.
+  BackwardHook Hook(std::function<void(int)> ready);
+  /// Bucket k's gradient is in memory.h_reduced_grad (reduced over the ranks); `finite`: every
+  /// value is finite (fp16: and within its range). Hands it straight to the Adam stage;
+  /// non-blocking, any thread.
+  void HostBucketReady(int k, bool finite);
   /// Waits for every bucket, then commits, corrects or undoes (see the file comment) and moves
   /// the updated weights device-ward. Every bucket must have been handed over (BucketReady).
   /// Errors: kFailedPrecondition (no step begun; a bucket never handed over), the Adam's errors.

@@ -50,7 +50,8 @@ std::string TraceRecorder::ToJson() const {
       {TraceTrack::kTransfer, "copy stream"},
       {TraceTrack::kCpuAdam, "cpu adam"},
       {TraceTrack::kDeviceAdam, "device adam (tail buckets)"},
-      {TraceTrack::kValidate, "validation"}};
+      {TraceTrack::kValidate, "validation"},
+      {TraceTrack::kReduce, "communicator: gradient reduction"}};
   for (const auto& [track, name] : names) {
     events.push_back({{"name", "thread_name"},
                       {"ph", "M"},

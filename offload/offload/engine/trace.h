@@ -21,6 +21,7 @@ enum class TraceTrack : int {
   kCpuAdam = 3,    ///< the CPU Adam worker pool, one event per bucket
   kDeviceAdam = 4, ///< Adam of the tail buckets kept on the device
   kValidate = 5,   ///< validation: commit, correction, undo
+  kReduce = 6,     ///< the communicator's thread: per-bucket gradient reductions (dp > 1)
 };
 
 /// One complete event, times in microseconds since the recorder was made.

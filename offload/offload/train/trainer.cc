@@ -31,6 +31,7 @@
 #include "offload/data/sampler.h"
 #include "offload/data/token_file.h"
 #include "offload/data/tokenizer.h"
+#include "offload/engine/comm_funnel.h"
 #include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
 #include "offload/optim/cpu_adam.h"
@@ -211,6 +212,17 @@ struct Piece {
   int64_t n = 0;
 };
 
+// --pipeline overlap at dp x sp > 1: how one bucket (a grad group) is reduced. Stages 1-3: every
+// rank sends each owner the bucket's elements of the owner's block (its pieces in block order),
+// the owner adds the world's copies in rank order (OrderedSum, as ReduceScatterDeterministic
+// does) into its block. Stage 0: the bucket's elements packed and all-reduced deterministically.
+struct BucketReduce {
+  std::vector<int64_t> send_counts, recv_counts;  // per rank
+  std::vector<Piece> send;                        // every rank's pieces of the bucket, rank order
+  std::vector<Piece> mine;                        // this rank's (stage 0: all of the bucket's)
+  int64_t mine_n = 0, send_n = 0;
+};
+
 // What a save copies out of the training state so the steps after it can go on.
 struct Staging {
   std::vector<std::byte> weights;  // the model tensors, training dtype, canonical order
@@ -279,6 +291,14 @@ struct Trainer::Impl {
   std::unique_ptr<TraceRecorder> trace;  // --trace (before the pipeline, which points at it)
   std::unique_ptr<Pipeline> pipeline;    // --pipeline overlap
   Status SetUpPipeline(const AdamConfig& ac);
+  // --pipeline overlap with several processes: the main thread serves the funnel (every
+  // communicator call of the step) while a worker runs forward and backward.
+  std::unique_ptr<CommFunnel> funnel;
+  std::unique_ptr<Communicator> sp_funneled;  // the model's sp group, through the funnel
+  std::vector<BucketReduce> bucket_reduce;
+  std::vector<float> send_buf, recv_buf, sum_buf;
+  Status ReduceBucket(int k);
+  Result<double> OverlappedBackward(int64_t first, int64_t end, float grad_scale);
 
   LrSchedule sched;
   LossScaler scaler;
@@ -908,11 +928,16 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   if (opts.pipeline != "overlap") {
     return InvalidArgumentError("--pipeline " + opts.pipeline + ": must be sync or overlap");
   }
-  if (world > 1 || blocks > 1 || cfg.deterministic) {
-    return UnimplementedError("--pipeline overlap runs one process (dp=1, sp=1) without "
-                              "--deterministic; this run has " + std::to_string(world) +
-                              " processes (layout " + layout::ToString(layout) +
-                              "): use --pipeline sync");
+  if (cfg.deterministic) {
+    return UnimplementedError("--pipeline overlap does not run with --deterministic (its "
+                              "gradients are summed in one tree over the whole batch after "
+                              "backward): use --pipeline sync");
+  }
+  if (world > 1 && opts.gpu_tail_buckets != 0) {
+    return UnimplementedError("--gpu-tail-buckets " + std::to_string(opts.gpu_tail_buckets) +
+                              ": tail buckets run one process only; this run has " +
+                              std::to_string(world) + " processes (layout " +
+                              layout::ToString(layout) + ")");
   }
   const auto& groups = net->grad_groups();
   std::vector<int> group_of(net->params().size(), 0);
@@ -923,26 +948,173 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   }
   std::vector<Bucket> buckets(groups.size());
   for (size_t k = 0; k < groups.size(); ++k) buckets[k].name = groups[k].name;
-  for (const Piece& pc : block_pieces[0]) {
+  for (const Piece& pc : my_pieces()) {
     buckets[static_cast<size_t>(group_of[static_cast<size_t>(pc.param)])].pieces.push_back(
         {pc.coff, pc.foff, pc.n});
+  }
+  if (world > 1) {
+    // Each bucket's exchange (BucketReduce), and scratch for the largest.
+    bucket_reduce.assign(groups.size(), {});
+    for (BucketReduce& br : bucket_reduce) {
+      br.send_counts.assign(static_cast<size_t>(world), 0);
+      br.recv_counts.assign(static_cast<size_t>(world), 0);
+    }
+    if (blocks > 1) {
+      UCP_CHECK(blocks == world);
+      for (int r = 0; r < blocks; ++r) {
+        for (const Piece& pc : block_pieces[r]) {
+          BucketReduce& br = bucket_reduce[static_cast<size_t>(group_of[pc.param])];
+          br.send.push_back(pc);
+          br.send_counts[r] += pc.n;
+          br.send_n += pc.n;
+          if (r == rank) {
+            br.mine.push_back(pc);
+            br.mine_n += pc.n;
+          }
+        }
+      }
+      for (BucketReduce& br : bucket_reduce) {
+        std::fill(br.recv_counts.begin(), br.recv_counts.end(), br.mine_n);
+      }
+    } else {
+      for (const Piece& pc : block_pieces[0]) {
+        BucketReduce& br = bucket_reduce[static_cast<size_t>(group_of[pc.param])];
+        br.mine.push_back(pc);
+        br.mine_n += pc.n;
+      }
+    }
+    size_t send = 0, recv = 0, sum = 0;
+    for (const BucketReduce& br : bucket_reduce) {
+      send = std::max(send, static_cast<size_t>(br.send_n));
+      recv = std::max(recv, static_cast<size_t>(br.mine_n * world));
+      sum = std::max(sum, static_cast<size_t>(br.mine_n));
+    }
+    send_buf.assign(send, 0.0f);
+    recv_buf.assign(recv, 0.0f);
+    sum_buf.assign(sum, 0.0f);
   }
   PipelineOptions po;
   po.adam = ac;
   po.adam_threads = std::max(1, threads / 2);
   po.gpu_tail_buckets = opts.gpu_tail_buckets;
-  po.weights = dtype == DType::kBf16 ? LowpDType::kBf16
+  // With several blocks the weights come from every rank's masters (RefreshWeights' all-gather),
+  // so the pipeline writes no low-precision copy.
+  po.weights = blocks > 1              ? LowpDType::kFp32
+               : dtype == DType::kBf16 ? LowpDType::kBf16
                : dtype == DType::kFp16 ? LowpDType::kFp16 : LowpDType::kFp32;
   po.fp16_range_check = dtype == DType::kFp16;
   if (!opts.trace.empty()) {
     trace = std::make_unique<TraceRecorder>();
     po.trace = trace.get();
   }
-  PipelineMemory mem{grads, lowp() ? std::span<uint16_t>(w_lp) : std::span<uint16_t>(), master,
-                     exp_avg, exp_avg_sq};
+  PipelineMemory mem{grads,
+                     po.weights != LowpDType::kFp32 ? std::span<uint16_t>(w_lp)
+                                                    : std::span<uint16_t>(),
+                     master, exp_avg, exp_avg_sq};
+  if (world > 1) {
+    mem.h_reduced_grad = blocks > 1 ? std::span<const float>(gblock) : std::span<const float>(grads);
+  }
   UCP_ASSIGN_OR_RETURN(pipeline, Pipeline::Create(po, std::move(buckets), mem,
                                                   CpuPipelineBackend()), "--pipeline overlap");
   return Status::Ok();
+}
+
+// Bucket k's gradient (complete in `grads`) reduced over the dp x sp ranks into this rank's
+// share (gblock at stages 1-3, grads at stage 0), then handed to the pipeline's Adam. Runs on the
+// communicator's thread while backward goes on with the buckets before k. Each element is the
+// sum of the same contributions in the same order (rank order, OrderedSum) as the sync path's
+// ReduceScatterDeterministic / AllReduceDeterministic of the whole gradient, so the same bits.
+Status Trainer::Impl::ReduceBucket(int k) {
+  const auto t0 = Clock::now();
+  const BucketReduce& br = bucket_reduce[static_cast<size_t>(k)];
+  const std::span<float> sum = std::span<float>(sum_buf).first(static_cast<size_t>(br.mine_n));
+  const std::string what = "reducing the gradients of " + pipeline->buckets()[k].name;
+  if (blocks > 1) {
+    int64_t at = 0;
+    for (const Piece& pc : br.send) {
+      std::memcpy(send_buf.data() + at, grads.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
+      at += pc.n;
+    }
+    const std::span<float> recv =
+        std::span<float>(recv_buf).first(static_cast<size_t>(br.mine_n * world));
+    UCP_RETURN_IF_ERROR(comm->AllToAllV(std::span<const float>(send_buf).first(at),
+                                        br.send_counts, recv, br.recv_counts),
+                        what);
+    UCP_RETURN_IF_ERROR(OrderedSum(recv, world, sum, SumOrder::kRankOrder), what);
+    at = 0;
+    for (const Piece& pc : br.mine) {
+      std::memcpy(gblock.data() + pc.foff, sum.data() + at, static_cast<size_t>(pc.n) * 4);
+      at += pc.n;
+    }
+  } else {
+    int64_t at = 0;
+    for (const Piece& pc : br.mine) {
+      std::memcpy(sum.data() + at, grads.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
+      at += pc.n;
+    }
+    UCP_RETURN_IF_ERROR(comm->AllReduceDeterministic(sum, SumOrder::kRankOrder), what);
+    at = 0;
+    for (const Piece& pc : br.mine) {
+      std::memcpy(grads.data() + pc.coff, sum.data() + at, static_cast<size_t>(pc.n) * 4);
+      at += pc.n;
+    }
+  }
+  // The speculation's check, on the reduced values (validation decides on the global norm).
+  bool finite = true;
+  float maxabs = 0.0f;
+  for (const float v : sum) {
+    finite = finite && std::isfinite(v);
+    maxabs = std::max(maxabs, std::fabs(v));
+  }
+  const bool ok = finite && !(dtype == DType::kFp16 && maxabs > kFp16Max);
+  if (trace != nullptr) {
+    trace->Add("reduce " + pipeline->buckets()[k].name, "communication", TraceTrack::kReduce, t0,
+               Clock::now());
+  }
+  pipeline->HostBucketReady(k, ok);
+  return Status::Ok();
+}
+
+// --pipeline overlap with several processes: this rank's micro-batches of [first, end). A worker
+// thread runs forward and backward; this (the MPI) thread serves the funnel: each bucket's
+// reduction, posted by the backward hook, and the model's sp collectives, in the order they come.
+// Returns the sum of the micro-batches' losses. On an error the pipeline's step is cancelled.
+Result<double> Trainer::Impl::OverlappedBackward(int64_t first, int64_t end, float grad_scale) {
+  Status worker_status, reduce_status;
+  double loss_sum = 0;
+  funnel->Open();
+  std::thread worker([&] {
+    const BackwardHook hook = pipeline->Hook([this, &reduce_status](int k) {
+      funnel->Post([this, k, &reduce_status] {
+        if (!reduce_status.ok()) return;  // the first failure is the one to report
+        reduce_status = ReduceBucket(k);
+      });
+    });
+    for (int64_t f = first; f < end && worker_status.ok(); f += micro_batch) {
+      const int64_t nb = std::min(micro_batch, end - f);
+      Result<Batch> b = MicroBatch(f, nb);
+      if (!b.ok()) {
+        worker_status = b.status();
+        break;
+      }
+      Result<double> l = f + nb < end ? net->ForwardBackward(w32, grads, *b, grad_scale)
+                                      : net->ForwardBackward(w32, grads, *b, grad_scale, hook);
+      if (!l.ok()) {
+        worker_status = l.status();
+        break;
+      }
+      loss_sum += *l;
+    }
+    funnel->Close();
+  });
+  funnel->Serve();
+  worker.join();
+  Status st = !worker_status.ok() ? worker_status : reduce_status;
+  if (!st.ok()) {
+    pipeline->Cancel().IgnoreError();  // the step's own error is the one to report
+    return st;
+  }
+  return loss_sum;
 }
 
 // --- the public class -------------------------------------------------------------------------
@@ -1086,8 +1258,10 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
       UCP_ASSIGN_OR_RETURN(t.sp_comm, t.comm->Split(rc.dp, rc.sp), "the sp group");
     }
   }
+  t.funnel = std::make_unique<CommFunnel>();
+  if (t.sp_comm != nullptr) t.sp_funneled = FunnelCommunicator(t.sp_comm.get(), t.funnel.get());
   UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, t.micro_batch, t.seq_len, t.threads,
-                                                t.sp_comm.get()));
+                                                t.sp_funneled.get()));
   t.net.emplace(std::move(net));
   // The model's parameter table must be the rule set's, in the same order (its flat buffer is
   // then the canonical order the optimizer groups are cut from).
@@ -1254,7 +1428,14 @@ Result<StepRecord> Trainer::Step() {
     UCP_RETURN_IF_ERROR(t.pipeline->Begin(t.optimizer_steps + 1,
                                           static_cast<float>(t.sched.At(t.consumed + G)),
                                           static_cast<float>(1.0 / t.scaler.scale)));
-    for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
+    if (t.world > 1) {
+      // Buckets reduced over the ranks during backward (the worker/funnel split).
+      UCP_ASSIGN_OR_RETURN(loss_sum, t.OverlappedBackward(range.first, range.second, grad_scale),
+                           "step " + std::to_string(rec.step));
+    }
+    // One process: backward on this thread, the hook handing buckets to the copy stage.
+    const int64_t begin = t.world > 1 ? range.second : range.first;
+    for (int64_t first = begin; first < range.second; first += t.micro_batch) {
       const int64_t nb = std::min(t.micro_batch, range.second - first);
       Result<Batch> b = t.MicroBatch(first, nb);
       if (!b.ok()) {
@@ -1287,8 +1468,12 @@ Result<StepRecord> Trainer::Step() {
   // Gradients summed over the data-parallel ranks, added in rank order (the same bits on every
   // rank and in every run of this layout): whole at ZeRO-0, else reduce-scattered into each
   // rank's block of the flat view.
+  // With --pipeline overlap the buckets were reduced during backward (ReduceBucket).
   std::span<float> g = t.grads;
-  if (t.blocks > 1) {
+  const bool reduced = t.pipeline != nullptr && t.world > 1;
+  if (t.blocks > 1 && reduced) {
+    g = t.gblock;
+  } else if (t.blocks > 1) {
     for (int r = 0; r < t.blocks; ++r) {
       float* blk = t.flat.data() + static_cast<int64_t>(r) * t.block_size;
       for (const Piece& pc : t.block_pieces[r]) {
@@ -1309,7 +1494,7 @@ Result<StepRecord> Trainer::Step() {
         }
       }
     }
-  } else if (t.world > 1) {
+  } else if (t.world > 1 && !reduced) {
     UCP_RETURN_IF_ERROR(
         t.comm->AllReduceDeterministic(t.grads, det ? SumOrder::kHalvingTree : SumOrder::kRankOrder),
         "reducing gradients");
@@ -1370,7 +1555,9 @@ Result<StepRecord> Trainer::Step() {
     }
     t.optimizer_steps += 1;
     UCP_RETURN_IF_ERROR(t.pipeline->Finish({false, static_cast<float>(coef)}), "optimizer step");
-    if (t.lowp()) {
+    if (t.blocks > 1) {
+      UCP_RETURN_IF_ERROR(t.RefreshWeights());  // every rank's updated fragments, as sync
+    } else if (t.lowp()) {
       t.WidenWeights();
     } else {
       for (const Piece& pc : t.block_pieces[0]) {
@@ -1434,7 +1621,8 @@ Result<StepRecord> Trainer::Step() {
     }
   }
   rec.seconds = Seconds(t0, Clock::now());
-  if (t.trace != nullptr && rec.step == kTraceSteps) {
+  // One trace file: the root's (every rank's timeline has the same shape).
+  if (t.trace != nullptr && rec.step == kTraceSteps && t.root()) {
     UCP_RETURN_IF_ERROR(t.trace->Write(t.opts.trace), "--trace");
   }
   return rec;

@@ -79,10 +79,12 @@ struct RunOptions {
   /// The optimizer pipeline (offload/engine, docs/offload.md): "sync" (Adam after backward) or
   /// "overlap" (buckets stepped speculatively during backward, then committed, corrected for
   /// clipping or undone; bitwise the same training, so it is not recorded and a resume may
-  /// change it). Overlap runs one process (dp=1, sp=1) without --deterministic.
+  /// change it). With several processes each bucket is reduced over the ranks as backward
+  /// completes it (forward and backward then run on a worker thread; this thread makes every
+  /// communicator call). Not with --deterministic.
   std::string pipeline = "sync";
-  int gpu_tail_buckets = 0;      ///< overlap: buckets (the first layers) stepped on the device
-  std::filesystem::path trace;   ///< overlap: a Chrome trace of the first 3 steps, written here
+  int gpu_tail_buckets = 0;      ///< overlap, one process: buckets stepped on the device
+  std::filesystem::path trace;   ///< overlap: a Chrome trace of the first 3 steps (root writes)
 };
 
 /// One optimizer step's record (also a line of log.jsonl).

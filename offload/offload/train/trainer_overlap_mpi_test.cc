@@ -1,0 +1,267 @@
+// --pipeline overlap under mpirun (run by trainer_overlap_mpi_test.sh at -np 2 and 4): gradient
+// buckets reduced over the dp x sp ranks as backward completes them, each owner's CPU Adam
+// stepping its fragment speculatively, then validation. Bitwise the sync path at the same layout
+// (losses, gradient norms, every rank's weights, masters and Adam states) over several steps,
+// GPT and LLaMA, bf16, fp32 and fp16, ZeRO 0-3, dp=P and dp x sp, with clipping that corrects
+// every step and clipping that never does. Also: --deterministic is refused with overlap, and the
+// trace of a dp=2 step shows bucket reductions and Adam under backward.
+//
+// All ranks run the same tests in the same order with the same configs; checks use EXPECT, so
+// no rank leaves a test early and strands the others in a collective.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "offload/comm/communicator.h"
+#include "offload/train/trainer.h"
+#include "tests/testutil/status_matchers.h"
+#include "ucp/base/check.h"
+#include "ucp/json/strict_json.h"
+
+namespace ucp::offload {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::ucp::testing::StatusIs;
+
+Communicator& World() {
+  static std::unique_ptr<Communicator> world = [] {
+    auto c = WorldCommunicator();
+    UCP_CHECK(c.ok()) << c.status();
+    return std::move(c).value();
+  }();
+  return *world;
+}
+
+// The shared work folder (the script's), and the text corpus written once by rank 0.
+fs::path Work() {
+  const char* w = std::getenv("UCP_OVERLAP_WORK");
+  UCP_CHECK(w != nullptr) << "UCP_OVERLAP_WORK is not set (run trainer_overlap_mpi_test.sh)";
+  return w;
+}
+
+fs::path Text() {
+  const fs::path p = Work() / "text.txt";
+  if (World().rank() == 0) {
+    std::ofstream f(p);
+    const char* lines[] = {
+        "The quick brown fox jumps over the lazy dog.",
+        "A journey of a thousand miles begins with a single step.",
+        "To be or not to be, that is the question.",
+        "All that glitters is not gold; all who wander are not lost.",
+    };
+    for (int i = 0; i < 120; ++i) f << lines[i % 4] << " " << i << "\n";
+  }
+  UCP_CHECK(World().Barrier().ok());
+  return p;
+}
+
+struct Case {
+  std::string model, dtype;
+  int sp;
+  int zero;
+  double clip;
+};
+
+std::string Name(const ::testing::TestParamInfo<Case>& i) {
+  const Case& c = i.param;
+  return c.model.substr(0, c.model.find('-')) + "_" + c.dtype + "_sp" + std::to_string(c.sp) +
+         "_zero" + std::to_string(c.zero) + (c.clip < 0.5 ? "_clipping" : "_noclip");
+}
+
+TrainConfig Config(const Case& k, const fs::path& text) {
+  TrainConfig c;
+  c.model = k.model;
+  c.dtype = k.dtype;
+  c.data = text.string();
+  c.seq_len = 32;
+  c.global_batch = 8;
+  c.micro_batch = 2;
+  c.steps = 4;
+  c.lr = 1e-2;
+  c.min_lr = 1e-3;
+  c.warmup_samples = 4;
+  c.clip_grad = k.clip;
+  c.val_every = 0;
+  const int p = World().size();
+  c.layout = "dp=" + std::to_string(p / k.sp) + ",sp=" + std::to_string(k.sp) +
+             ",zero=" + std::to_string(k.zero);
+  return c;
+}
+
+struct TrainRun {
+  std::vector<StepRecord> records;
+  std::vector<std::pair<std::string, std::vector<std::byte>>> state;
+};
+
+TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pipeline,
+               const fs::path& trace = {}) {
+  RunOptions r;
+  r.out = out;
+  r.threads = 1;
+  r.async_save = false;
+  r.pipeline = pipeline;
+  r.trace = trace;
+  r.comm = &World();
+  TrainRun run;
+  auto t = Trainer::Create(c, r);
+  UCP_CHECK(t.ok()) << t.status();  // a failure here would strand the peers: end the job
+  while (t->step() < c.steps) {
+    auto rec = t->Step();
+    UCP_CHECK(rec.ok()) << rec.status();
+    run.records.push_back(*rec);
+  }
+  run.state = t->StateForTest();
+  return run;
+}
+
+class OverlapMpiTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OverlapMpiTest, BitwiseTheSyncPath) {
+  const Case& k = GetParam();
+  if (World().size() % k.sp != 0 || World().size() / k.sp < 2) {
+    GTEST_SKIP() << "np " << World().size() << " with sp=" << k.sp;
+  }
+  TrainConfig c = Config(k, Text());
+  if (k.dtype == "fp16") c.steps = 6;
+  const fs::path dir = Work() / Name({k, 0});
+  const TrainRun sync = Train(c, dir / "sync", "sync");
+  const TrainRun overlap = Train(c, dir / "overlap", "overlap");
+  ASSERT_EQ(sync.records.size(), overlap.records.size());
+  int clipped = 0;
+  for (size_t i = 0; i < sync.records.size(); ++i) {
+    EXPECT_EQ(sync.records[i].loss, overlap.records[i].loss) << "step " << i + 1;
+    EXPECT_EQ(sync.records[i].grad_norm, overlap.records[i].grad_norm) << "step " << i + 1;
+    EXPECT_EQ(sync.records[i].skipped, overlap.records[i].skipped) << "step " << i + 1;
+    EXPECT_EQ(sync.records[i].loss_scale, overlap.records[i].loss_scale) << "step " << i + 1;
+    clipped += c.clip_grad > 0 && sync.records[i].grad_norm > c.clip_grad;
+  }
+  // The clipping cases correct every speculative step; the others commit them all.
+  if (k.clip < 0.5) {
+    EXPECT_EQ(clipped, static_cast<int>(sync.records.size()));
+  } else {
+    EXPECT_EQ(clipped, 0);
+  }
+  ASSERT_EQ(sync.state.size(), overlap.state.size());
+  ASSERT_FALSE(sync.state.empty());
+  for (size_t i = 0; i < sync.state.size(); ++i) {
+    EXPECT_EQ(sync.state[i].first, overlap.state[i].first);
+    EXPECT_TRUE(sync.state[i].second == overlap.state[i].second)
+        << "rank " << World().rank() << ": " << sync.state[i].first << " differs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, OverlapMpiTest,
+    ::testing::Values(Case{"gpt-tiny", "bf16", 1, 1, 0.05}, Case{"gpt-tiny", "bf16", 1, 3, 0.05},
+                      Case{"llama-tiny", "bf16", 1, 1, 0.05},
+                      Case{"llama-tiny", "bf16", 1, 3, 0.05},
+                      Case{"llama-tiny", "fp32", 1, 1, 100.0},
+                      Case{"gpt-tiny", "fp32", 1, 3, 100.0}, Case{"gpt-tiny", "bf16", 1, 0, 0.05},
+                      Case{"llama-tiny", "bf16", 1, 2, 0.05},
+                      Case{"gpt-tiny", "fp16", 1, 1, 0.05},
+                      Case{"llama-tiny", "bf16", 2, 1, 0.05},
+                      Case{"llama-tiny", "fp32", 2, 3, 0.05}),
+    Name);
+
+TEST(OverlapMpiRefusals, DeterministicIsSyncOnly) {
+  TrainConfig c = Config({"gpt-tiny", "bf16", 1, 1, 1.0}, Text());
+  c.deterministic = true;
+  if ((World().size() & (World().size() - 1)) != 0) GTEST_SKIP() << "dp not a power of two";
+  RunOptions r;
+  r.out = Work() / "refuse_det";
+  r.threads = 1;
+  r.pipeline = "overlap";
+  r.comm = &World();
+  EXPECT_THAT(Trainer::Create(c, r).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("--deterministic")));
+}
+
+// At dp=2 (ranks 0 and 1 of the job; the others train too, at dp=P), the root's trace of a GPT of
+// 8 layers, hidden 256, shows bucket reductions and CPU Adam steps running while backward still
+// computes earlier layers.
+TEST(OverlapMpiTrace, ReductionsAndAdamOverlapBackward) {
+  const fs::path model = Work() / "gpt-8x256.json";
+  if (World().rank() == 0) {
+    std::ofstream f(model);
+    f << R"({"name": "gpt-8x256", "family": "gpt", "dtype": "bf16",
+ "source": "a GPT deep enough to show the pipeline's overlap in a trace",
+ "hyper": {"hidden": 256, "layers": 8, "heads": 8, "ffn_hidden": 1024, "vocab": 250,
+           "max_positions": 64, "make_vocab_size_divisible_by": 16, "tied_embeddings": true}})";
+  }
+  TrainConfig c = Config({model.string(), "bf16", 1, 1, 1.0}, Text());
+  c.seq_len = 64;
+  c.micro_batch = 0;
+  c.steps = 3;
+  const fs::path trace = Work() / "trace.json";
+  Train(c, Work() / "trace_run", "overlap", trace);
+  if (World().rank() != 0) return;
+  std::ifstream f(trace);
+  std::stringstream text;
+  text << f.rdbuf();
+  auto doc = ucp::json::ParseStrict(text.str(), "trace", StatusCode::kDataLoss);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  struct Ev {
+    double b, e;
+  };
+  // Per traced step after the first: how many reductions and Adam steps begin before backward's
+  // last bucket ends. On 2 shared cores the ranks' threads compete (each rank's worker computes
+  // while its comm thread polls MPI), so how much overlaps varies from run to run: 2 to 9 of 10
+  // reductions seen.
+  int best_reduce = 0, best_adam = 0;
+  size_t buckets = 0;
+  for (int step = 2; step <= 3; ++step) {
+    std::vector<Ev> backward, reduce, adam;
+    for (const auto& e : (*doc)["traceEvents"]) {
+      if (e["ph"] != "X" || e["args"]["step"] != step) continue;
+      const std::string name = e["name"];
+      const Ev ev{e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+      if (name.rfind("backward ", 0) == 0) backward.push_back(ev);
+      if (name.rfind("reduce ", 0) == 0) reduce.push_back(ev);
+      if (name.rfind("adam ", 0) == 0) adam.push_back(ev);
+    }
+    ASSERT_FALSE(backward.empty());
+    EXPECT_EQ(reduce.size(), backward.size());
+    EXPECT_EQ(adam.size(), backward.size());
+    buckets = backward.size();
+    const double last = backward.back().e;
+    int reduce_under = 0, adam_under = 0;
+    for (const Ev& e : reduce) reduce_under += e.b < last;
+    for (const Ev& e : adam) adam_under += e.b < last;
+    std::printf("trace (np %d) step %d: %d of %zu reductions and %d of %zu adam steps began "
+                "during backward\n",
+                World().size(), step, reduce_under, reduce.size(), adam_under, adam.size());
+    best_reduce = std::max(best_reduce, reduce_under);
+    best_adam = std::max(best_adam, adam_under);
+  }
+  // How much overlaps is a property of the machine's load, not of the code (2 to 9 of 10 on 2
+  // idle shared cores, none when 4 ranks share them with other jobs): reported, not asserted;
+  // tests assert what is deterministic (the events and their counts above).
+  std::printf("trace (np %d): at best %d reductions and %d adam steps of %zu buckets began during "
+              "backward\n", World().size(), best_reduce, best_adam, buckets);
+}
+
+}  // namespace
+}  // namespace ucp::offload
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const int rc = RUN_ALL_TESTS();
+  // Every rank's verdict, so mpirun's exit code fails when any rank failed.
+  std::vector<int64_t> failed = {rc != 0};
+  auto& world = ucp::offload::World();
+  if (!world.AllReduce(std::span<int64_t>(failed), ucp::offload::ReduceOp::kMax).ok()) return 1;
+  if (world.rank() == 0) {
+    std::printf("np %d: %s\n", world.size(), failed[0] ? "FAILED" : "all ranks passed");
+  }
+  return failed[0] ? 1 : 0;
+}
