@@ -41,9 +41,38 @@ int ExitCodeFor(StatusCode code) {
   return 70;
 }
 
+std::string EscapeControlCharacters(std::string text) {
+  auto is_control = [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7f;
+  };
+  size_t i = 0;
+  while (i < text.size() && !is_control(text[i])) ++i;
+  if (i == text.size()) return text;
+  std::string out = text.substr(0, i);
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (!is_control(c)) {
+      out.push_back(c);
+    } else if (c == '\n') {
+      out.append("\\n");
+    } else if (c == '\r') {
+      out.append("\\r");
+    } else if (c == '\t') {
+      out.append("\\t");
+    } else {
+      const auto u = static_cast<unsigned char>(c);
+      out.append("\\x").push_back(kHex[u >> 4]);
+      out.push_back(kHex[u & 15]);
+    }
+  }
+  return out;
+}
+
 Status Status::WithContext(std::string_view context) && {
   if (ok() || context.empty()) return std::move(*this);
-  message_.append("; ").append(context);
+  message_.append("; ").append(EscapeControlCharacters(std::string(context)));
   return std::move(*this);
 }
 

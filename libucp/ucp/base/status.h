@@ -11,6 +11,12 @@
 
 namespace ucp {
 
+/// `text` with each ASCII control character (0x00-0x1f, 0x7f) escaped, the rest unchanged:
+/// `\n`, `\r`, `\t` as those two-character escapes, others as `\xNN`. Returns `text` itself
+/// (no copy) when it has none. Used for every Status message and its context, so that paths and
+/// library text with newlines never split an error line.
+std::string EscapeControlCharacters(std::string text);
+
 /// The codes a Status can carry. Keep in step with docs/errors.md and ExitCodeFor().
 enum class StatusCode : uint8_t {
   kOk = 0,
@@ -37,7 +43,10 @@ int ExitCodeFor(StatusCode code);
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  /// Control characters in `message` (a newline in a path, HDF5's multi-line text) are escaped
+  /// (`\n`, `\xNN`): an error is one line, always.
+  Status(StatusCode code, std::string message)
+      : code_(code), message_(EscapeControlCharacters(std::move(message))) {}
 
   static Status Ok() { return Status(); }
 

@@ -23,6 +23,14 @@ TEST(Status, ContextIsAppended) {
   EXPECT_TRUE(Status().WithContext("x").ok());
 }
 
+// Issue 16 #10: an error is one line, always (a path with a newline, HDF5's multi-line text).
+TEST(Status, MessagesAndContextAreOneLine) {
+  Status s = IoError("cannot open a\nb.h5\x01").WithContext("while\r\treading\x7f");
+  EXPECT_EQ(s.message(), "cannot open a\\nb.h5\\x01; while\\r\\treading\\x7f");
+  EXPECT_EQ(s.message().find('\n'), std::string::npos);
+  EXPECT_EQ(EscapeControlCharacters("plain: ok/\xc3\xa9"), "plain: ok/\xc3\xa9");  // UTF-8 kept
+}
+
 TEST(Status, EveryCodeHasANameAndExitCode) {
   for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
     auto code = static_cast<StatusCode>(c);

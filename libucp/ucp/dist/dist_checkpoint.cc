@@ -116,9 +116,11 @@ DistWriter::DistWriter(DistWriter&&) noexcept = default;
 DistWriter& DistWriter::operator=(DistWriter&&) noexcept = default;
 DistWriter::~DistWriter() = default;
 
-Result<DistWriter> DistWriter::Create(const fs::path& dst, int64_t world_size,
+Result<DistWriter> DistWriter::Create(const fs::path& dst_in, int64_t world_size,
                                       std::vector<DistTensorDecl> tensors,
                                       const DistWriteOptions& options) {
+  // "out/" names the folder "out" (whose parent is ".", not "out" itself).
+  const fs::path dst = io::WithoutTrailingSlash(dst_in);
   if (world_size < 1) {
     return InvalidArgumentError("world size must be >= 1, got " + std::to_string(world_size));
   }
@@ -364,6 +366,9 @@ struct DistReader::Impl {
 
   Result<io::H5File> OpenH5(int64_t rank) const {
     const fs::path p = PathOf(rank);
+    // Seen before HDF5 reads it, so that a change from here to the commit is caught.
+    Status noted = files.Note(p);
+    if (!noted.ok() && noted.code() != StatusCode::kNotFound) return noted;
     Result<io::H5File> f = io::H5File::Open(p);
     if (!f.ok()) {
       if (f.status().code() == StatusCode::kNotFound) {
@@ -481,7 +486,12 @@ Result<DistReader> DistReader::Open(const fs::path& dir) {
   impl->dir = dir;
   UCP_ASSIGN_OR_RETURN(impl->manifest, ParseDistManifest(*text, mf.string()));
   for (const DistRankFile& r : impl->manifest.ranks) {
-    if (!fs::is_regular_file(dir / r.file, ec)) {
+    const fs::file_status fst = fs::status(dir / r.file, ec);
+    if (fs::exists(fst) && !fs::is_regular_file(fst)) {
+      // A FIFO, socket or device where a rank file belongs: the environment, not corruption.
+      return IoError("rank file " + (dir / r.file).string() + " is not a regular file");
+    }
+    if (!fs::is_regular_file(fst)) {
       return DataLossError("rank file " + (dir / r.file).string() + " is missing (rank " +
                            std::to_string(r.rank) + " of " +
                            std::to_string(impl->manifest.ranks.size()) + ")");
@@ -493,6 +503,7 @@ Result<DistReader> DistReader::Open(const fs::path& dir) {
 
 const DistManifest& DistReader::manifest() const { return impl_->manifest; }
 const fs::path& DistReader::dir() const { return impl_->dir; }
+Status DistReader::CheckSourcesUnchanged() const { return impl_->files.CheckUnchanged(); }
 
 Result<const DistTensor*> DistReader::FindTensor(int64_t rank, std::string_view name) const {
   if (rank < 0 || rank >= static_cast<int64_t>(impl_->manifest.ranks.size())) {

@@ -120,6 +120,13 @@ class DistReader {
 
   /// Every rank file holds exactly the manifest's datasets with their dtype, shape, checksum.
   /// Errors: the first problem, kDataLoss naming file, tensor and field.
+  /// Checks that every file this reader has read (data or metadata) is still the file it was
+  /// at its first read: same device, inode, size and mtime (issue 16 #8). A conversion calls it
+  /// after its last read and before committing its output, so that a source modified during the
+  /// run fails it instead of yielding an output that differs from the checksummed source.
+  /// Errors: kDataLoss naming the first changed or removed file; kIoError.
+  Status CheckSourcesUnchanged() const;
+
   Status Verify() const { return Verify(0, 1); }
   /// Share `part` of `parts` of that work (rank files and tensors dealt round-robin), for
   /// processes that verify one checkpoint together.

@@ -703,6 +703,9 @@ Result<ExecStats> ExecutePlan(const Plan& plan, const TensorSource& source, Tens
       },
       tbb::simple_partitioner());
   if (!first_error.ok()) return first_error;
+  // A source modified during the run would give an output that verifies but differs from the
+  // source checked at the start (issue 16 #8): the last word before the caller commits.
+  UCP_RETURN_IF_ERROR(source.CheckUnchanged());
   ExecStats stats;
   stats.targets_written = static_cast<int64_t>(selected.size());
   stats.bytes_read = bytes_read;

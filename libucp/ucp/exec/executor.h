@@ -27,6 +27,12 @@ class TensorSource {
   /// Errors: whatever the format reports (kNotFound, kDataLoss, kOutOfRange, kIoError).
   virtual Status ReadFlatRange(const convert::TensorInfo& tensor, int64_t begin, int64_t end,
                                std::span<std::byte> out) const = 0;
+  /// Checks that the files read are still those first read (size, mtime, inode: see
+  /// io::RawFileCache::CheckUnchanged, UniversalReader/DistReader::CheckSourcesUnchanged,
+  /// TorchFile::CheckSourceUnchanged). ExecutePlan calls it once after the last read, before it
+  /// returns and its caller commits. The default (a source with no files) is Ok.
+  /// Errors: kDataLoss naming the file that changed during the run.
+  virtual Status CheckUnchanged() const { return Status::Ok(); }
 };
 
 /// Where target tensors go, streamed window by window. Must be safe to call from many threads
@@ -116,7 +122,8 @@ Result<Tensor> MaterializeTarget(const convert::Plan& plan, int32_t target,
 /// Runs the plan: every (selected) target is streamed to `sink`; check ops are verified. Stops
 /// at the first error (no further targets are started).
 /// Errors: as StreamTarget and the sink; kDataLoss "parameter \"X\" state \"S\":
-/// replicated copies differ at element E" for a failed check.
+/// replicated copies differ at element E" for a failed check; kDataLoss from
+/// source.CheckUnchanged() when a source file changed during the run.
 Result<ExecStats> ExecutePlan(const convert::Plan& plan, const TensorSource& source,
                               TensorSink& sink, const ExecOptions& options = {});
 

@@ -240,6 +240,41 @@ TEST(ExecutorTest, BadPlanAndSourceErrors) {
               StatusIs(StatusCode::kNotFound, HasSubstr("while reading \"t\"")));
 }
 
+// Issue 16 #8: a source whose files changed during the run fails it (before the caller commits).
+TEST(ExecutorTest, ASourceThatChangedDuringTheRunFailsIt) {
+  class ChangedSource final : public TensorSource {
+   public:
+    explicit ChangedSource(const convert::TensorMap& m) : inner_(m) {}
+    Status ReadFlatRange(const convert::TensorInfo& t, int64_t begin, int64_t end,
+                         std::span<std::byte> out) const override {
+      return inner_.ReadFlatRange(t, begin, end, out);
+    }
+    Status CheckUnchanged() const override {
+      return DataLossError("source file a.h5 changed while ucp was reading it");
+    }
+
+   private:
+    MapSource inner_;
+  };
+  convert::Plan plan;
+  convert::TensorInfo t{.name = "t", .dtype = DType::kFp32, .shape = {4}};
+  plan.sources = {t};
+  plan.targets = {t};
+  convert::Op op{.kind = convert::OpKind::kCopy, .param = "p", .state = "fp32", .counts = {4}};
+  op.dst = {0, 0, {1}};
+  op.srcs = {{0, 0, {1}}};
+  plan.ops = {op};
+  convert::TensorMap src;
+  src.emplace("t", *Tensor::Zeros(DType::kFp32, {4}));
+  MapSource same(src);
+  MapSink ok_sink;
+  UCP_EXPECT_OK(ExecutePlan(plan, same, ok_sink).status());
+  ChangedSource changed(src);
+  MapSink sink;
+  EXPECT_THAT(ExecutePlan(plan, changed, sink).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("a.h5 changed while ucp was reading")));
+}
+
 // A check over a box larger than one block (256 Ki elements) runs block by block and still
 // names the first differing element of the whole box.
 TEST(ExecutorTest, LargeCheckBoxesAreComparedInBlocks) {

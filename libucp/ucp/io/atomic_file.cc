@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <mutex>
 #include <system_error>
 #include <vector>
 
@@ -53,11 +55,49 @@ Status WriteAll(int fd, std::span<const std::byte> bytes, const std::string& wha
 }
 
 fs::path ParentOf(const fs::path& path) {
-  fs::path parent = path.parent_path();
+  fs::path parent = WithoutTrailingSlash(path).parent_path();
   return parent.empty() ? fs::path(".") : parent;
 }
 
+// Gives a file made by mkstemp (0600) or a folder made by mkdtemp (0700) the mode open(2) or
+// mkdir(2) would have given it: 0666 or 0777 less the umask, so a checkpoint on a shared cluster
+// is as readable as any other file its user writes.
+Status ChmodToUmask(int fd, const std::string& path, bool is_dir) {
+  const mode_t mode = (is_dir ? 0777 : 0666) & ~ProcessUmask();
+  if (::fchmod(fd, mode) != 0) return ErrnoError("chmod " + path, errno);
+  return Status::Ok();
+}
+
 }  // namespace
+
+mode_t ProcessUmask() {
+  // umask(2) can only be read by setting it, which races with other threads creating files;
+  // /proc/self/status reports it read-only (Linux >= 4.7).
+  if (FILE* f = std::fopen("/proc/self/status", "re")) {
+    char line[256];
+    unsigned value = 0;
+    bool found = false;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::sscanf(line, "Umask: %o", &value) == 1) {
+        found = true;
+        break;
+      }
+    }
+    std::fclose(f);
+    if (found) return static_cast<mode_t>(value & 0777);
+  }
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const mode_t old = ::umask(022);
+  ::umask(old);
+  return old;
+}
+
+fs::path WithoutTrailingSlash(const fs::path& path) {
+  std::string s = path.string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return fs::path(s);
+}
 
 bool IsTempName(std::string_view file_name) {
   return file_name.find(kTempMarker) != std::string_view::npos;
@@ -70,7 +110,8 @@ Status WriteFileAtomic(const fs::path& path, std::span<const std::byte> bytes) {
   int raw = ::mkstemp(templ.data());
   if (raw < 0) return ErrnoError("create a temporary file for " + path.string(), errno);
   Fd fd(raw);
-  Status st = WriteAll(fd.get(), bytes, templ);
+  Status st = ChmodToUmask(fd.get(), templ, /*is_dir=*/false);
+  if (st.ok()) st = WriteAll(fd.get(), bytes, templ);
   if (st.ok() && ::fsync(fd.get()) != 0) st = ErrnoError("fsync " + templ, errno);
   if (st.ok()) st = fd.Close(templ);
   if (st.ok() && ::rename(templ.c_str(), path.c_str()) != 0) {
@@ -150,7 +191,8 @@ Status FsyncTree(const fs::path& root) {
   return FsyncPath(root);
 }
 
-Result<fs::path> MakeTempSiblingDir(const fs::path& dst) {
+Result<fs::path> MakeTempSiblingDir(const fs::path& dst_in) {
+  const fs::path dst = WithoutTrailingSlash(dst_in);
   const fs::path parent = ParentOf(dst);
   std::error_code ec;
   if (!fs::is_directory(parent, ec)) {
@@ -161,10 +203,22 @@ Result<fs::path> MakeTempSiblingDir(const fs::path& dst) {
   if (::mkdtemp(templ.data()) == nullptr) {
     return ErrnoError("create a temporary folder next to " + dst.string(), errno);
   }
+  const int raw = ::open(templ.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  Status st = raw < 0 ? ErrnoError("open " + templ, errno) : Status::Ok();
+  if (raw >= 0) {
+    Fd fd(raw);
+    st = ChmodToUmask(fd.get(), templ, /*is_dir=*/true);
+  }
+  if (!st.ok()) {
+    ::rmdir(templ.c_str());
+    return st;
+  }
   return fs::path(templ);
 }
 
-Status RenameNoReplace(const fs::path& from, const fs::path& to) {
+Status RenameNoReplace(const fs::path& from_in, const fs::path& to_in) {
+  const fs::path from = WithoutTrailingSlash(from_in);
+  const fs::path to = WithoutTrailingSlash(to_in);
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) != 0) {
     int err = errno;
     if (err == EEXIST)

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -136,6 +137,40 @@ TEST(AtomicFile, TempSiblingAndNoReplaceRename) {
 
 // The soft open-file limit is raised as far as the hard limit allows, the raised limit really
 // lets that many files open, and a need beyond the hard limit is refused with the numbers.
+// Issue 16 #10: outputs honour the umask (mkstemp's 0600 and mkdtemp's 0700 used to stay).
+TEST(AtomicFile, ModesHonourTheUmask) {
+  TempDir tmp;
+  for (mode_t mask : {mode_t{022}, mode_t{027}, mode_t{077}, mode_t{002}}) {
+    const mode_t old = ::umask(mask);
+    EXPECT_EQ(ProcessUmask(), mask);
+    const fs::path file = tmp.path() / ("f" + std::to_string(mask));
+    Status written = WriteFileAtomic(file, std::string_view("x"));
+    auto dir = MakeTempSiblingDir(tmp.path() / ("d" + std::to_string(mask)));
+    ::umask(old);
+    UCP_ASSERT_OK(written);
+    UCP_ASSERT_OK(dir.status());
+    struct stat st {};
+    ASSERT_EQ(::stat(file.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0666 & ~mask) << "umask " << std::oct << mask;
+    ASSERT_EQ(::stat(dir->c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0777 & ~mask) << "umask " << std::oct << mask;
+  }
+}
+
+// Issue 16 #10: `out/` names the folder `out`: its temporary sibling sits next to it (not inside
+// a folder `out` that would then "already exist"), and the rename lands on `out`.
+TEST(AtomicFile, TrailingSlashNamesTheFolder) {
+  TempDir tmp;
+  const fs::path dst = tmp.path() / "out";
+  EXPECT_EQ(WithoutTrailingSlash(fs::path("a/b//")), fs::path("a/b"));
+  EXPECT_EQ(WithoutTrailingSlash(fs::path("/")), fs::path("/"));
+  UCP_ASSERT_OK_AND_ASSIGN(fs::path t, MakeTempSiblingDir(fs::path(dst.string() + "/")));
+  EXPECT_EQ(t.parent_path(), tmp.path());
+  EXPECT_FALSE(fs::exists(dst));
+  UCP_ASSERT_OK(RenameNoReplace(t, fs::path(dst.string() + "/")));
+  EXPECT_TRUE(fs::is_directory(dst));
+}
+
 TEST(OpenFileLimit, RaisesTheSoftLimitUpToTheHardOne) {
   struct rlimit before {};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);

@@ -1,6 +1,8 @@
 // RawFile over open(2), pread(2), pwrite(2), fsync(2).
 #include "ucp/io/raw_file.h"
 
+#include "ucp/base/status_macros.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 
@@ -9,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -23,8 +27,17 @@ std::string RangeText(int64_t offset, size_t n) {
          std::to_string(offset + static_cast<int64_t>(n)) + ")";
 }
 
+FileIdentity IdentityOf(const struct stat& st) {
+  FileIdentity id;
+  id.device = static_cast<uint64_t>(st.st_dev);
+  id.inode = static_cast<uint64_t>(st.st_ino);
+  id.size_bytes = static_cast<int64_t>(st.st_size);
+  id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return id;
+}
+
 Result<RawFile> OpenWith(const fs::path& path, int flags, const char* what,
-                         RawFile (*make)(int, fs::path, int64_t)) {
+                         RawFile (*make)(int, fs::path, const FileIdentity&)) {
   // O_NONBLOCK: opening a FIFO (or a device) put where a checkpoint file belongs must not wait
   // forever for a writer; anything but a regular file is refused after fstat.
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NONBLOCK);
@@ -53,23 +66,61 @@ Result<RawFile> OpenWith(const fs::path& path, int flags, const char* what,
     ::close(fd);
     return ErrnoError("fcntl " + path.string(), e);
   }
-  return make(fd, path, static_cast<int64_t>(st.st_size));
+  return make(fd, path, IdentityOf(st));
 }
 
 }  // namespace
 
+Result<FileIdentity> StatFileIdentity(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int e = errno;
+    if (e == ENOENT) return NotFoundError("file " + path.string() + " does not exist");
+    return ErrnoError("stat " + path.string(), e);
+  }
+  return IdentityOf(st);
+}
+
+Status CheckFileUnchanged(const fs::path& path, const FileIdentity& seen) {
+  const std::string lead = "source file " + path.string() + " changed while ucp was reading it (";
+  const std::string tail = "); the output would not match the source it was checked against";
+  Result<FileIdentity> now = StatFileIdentity(path);
+  if (!now.ok()) {
+    if (now.status().code() == StatusCode::kNotFound) return DataLossError(lead + "removed" + tail);
+    return now.status();
+  }
+  if (now->device != seen.device || now->inode != seen.inode) {
+    return DataLossError(lead + "replaced by another file" + tail);
+  }
+  if (now->size_bytes != seen.size_bytes) {
+    return DataLossError(lead + "size " + std::to_string(seen.size_bytes) + " -> " +
+                         std::to_string(now->size_bytes) + " bytes" + tail);
+  }
+  if (now->mtime_ns != seen.mtime_ns) {
+    return DataLossError(lead + "modified: mtime moved by " +
+                         std::to_string(now->mtime_ns - seen.mtime_ns) + " ns" + tail);
+  }
+  return Status::Ok();
+}
+
 Result<RawFile> RawFile::OpenForRead(const fs::path& path) {
-  return OpenWith(path, O_RDONLY, "for reading",
-                  [](int fd, fs::path p, int64_t n) { return RawFile(fd, std::move(p), n); });
+  return OpenWith(path, O_RDONLY, "for reading", [](int fd, fs::path p, const FileIdentity& id) {
+    RawFile f(fd, std::move(p), id.size_bytes);
+    f.identity_ = id;
+    return f;
+  });
 }
 
 Result<RawFile> RawFile::OpenForWrite(const fs::path& path) {
-  return OpenWith(path, O_WRONLY, "for writing",
-                  [](int fd, fs::path p, int64_t n) { return RawFile(fd, std::move(p), n); });
+  return OpenWith(path, O_WRONLY, "for writing", [](int fd, fs::path p, const FileIdentity& id) {
+    RawFile f(fd, std::move(p), id.size_bytes);
+    f.identity_ = id;
+    return f;
+  });
 }
 
 RawFile::RawFile(RawFile&& o) noexcept
-    : fd_(o.fd_), path_(std::move(o.path_)), size_bytes_(o.size_bytes_) {
+    : fd_(o.fd_), path_(std::move(o.path_)), size_bytes_(o.size_bytes_), identity_(o.identity_) {
   o.fd_ = -1;
 }
 
@@ -79,6 +130,7 @@ RawFile& RawFile::operator=(RawFile&& o) noexcept {
     fd_ = o.fd_;
     path_ = std::move(o.path_);
     size_bytes_ = o.size_bytes_;
+    identity_ = o.identity_;
     o.fd_ = -1;
   }
   return *this;
@@ -145,6 +197,33 @@ Status RawFile::Close() {
   return Status::Ok();
 }
 
+Status RawFileCache::Remember(const std::string& key, const FileIdentity& id) {
+  auto [it, inserted] = seen_.emplace(key, id);
+  if (inserted || it->second == id) return Status::Ok();
+  // Reopened after eviction, or noted earlier: report the change against the first sighting.
+  Status changed = CheckFileUnchanged(key, it->second);
+  if (!changed.ok()) return changed;
+  return DataLossError("source file " + key + " changed while ucp was reading it");
+}
+
+Status RawFileCache::Note(const fs::path& path) {
+  UCP_ASSIGN_OR_RETURN(FileIdentity id, StatFileIdentity(path));
+  std::lock_guard<std::mutex> lock(mu_);
+  return Remember(path.string(), id);
+}
+
+Status RawFileCache::CheckUnchanged() const {
+  std::vector<std::pair<std::string, FileIdentity>> seen;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seen.assign(seen_.begin(), seen_.end());
+  }
+  std::sort(seen.begin(), seen.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [path, id] : seen) UCP_RETURN_IF_ERROR(CheckFileUnchanged(path, id));
+  return Status::Ok();
+}
+
 Result<std::shared_ptr<const RawFile>> RawFileCache::Get(const fs::path& path) {
   const std::string key = path.string();
   {
@@ -162,6 +241,7 @@ Result<std::shared_ptr<const RawFile>> RawFileCache::Get(const fs::path& path) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(key);
   if (it != index_.end()) return it->second->second;
+  UCP_RETURN_IF_ERROR(Remember(key, file->identity()));
   lru_.emplace_front(key, file);
   index_[key] = lru_.begin();
   while (lru_.size() > capacity_) {

@@ -20,6 +20,26 @@
 
 namespace ucp::io {
 
+/// What identifies a file's content cheaply: device, inode, size and modification time (ns).
+/// Seen at open and again at commit, it tells whether a source changed while it was read
+/// (issue 16 #8): a replaced file (new inode), one written in place (mtime) or truncated (size).
+struct FileIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  int64_t size_bytes = 0;
+  int64_t mtime_ns = 0;
+  friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
+};
+
+/// The identity of the file at `path` now (following symlinks).
+/// Errors: kNotFound (no such file), kIoError.
+Result<FileIdentity> StatFileIdentity(const std::filesystem::path& path);
+
+/// Checks that `path` still has identity `seen`.
+/// Errors: kDataLoss naming the file and what changed (replaced, size, mtime) or that it was
+/// removed: the output would no longer match the source's checksums; kIoError (stat failed).
+Status CheckFileUnchanged(const std::filesystem::path& path, const FileIdentity& seen);
+
 class RawFile {
  public:
   /// Opens an existing file for reading.
@@ -38,6 +58,8 @@ class RawFile {
   const std::filesystem::path& path() const { return path_; }
   /// The file's size when it was opened, in bytes.
   int64_t size_bytes() const { return size_bytes_; }
+  /// The file's identity when it was opened.
+  const FileIdentity& identity() const { return identity_; }
 
   /// Reads exactly out.size() bytes at `offset`. Thread-safe.
   /// Errors: kDataLoss when the range reaches past the end of the file (a truncated file),
@@ -61,6 +83,7 @@ class RawFile {
   int fd_ = -1;
   std::filesystem::path path_;
   int64_t size_bytes_ = 0;
+  FileIdentity identity_;
 };
 
 /// Files open for reading, shared by the threads of a reader, at most `capacity` at once (the
@@ -70,13 +93,29 @@ class RawFile {
 class RawFileCache {
  public:
   explicit RawFileCache(size_t capacity = 256) : capacity_(capacity) {}
-  /// Errors: as RawFile::OpenForRead.
+  /// Errors: as RawFile::OpenForRead; kDataLoss when the file was opened before (and closed
+  /// since) and is no longer the same file (CheckFileUnchanged).
   Result<std::shared_ptr<const RawFile>> Get(const std::filesystem::path& path);
 
+  /// Records the identity of `path` now, as the first open would (for files read through
+  /// another library first, e.g. HDF5 metadata), or checks it against the one recorded.
+  /// Errors: as StatFileIdentity; kDataLoss as Get.
+  Status Note(const std::filesystem::path& path);
+
+  /// Checks that every file this cache has opened or noted is still the file it was then (same
+  /// device, inode, size and mtime), in path order. A reader's owner calls it before committing
+  /// what it wrote from them.
+  /// Errors: kDataLoss naming the first file that changed or was removed; kIoError.
+  Status CheckUnchanged() const;
+
  private:
+  // Records `id` for `key`, or checks it against the identity recorded before.
+  Status Remember(const std::string& key, const FileIdentity& id);
+
   using Entry = std::pair<std::string, std::shared_ptr<const RawFile>>;
   size_t capacity_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, FileIdentity> seen_;  // never evicted
   std::list<Entry> lru_;  // most recent first
   std::unordered_map<std::string, std::list<Entry>::iterator> index_;
 };

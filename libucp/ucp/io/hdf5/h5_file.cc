@@ -44,8 +44,21 @@ constexpr H5Z_filter_t kShuffleId = H5Z_FILTER_SHUFFLE;
 
 // ---- Locking and errors -------------------------------------------------------------------
 
+// Every HDF5 call is made under this lock, so its first use precedes the library's
+// initialization: the place to tell HDF5 not to install its atexit handler. That handler
+// (H5_term_library) closes the files still open at exit, and on a file whose flush or close
+// failed (a full disk) HDF5 1.10 has already torn down part of the file's state, so the retry
+// crashes in H5F__close_cb (issue 16 #3): a clean io_error exit became SIGSEGV. ucp closes every
+// file it writes explicitly (H5File::Close, reporting errors); what is open at exit is a file
+// that already failed, or a reader, neither of which needs HDF5's shutdown. The OS releases the
+// rest.
 std::recursive_mutex& Hdf5Mutex() {
   static std::recursive_mutex m;
+  static const bool no_atexit = [] {
+    H5dont_atexit();
+    return true;
+  }();
+  (void)no_atexit;
   return m;
 }
 
@@ -849,9 +862,16 @@ Result<H5File> H5File::Create(const fs::path& path) {
                             StatusCode::kInternal, "H5Pset_libver_bounds"));
   UCP_RETURN_IF_ERROR(Check(H5Pset_obj_track_times(fcpl.get(), false), StatusCode::kInternal,
                             "H5Pset_obj_track_times"));
-  UCP_ASSIGN_OR_RETURN(impl->file,
-                       Wrap(H5Fcreate(path.c_str(), H5F_ACC_EXCL, fcpl.get(), fapl.get()), H5Fclose,
-                            StatusCode::kIoError, "cannot create hdf5 file " + path.string()));
+  errno = 0;
+  const hid_t created = H5Fcreate(path.c_str(), H5F_ACC_EXCL, fcpl.get(), fapl.get());
+  if (created < 0 && IsResourceErrno(errno)) {
+    // HDF5 hides errno in its message: a limit (EMFILE under a low `ulimit -n`) is a limit.
+    const int e = errno;
+    H5Eclear2(H5E_DEFAULT);
+    return OsError("cannot create hdf5 file " + path.string(), e);
+  }
+  UCP_ASSIGN_OR_RETURN(impl->file, Wrap(created, H5Fclose, StatusCode::kIoError,
+                                        "cannot create hdf5 file " + path.string()));
   return H5File(std::move(impl));
 }
 

@@ -40,8 +40,18 @@ Result<std::shared_ptr<const ByteSource>> ByteSource::OpenFile(const std::filesy
   std::shared_ptr<ByteSource> src(new ByteSource());
   src->fd_ = fd;
   src->size_ = st.st_size;
+  src->identity_.device = static_cast<uint64_t>(st.st_dev);
+  src->identity_.inode = static_cast<uint64_t>(st.st_ino);
+  src->identity_.size_bytes = static_cast<int64_t>(st.st_size);
+  src->identity_.mtime_ns =
+      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   src->name_ = path.string();
   return std::shared_ptr<const ByteSource>(std::move(src));
+}
+
+Status ByteSource::CheckUnchanged() const {
+  if (fd_ < 0) return Status::Ok();
+  return io::CheckFileUnchanged(name_, identity_);
 }
 
 std::shared_ptr<const ByteSource> ByteSource::FromBuffer(std::span<const std::byte> bytes,

@@ -11,6 +11,7 @@
 
 #include "ucp/base/result.h"
 #include "ucp/base/status.h"
+#include "ucp/io/raw_file.h"
 
 namespace ucp::torch {
 
@@ -34,12 +35,17 @@ class ByteSource {
   /// Errors: kDataLoss when [offset, offset + out.size()) is not inside the file (naming the file,
   /// both numbers and the file size); kIoError when pread fails.
   Status ReadAt(int64_t offset, std::span<std::byte> out) const;
+  /// Checks that the file is still the one opened (device, inode, size, mtime); Ok for a buffer.
+  /// Errors: kDataLoss naming the file and what changed (io::CheckFileUnchanged); kIoError.
+  Status CheckUnchanged() const;
+
   /// ReadAt into a new string of `n` bytes.
   Result<std::string> ReadString(int64_t offset, int64_t n) const;
 
  private:
   ByteSource() = default;
   int fd_ = -1;
+  io::FileIdentity identity_;  // at open, for a file
   std::string buffer_;
   int64_t size_ = 0;
   std::string name_;

@@ -300,6 +300,7 @@ Result<TorchFile> TorchFile::OpenSource(std::shared_ptr<const ByteSource> source
 
 TorchFormat TorchFile::format() const { return impl_->format; }
 const std::string& TorchFile::name() const { return impl_->source->name(); }
+Status TorchFile::CheckSourceUnchanged() const { return impl_->source->CheckUnchanged(); }
 const PyValue& TorchFile::root() const { return *impl_->root; }
 const std::vector<StorageRecord>& TorchFile::storages() const { return impl_->storages.records; }
 

@@ -82,6 +82,12 @@ class TorchFile {
   /// Errors: kDataLoss naming the file and record on a mismatch; kIoError.
   Status VerifyStorageCrc32(const StorageRecord& storage) const;
 
+  /// Checks that the file is still the one opened: same device, inode, size and mtime (issue 16
+  /// #8). Called after the last read and before committing an output made from it. Ok for a
+  /// file opened from a buffer.
+  /// Errors: kDataLoss naming the file and what changed; kIoError.
+  Status CheckSourceUnchanged() const;
+
  private:
   struct Impl;
   explicit TorchFile(std::unique_ptr<Impl> impl);

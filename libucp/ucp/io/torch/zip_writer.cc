@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "ucp/base/status_macros.h"
+#include "ucp/io/atomic_file.h"
 #include "ucp/io/torch/byte_source.h"
 
 namespace ucp::torch {
@@ -60,8 +61,9 @@ Result<ZipWriter> ZipWriter::Create(const std::filesystem::path& path, ZipWriteO
   if (fd < 0) return ErrnoError("cannot create a temporary file for " + path.string(), errno);
   w.fd_ = fd;
   w.temp_ = templ;
-  // mkstemp makes the file 0600; a checkpoint should be as readable as any file torch.save makes.
-  if (::fchmod(fd, 0644) != 0) return ErrnoError("cannot chmod " + templ, errno);
+  // mkstemp makes the file 0600; a checkpoint gets the mode torch.save's open(2) gives: 0666 less
+  // the umask.
+  if (::fchmod(fd, 0666 & ~io::ProcessUmask()) != 0) return ErrnoError("cannot chmod " + templ, errno);
   return w;
 }
 

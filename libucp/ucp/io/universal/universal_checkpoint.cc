@@ -134,8 +134,10 @@ UniversalWriter& UniversalWriter::operator=(UniversalWriter&&) noexcept = defaul
 UniversalWriter::~UniversalWriter() = default;
 const fs::path& UniversalWriter::temp_dir() const { return impl_->tmp; }
 
-Result<UniversalWriter> UniversalWriter::Create(const fs::path& dst,
+Result<UniversalWriter> UniversalWriter::Create(const fs::path& dst_in,
                                                 const UniversalWriteOptions& options) {
+  // "out/" names the folder "out" (whose parent is ".", not "out" itself).
+  const fs::path dst = WithoutTrailingSlash(dst_in);
   std::error_code ec;
   if (dst.empty()) return InvalidArgumentError("universal checkpoint path is empty");
   if (fs::exists(fs::symlink_status(dst, ec))) {
@@ -424,6 +426,9 @@ struct UniversalReader::Impl {
   }
 
   Result<H5File> OpenFile(const UniversalParamInfo& p) const {
+    // Seen before HDF5 reads it, so that a change from here to the commit is caught.
+    Status noted = files.Note(dir / p.file);
+    if (!noted.ok() && noted.code() != StatusCode::kNotFound) return noted;
     auto f = H5File::Open(dir / p.file);
     if (!f.ok()) {
       return DataLossError("parameter '" + p.name + "' field file: " + f.status().message());
@@ -520,6 +525,7 @@ UniversalReader& UniversalReader::operator=(UniversalReader&&) noexcept = defaul
 UniversalReader::~UniversalReader() = default;
 const UniversalManifest& UniversalReader::manifest() const { return impl_->manifest; }
 const fs::path& UniversalReader::dir() const { return impl_->dir; }
+Status UniversalReader::CheckSourcesUnchanged() const { return impl_->files.CheckUnchanged(); }
 
 Result<UniversalReader> UniversalReader::Open(const fs::path& dir) {
   std::error_code ec;

@@ -135,6 +135,13 @@ class UniversalReader {
   /// Checks every parameter file: attributes name, shape and step equal the manifest, exactly
   /// the manifest's states as datasets, each with the manifest's dtype and shape, and checksum.
   /// Errors: the first problem found, as ReadState, naming file, parameter, state and field.
+  /// Checks that every file this reader has read (data or metadata) is still the file it was
+  /// at its first read: same device, inode, size and mtime (issue 16 #8). A conversion calls it
+  /// after its last read and before committing its output, so that a source modified during the
+  /// run fails it instead of yielding an output that differs from the checksummed source.
+  /// Errors: kDataLoss naming the first changed or removed file; kIoError.
+  Status CheckSourcesUnchanged() const;
+
   Status Verify() const { return Verify(0, 1); }
   /// Share `part` of `parts` of that work (parameters dealt round-robin), for processes that
   /// verify one checkpoint together.
