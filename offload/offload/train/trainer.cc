@@ -328,7 +328,7 @@ struct Trainer::Impl {
   Status SetUpLayout();
   Status SetUpData();
   void InitWeights();
-  Status Restore(const fs::path& ckpt, bool full);
+  Status Restore(const api::CheckpointSource& src, const fs::path& ckpt, bool full);
   void WidenWeights();
   std::vector<std::pair<std::string, TensorView>> Views(bool weights, bool master_only,
                                                         Staging* from);
@@ -337,8 +337,7 @@ struct Trainer::Impl {
   Status StartSave();
   Status FinishSave();
   Status RefreshWeights();
-  Result<double> SumOverRanks(double local);
-  Result<double> TreeOverRanks(double local);
+  Result<double> SumOverRanks(double local, SumOrder order = SumOrder::kRankOrder);
   Result<Batch> MicroBatch(int64_t first, int64_t nb);
   Status TreeGrad(int64_t lo, int64_t hi, int level, float* out, double* loss, float grad_scale);
   std::vector<std::vector<float>> tree_bufs;  // --deterministic: one gradient per tree level
@@ -653,9 +652,6 @@ Status Trainer::Impl::RefreshWeights() {
   return Status::Ok();
 }
 
-// The sum over all processes of one double per process, added in rank order: each process fills
-// its own slot of a zeroed vector, so the library's all-reduce only ever adds zeros (exact), and
-// the order of the real adds is fixed here.
 // --deterministic: the gradient (into `out`) and loss (into `loss`) of global samples [lo, hi)
 // summed by the halving tree of offload/comm/ordered_sum.h: even count, the two halves' sums
 // added; odd count, the samples folded in order. Each sample's gradient is computed alone (a
@@ -722,12 +718,19 @@ Result<Batch> Trainer::Impl::MicroBatch(int64_t first, int64_t nb) {
   return batch;
 }
 
-// One double per process, combined by the same halving tree over the ranks (--deterministic).
-Result<double> Trainer::Impl::TreeOverRanks(double local) {
+// The sum over all processes of one double per process: each process fills its own slot of a
+// zeroed vector, so the library's all-reduce only ever adds zeros (exact), and the order of the
+// real adds is fixed here: rank order, or (--deterministic) the halving tree of ordered_sum.h.
+Result<double> Trainer::Impl::SumOverRanks(double local, SumOrder order) {
   if (world == 1) return local;
   std::vector<double> slots(static_cast<size_t>(world), 0.0);
   slots[static_cast<size_t>(rank)] = local;
   UCP_RETURN_IF_ERROR(comm->AllReduce(std::span<double>(slots), ReduceOp::kSum));
+  if (order == SumOrder::kRankOrder) {
+    double sum = 0;
+    for (double v : slots) sum += v;
+    return sum;
+  }
   std::function<double(size_t, size_t)> tree = [&](size_t lo, size_t hi) -> double {
     const size_t n = hi - lo;
     if (n == 1) return slots[lo];
@@ -737,16 +740,6 @@ Result<double> Trainer::Impl::TreeOverRanks(double local) {
     return acc;
   };
   return tree(0, slots.size());
-}
-
-Result<double> Trainer::Impl::SumOverRanks(double local) {
-  if (world == 1) return local;
-  std::vector<double> slots(static_cast<size_t>(world), 0.0);
-  slots[static_cast<size_t>(rank)] = local;
-  UCP_RETURN_IF_ERROR(comm->AllReduce(std::span<double>(slots), ReduceOp::kSum));
-  double sum = 0;
-  for (double v : slots) sum += v;
-  return sum;
 }
 
 std::string Trainer::Impl::ClientState() const {
@@ -803,10 +796,9 @@ Status Trainer::Impl::ApplyClientState(const std::string& text, const std::strin
   return Status::Ok();
 }
 
-Status Trainer::Impl::Restore(const fs::path& ckpt, bool full) {
-  UCP_ASSIGN_OR_RETURN(std::unique_ptr<api::CheckpointSource> src,
-                       api::CheckpointSource::Open(ckpt, data_dir));
-  const api::CheckpointMeta& meta = src->meta();
+Status Trainer::Impl::Restore(const api::CheckpointSource& src, const fs::path& ckpt,
+                              bool full) {
+  const api::CheckpointMeta& meta = src.meta();
   // The source must describe the same parameters (names and logical shapes).
   if (meta.model.params.size() != model.params.size()) {
     return FailedPreconditionError(ckpt.string() + " holds " +
@@ -827,7 +819,7 @@ Status Trainer::Impl::Restore(const fs::path& ckpt, bool full) {
   if (full) {
     // Everything, bitwise: the training-dtype weights, masters and Adam states of this rank.
     auto views = Views(/*weights=*/true, /*master_only=*/false, nullptr);
-    UCP_RETURN_IF_ERROR(api::RestoreRank(*src, layout, rank, views),
+    UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, views),
                         "restoring " + ckpt.string());
     WidenWeights();  // fp32 training restored its weights into the compute copy itself
     return Status::Ok();
@@ -838,7 +830,7 @@ Status Trainer::Impl::Restore(const fs::path& ckpt, bool full) {
     return UnimplementedError(ckpt.string() + " holds no fp32 master weights (state \"fp32\")");
   }
   auto views = Views(false, /*master_only=*/true, nullptr);
-  UCP_RETURN_IF_ERROR(api::RestoreRank(*src, layout, rank, views), "restoring " + ckpt.string());
+  UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, views), "restoring " + ckpt.string());
   return RefreshWeights();
 }
 
@@ -1172,17 +1164,19 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   // The model: from the checkpoint when resuming or initialising from one (it records its own
   // description), else from the preset.
   fs::path start_ckpt;
+  // Opened once: its model, then its tensors and client state (a DeepSpeed folder's open parses
+  // every model-states pickle, so a second open would double the start-up cost).
+  std::unique_ptr<api::CheckpointSource> start_src;
   if (!opts.resume.empty()) {
     UCP_ASSIGN_OR_RETURN(start_ckpt, FindResumeCheckpoint(opts.resume));
   } else if (!opts.init.empty()) {
     start_ckpt = opts.init;
   }
   if (!start_ckpt.empty()) {
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<api::CheckpointSource> src,
-                         api::CheckpointSource::Open(start_ckpt, t.data_dir),
+    UCP_ASSIGN_OR_RETURN(start_src, api::CheckpointSource::Open(start_ckpt, t.data_dir),
                          opts.resume.empty() ? "--init" : "--resume");
-    t.spec = src->meta().spec;
-    t.model = src->meta().model;
+    t.spec = start_src->meta().spec;
+    t.model = start_src->meta().model;
     if (!c.dtype.empty()) {
       UCP_ASSIGN_OR_RETURN(DType d, DTypeFromName(c.dtype), "--dtype");
       t.spec.dtype = d;
@@ -1323,10 +1317,9 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
         io::RemoveTreeBestEffort(e.path());
       }
     }
-    UCP_RETURN_IF_ERROR(t.Restore(start_ckpt, /*full=*/true));
-    UCP_ASSIGN_OR_RETURN(std::unique_ptr<api::CheckpointSource> src,
-                         api::CheckpointSource::Open(start_ckpt, t.data_dir));
-    UCP_RETURN_IF_ERROR(t.ApplyClientState(src->meta().client_state_json, start_ckpt.string()));
+    UCP_RETURN_IF_ERROR(t.Restore(*start_src, start_ckpt, /*full=*/true));
+    UCP_RETURN_IF_ERROR(
+        t.ApplyClientState(start_src->meta().client_state_json, start_ckpt.string()));
     // The log keeps what happened up to the checkpoint; the dead run's later lines go.
     std::vector<std::string> kept;
     {
@@ -1354,7 +1347,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
     }
   } else {
     if (!opts.init.empty()) {
-      UCP_RETURN_IF_ERROR(t.Restore(start_ckpt, /*full=*/false), "--init");
+      UCP_RETURN_IF_ERROR(t.Restore(*start_src, start_ckpt, /*full=*/false), "--init");
     } else {
       t.InitWeights();
     }
@@ -1461,7 +1454,7 @@ Result<StepRecord> Trainer::Step() {
       loss_sum += l;
     }
   }
-  UCP_ASSIGN_OR_RETURN(double global_loss, det ? t.TreeOverRanks(loss_sum) : t.SumOverRanks(loss_sum));
+  UCP_ASSIGN_OR_RETURN(double global_loss, t.SumOverRanks(loss_sum, det ? SumOrder::kHalvingTree : SumOrder::kRankOrder));
   rec.loss = global_loss / static_cast<double>(global_tokens);
   rec.tokens = global_tokens;
 
