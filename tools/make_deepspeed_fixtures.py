@@ -286,8 +286,9 @@ def universal_info(model, args, pipe):
 
 
 def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, seed,
-                 groups="megatron"):
-    """optimizer: 'bf16' (BF16_Optimizer), 'zero1' or 'zero2' (DeepSpeedZeroOptimizer);
+                 groups="megatron", sub_group_size=None):
+    """optimizer: 'bf16' (BF16_Optimizer), 'zero1' or 'zero2' (DeepSpeedZeroOptimizer), 'zero3'
+    (DeepSpeedZeroOptimizer_Stage3, sub-groups of sub_group_size elements per rank);
     groups: 'megatron' (weight decay on >= 2-d non-biases, then the rest) or 'one'."""
     tag = "global_step7"
     folder = os.path.join(out, tag)
@@ -301,7 +302,9 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
     iteration = 7
     ds_config = {"train_batch_size": 8 * dp, "bf16": {"enabled": lp == "bf16"},
                  "fp16": {"enabled": lp == "fp16"},
-                 "zero_optimization": {"stage": 2 if optimizer == "zero2" else 1}}
+                 "zero_optimization": {"stage": {"zero2": 2, "zero3": 3}.get(optimizer, 1)}}
+    if optimizer == "zero3" and sub_group_size:
+        ds_config["zero_optimization"]["sub_group_size"] = sub_group_size
     args = megatron_args(model, tp, pp, sp, lp, optimizer, dp, iteration)
     prefix = "bf16_" if lp == "bf16" else ""
     for s in range(pp):
@@ -334,9 +337,16 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
                     offsets.append((name, o, slices[name]["fp32"].numel()))
                     o += slices[name]["fp32"].numel()
                 flat.append((parts, n, aligned, offsets))
+            if optimizer == "zero3":
+                write_zero3(folder, prefix, model, names, opt_groups, slices, flavour, nd, r,
+                            lp_dtype, ds_config, args, iteration, tp, meta_dims, sub_group_size)
+                continue
             model_states = collections.OrderedDict()
             if flavour == "pipe":
                 model_states["module"] = None
+            elif flavour == "gpt-nested":
+                model_states["module"] = nested_module(
+                    names, {n: slices[n]["fp32"].to(lp_dtype) for n in names})
             else:
                 model_states["module"] = collections.OrderedDict(
                     (engine_name(model, n, flavour), slices[n]["fp32"].to(lp_dtype)) for n in names)
@@ -361,6 +371,96 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
             for d in range(nd):
                 write_optim(folder, prefix, d, mp, flat, optimizer, nd, ds_config, flavour, model,
                             iteration)
+
+
+def write_zero3(folder, prefix, model, names, opt_groups, slices, flavour, nd, r, lp_dtype,
+                ds_config, args, iteration, tp, meta_dims, sub_group_size):
+    """ZeRO-3 (stage3.py): per data-parallel rank d a zero_pp_rank_d_mp_rank_RR_model_states.pt
+    (param_shapes per sub-group, `module` of empty placeholders) and an optim file whose
+    fp32_flat_groups[i] is piece d (ceil(numel / nd) elements, the last NaN-padded) of each
+    parameter of sub-group i, back to back. Sub-groups split each param group as
+    _create_fp16_sub_groups does: close one once its partition elements reach sub_group_size."""
+    subs = []  # (param group index, names)
+    for g, group in enumerate(opt_groups):
+        cur, size = [], 0
+        for n in group:
+            cur.append(n)
+            size += (slices[n]["fp32"].numel() + nd - 1) // nd
+            if (sub_group_size and size >= sub_group_size) or n == group[-1]:
+                subs.append((g, cur))
+                cur, size = [], 0
+    pieces = {}  # name -> state -> padded flat of nd pieces
+    for n in names:
+        num = slices[n]["fp32"].numel()
+        piece = (num + nd - 1) // nd
+        pieces[n] = {st: torch.cat([slices[n][st].reshape(-1),
+                                    torch.full((piece * nd - num,), float("nan"))])
+                     for st in ("fp32", "exp_avg", "exp_avg_sq")}
+    param_shapes = [collections.OrderedDict(
+        (engine_name(model, n, flavour), torch.Size(slices[n]["fp32"].shape)) for n in sub)
+        for _, sub in subs]
+    for d in range(nd):
+        model_states = collections.OrderedDict(
+            module=collections.OrderedDict(
+                (engine_name(model, n, flavour), torch.empty(0, dtype=lp_dtype)) for n in names),
+            buffer_names=[], optimizer=None, param_shapes=param_shapes,
+            frozen_param_shapes=collections.OrderedDict(), shared_params={},
+            frozen_param_fragments=collections.OrderedDict(),
+            lr_scheduler={"num_steps": iteration}, data_sampler=None, random_ltd=None,
+            sparse_tensor_module_names=set(), skipped_steps=0, global_steps=iteration,
+            global_samples=iteration * 8 * nd, dp_world_size=nd, mp_world_size=tp)
+        if meta_dims:
+            model_states["checkpoint_parallel_dimensions"] = {"pp_degree": 1, "tp_degree": tp}
+        model_states.update(ds_config=ds_config, ds_version=DS_VERSION)
+        if flavour != "plain":
+            model_states.update(args=args, checkpoint_version=3.0, iteration=iteration,
+                                tokens=iteration * 128,
+                                universal_checkpoint_info=universal_info(model, args, False),
+                                rng_state=rng_state())
+        torch.save(model_states,
+                   os.path.join(folder, f"zero_pp_rank_{d}_mp_rank_{r:02d}_model_states.pt"))
+        flat, state, groups = [], {}, [None] * len(opt_groups)
+        for i, (g, sub) in enumerate(subs):
+            parts = {}
+            for st in ("fp32", "exp_avg", "exp_avg_sq"):
+                parts[st] = torch.cat([
+                    pieces[n][st][d * ((slices[n]["fp32"].numel() + nd - 1) // nd):
+                                  (d + 1) * ((slices[n]["fp32"].numel() + nd - 1) // nd)]
+                    for n in sub])
+            flat.append(parts["fp32"])
+            state[i] = {"step": torch.tensor(float(iteration)), "exp_avg": parts["exp_avg"],
+                        "exp_avg_sq": parts["exp_avg_sq"]}
+            if groups[g] is None:
+                groups[g] = {"weight_decay": 0.1 if g == 0 else 0.0, "lr": 3e-4,
+                             "betas": (0.9, 0.95), "eps": 1e-8, "amsgrad": False, "params": []}
+            groups[g]["params"].append(i)
+        osd = collections.OrderedDict(
+            zero_stage=ZeroStageEnum(3), loss_scaler=LossScaler(1.0), dynamic_loss_scale=False,
+            overflow=False, partition_count=nd,
+            optimizer_state_dict={"state": state, "param_groups": groups},
+            fp32_flat_groups=flat)
+        torch.save({"optimizer_state_dict": osd, "ds_config": ds_config, "ds_version": DS_VERSION},
+                   os.path.join(folder, f"{prefix}zero_pp_rank_{d}_mp_rank_{r:02d}_optim_states.pt"))
+
+
+def nested_module(names, weights):
+    """GPTModel's `module` as Megatron-DeepSpeed saves it (its save swaps the module's state_dict
+    for state_dict_for_save_checkpoint): language_model -> embedding -> word_embeddings ->
+    weight (and position_embeddings), encoder -> flat "layers.N.<rest>" and final_layernorm keys,
+    output_layer -> weight when untied."""
+    emb, enc, out = (collections.OrderedDict() for _ in range(3))
+    for n in names:
+        if n.startswith("embedding."):
+            _, sub, leaf = n.split(".", 2)
+            emb.setdefault(sub, collections.OrderedDict())[leaf] = weights[n]
+        elif n.startswith("output_layer."):
+            out[n[len("output_layer."):]] = weights[n]
+        else:
+            enc[n] = weights[n]
+    lm = collections.OrderedDict(embedding=emb, encoder=enc)
+    if out:
+        lm["output_layer"] = out
+    return collections.OrderedDict(language_model=lm)
 
 
 def write_layer_files(folder, model, pp, s, r, slices, lp_dtype):
@@ -465,6 +565,13 @@ LAYOUTS = {
 LLAMA_LAYOUTS = {
     "megatron_llama_tp2_pp2_dp2_bf16": (2, 2, 2, 1, "bf16", "bf16", "pipe", False),
     "megatron_llama_tp2_pp1_dp2_fp16_zero1": (2, 1, 2, 1, "fp16", "zero1", "gpt", True),
+    # GPTModel with `module` nested as Megatron-DeepSpeed's save writes it (nested_module).
+    "megatron_llama_nested_tp2_pp1_dp2_fp16_zero1": (2, 1, 2, 1, "fp16", "zero1", "gpt-nested",
+                                                     True),
+}
+# ZeRO-3 (Megatron-DeepSpeed GPTModel with TP), sub_group_size 100: several sub-groups per group.
+LLAMA_ZERO3_LAYOUTS = {
+    "megatron_llama_zero3_tp2_dp3_bf16": (2, 1, 3, 1, "bf16", "zero3", "gpt", False),
 }
 MIXTRAL_LAYOUTS = {
     "deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1": (1, 1, 2, 1, "bf16", "zero1", "plain", False),
@@ -495,6 +602,8 @@ def main():
     save_expected(os.path.join(a.out, "expected_llama.pt"), llama)
     for i, (name, spec) in enumerate(LLAMA_LAYOUTS.items()):
         write_layout(os.path.join(a.out, name), llama, *spec, seed=200 + i)
+    for i, (name, spec) in enumerate(LLAMA_ZERO3_LAYOUTS.items()):
+        write_layout(os.path.join(a.out, name), llama, *spec, seed=250 + i, sub_group_size=100)
 
     mixtral = Model("mixtral", 16, 4, 2, 36, 16, 4, seed=9, kv_heads=2, ffn=8, experts=4)
     save_expected(os.path.join(a.out, "expected_mixtral.pt"), mixtral)

@@ -2,13 +2,17 @@
 ucp writes. Run with the peer venv's python (tools/setup_peers.sh); tests/peer/peer_test.sh strings
 the subcommands together with the ucp CLI, and docs/peers.md says what each test proves.
 
-    train        --work W --zero Z     a dp=2 CPU engine run: checkpoint at step SAVE_STEP
+    train        --work W --zero Z [--sub-group-size N]
+                                       a dp=2 CPU engine run: checkpoint at step SAVE_STEP
                                        (W/ckpt), losses of steps 1..LAST_STEP (W/losses.json), the
-                                       engine's exact fp32/Adam state when it saved (W/truth.pt)
+                                       engine's exact fp32/Adam state when it saved (W/truth.pt);
+                                       ZeRO-3 with N: sub-groups of about N elements per rank
     ds-universal --work W --out O      DeepSpeed's ds_to_universal on W/ckpt, into O
     extract      --work W --ucp U --out O
                                        ucp's extraction U == ds_to_universal (into O) ==
-                                       zero_to_fp32 == the engine's state, bitwise
+                                       zero_to_fp32 == the engine's state, bitwise (ZeRO-3:
+                                       DeepSpeed 0.14.4's ds_to_universal has no ZeRO-3 path, so
+                                       U == zero_to_fp32 == the engine's state)
     fixtures     --data D              DeepSpeed's ds_to_universal on each of ucp's committed
                                        fixtures (FIXTURES) gives its model's D/expected*.pt
     resume       --work W --load L --dp P --mode universal|zero [--ucp U] [--zero Z]
@@ -168,7 +172,10 @@ def global_batch(step):
     return (start + stride * torch.arange(SEQ + 1)) % VOCAB
 
 
-def ds_config(dp, zero, universal):
+def ds_config(dp, zero, universal, sub_group_size=None):
+    zero_cfg = {"stage": zero}
+    if sub_group_size:
+        zero_cfg["sub_group_size"] = sub_group_size
     return {
         "train_batch_size": GLOBAL_BATCH,
         "train_micro_batch_size_per_gpu": GLOBAL_BATCH // dp,
@@ -178,7 +185,7 @@ def ds_config(dp, zero, universal):
         "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
                                                      "warmup_num_steps": 6}},
         "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": zero},
+        "zero_optimization": zero_cfg,
         "checkpoint": {"load_universal": universal},
         "steps_per_print": 10_000,
     }
@@ -200,7 +207,10 @@ def run_ranks(fn, dp, *args):
 
 
 def _rank_main(rank, fn, dp, args):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(dp))
+    # LOCAL_SIZE: the CPU accelerator's device count (one node of dp ranks). Without it DeepSpeed
+    # counts NUMA nodes with `numactl --hardware`, which ZeRO-3's gradient reduce-scatter asks for
+    # and which this machine need not have.
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(dp), LOCAL_SIZE=str(dp))
     torch.set_num_threads(1)  # 2 ranks on 2 cores; also keeps every run's kernels the same
     deepspeed = import_deepspeed()
     # A short timeout: a rank that dies must not leave the other waiting gloo's default 30 min.
@@ -212,14 +222,30 @@ def _rank_main(rank, fn, dp, args):
     # list all_gather: the same bytes (gathering copies, it does not add).
     from deepspeed.comm import comm as ds_comm
     ds_comm.cdb.all_gather_function = None
+    # ZeRO-3 reduce-scatters gradients; gloo implements neither reduce_scatter_tensor nor the
+    # list reduce_scatter DeepSpeed falls back to. The same sum is an all_reduce of the inputs
+    # (gloo's own order, the same at every rank) of which each rank keeps its chunk.
+    ds_comm.cdb.reduce_scatter_function = None
+
+    def reduce_scatter(output, input_list, op=None, group=None, async_op=False):
+        assert not async_op, "the gloo stand-in reduce_scatter is synchronous"
+        whole = torch.cat([t.reshape(-1) for t in input_list])
+        torch.distributed.all_reduce(whole, group=group)
+        me = torch.distributed.get_rank(group=group)
+        lo = sum(t.numel() for t in input_list[:me])
+        output.copy_(whole[lo:lo + output.numel()].view_as(output))
+
+    ds_comm.cdb.reduce_scatter = reduce_scatter
     fn(rank, dp, *args)
 
 
-def make_engine(dp, zero, universal):
+def make_engine(dp, zero, universal, sub_group_size=None):
     deepspeed = import_deepspeed()
+    config = ds_config(dp, zero, universal, sub_group_size)
+    # ZeRO-3 partitions the whole model at initialize (the same seeded weights at every stage).
     model = make_model()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model),
-                                           config=ds_config(dp, zero, universal))
+                                           config=config)
     return engine
 
 
@@ -235,11 +261,56 @@ def train_step(engine, step, rank, dp):
     return (total / dp).item()
 
 
+def gather_state_zero3(engine):
+    """ZeRO-3: every parameter's fp32 master and Adam moments from the engine's live sub-group
+    buffers (DeepSpeedZeroOptimizer_Stage3: fp32_partitioned_groups_flat[i] holds each parameter
+    of sub-group fp16_groups[i] as its ds_tensor partition, partition_numel() elements, in order),
+    placed at this rank's elements [rank * partition_numel, ...) of the parameter; every element
+    must come from exactly one rank. Plus the Adam step."""
+    from deepspeed import comm as dist
+    opt = engine.optimizer
+    rank = dist.get_rank()
+    names = {p: n for n, p in engine.module.named_parameters()}
+    local = {}
+    for i, group in enumerate(opt.fp16_groups):
+        flat = opt.fp32_partitioned_groups_flat[i]
+        adam = opt.optimizer.state[flat]
+        offset = 0
+        for p in group:
+            part = p.partition_numel()
+            lo = min(p.ds_numel, rank * part)
+            n = min(part, p.ds_numel - lo)
+            frags = {"fp32": flat, "exp_avg": adam["exp_avg"], "exp_avg_sq": adam["exp_avg_sq"]}
+            local[names[p]] = (lo, n, {s: t.narrow(0, offset, n).detach().clone()
+                                       for s, t in frags.items()})
+            offset += part
+        assert offset == flat.numel(), f"sub-group {i}: {offset} != {flat.numel()} elements"
+    steps = sorted({float(s["step"]) for s in opt.optimizer.state.values()})
+    everyone = [None] * dist.get_world_size()
+    torch.distributed.all_gather_object(everyone, (local, steps))
+    full = {}
+    for name, p in engine.module.named_parameters():
+        bufs = {s: torch.full((p.ds_numel,), float("nan")) for s in STATES}
+        hits = torch.zeros(p.ds_numel, dtype=torch.int32)
+        for rank_local, _ in everyone:
+            start, numel, frags = rank_local[name]
+            for s in STATES:
+                bufs[s][start:start + numel] = frags[s]
+            hits[start:start + numel] += 1
+        assert bool((hits == 1).all()), f"{name}: ZeRO-3 pieces do not cover it exactly once"
+        full[name] = {s: bufs[s].reshape(p.ds_shape) for s in STATES}
+    all_steps = sorted({s for _, st in everyone for s in st})
+    assert len(all_steps) == 1, f"ranks disagree on the Adam step: {all_steps}"
+    return full, all_steps[0]
+
+
 def gather_state(engine):
     """Every parameter's fp32 master weight and Adam moments, assembled exactly from the ranks'
     ZeRO fragments (DeepSpeed's safe_get_full_* sums fragments with zeros, which would turn -0.0
     into +0.0), plus the Adam step. Checks every element comes from exactly one rank."""
     from deepspeed import comm as dist
+    if engine.zero_optimization_stage() == 3:
+        return gather_state_zero3(engine)
     opt = engine.optimizer
     local = {}
     for name, p in engine.module.named_parameters():
@@ -282,8 +353,8 @@ def gather_state(engine):
 # train
 
 
-def _train_rank(rank, dp, zero, work):
-    engine = make_engine(dp, zero, universal=False)
+def _train_rank(rank, dp, zero, work, sub_group_size=None):
+    engine = make_engine(dp, zero, universal=False, sub_group_size=sub_group_size)
     losses = {}
     for step in range(1, LAST_STEP + 1):
         losses[step] = train_step(engine, step, rank, dp)
@@ -296,18 +367,25 @@ def _train_rank(rank, dp, zero, work):
                 torch.save({"states": truth, "step": adam_step}, os.path.join(work, "truth.pt"))
     if rank == 0:
         with open(os.path.join(work, "losses.json"), "w") as f:
-            json.dump({"dp": dp, "zero": zero, "save_step": SAVE_STEP, "losses": losses}, f,
-                      indent=1)
+            json.dump({"dp": dp, "zero": zero, "sub_group_size": sub_group_size,
+                       "save_step": SAVE_STEP, "losses": losses}, f, indent=1)
 
 
 def cmd_train(a):
     if os.path.exists(a.work):
         shutil.rmtree(a.work)
     os.makedirs(a.work)
-    run_ranks(_train_rank, a.dp, a.zero, a.work)
+    run_ranks(_train_rank, a.dp, a.zero, a.work, a.sub_group_size)
     losses = load_losses(a.work)
-    print(f"trained dp={a.dp} zero={a.zero}: checkpoint {tag_dir(a.work)}, losses",
-          " ".join(f"{losses[s]:.6f}" for s in sorted(losses)))
+    print(f"trained dp={a.dp} zero={a.zero} sub_group_size={a.sub_group_size}: checkpoint "
+          f"{tag_dir(a.work)}, losses", " ".join(f"{losses[s]:.6f}" for s in sorted(losses)))
+    if a.sub_group_size:
+        # The point of the run: the checkpoint really has several sub-groups per rank.
+        files = sorted(f for f in os.listdir(tag_dir(a.work)) if f.endswith("_optim_states.pt"))
+        sd = torch.load(os.path.join(tag_dir(a.work), files[0]))["optimizer_state_dict"]
+        n = len(sd["fp32_flat_groups"])
+        print(f"{files[0]}: {n} sub-groups (fp32_flat_groups)")
+        assert n > 2, f"sub_group_size {a.sub_group_size} gave only {n} sub-groups"
     assert losses[LAST_STEP] < losses[1], "the run did not learn; the loss comparison would be weak"
 
 
@@ -449,13 +527,17 @@ def cmd_ds_universal(a):
 def cmd_extract(a):
     truth = torch.load(os.path.join(a.work, "truth.pt"))
     want = truth["states"]
+    zero3 = json.load(open(os.path.join(a.work, "losses.json")))["zero"] == 3
     mm = Mismatches()
-    # DeepSpeed's universal converter and its fp32 exporter, on the engine's own files.
-    ds, ds_steps = read_ds_universal(ds_universal(a.work, a.out))
-    compare_states(mm, "ds_to_universal vs engine", ds, want)
-    for name, st in ds_steps.items():
-        if st != truth["step"]:
-            mm.add(f"ds_to_universal {name}/step.pt: {st} != engine Adam step {truth['step']}")
+    # DeepSpeed's universal converter and its fp32 exporter, on the engine's own files. The
+    # converter of 0.14.4 has no ZeRO-3 path (it came in 0.14.5, PR #5475): ucp's optimizer states
+    # are then compared with the engine's own, gathered when it saved.
+    if not zero3:
+        ds, ds_steps = read_ds_universal(ds_universal(a.work, a.out))
+        compare_states(mm, "ds_to_universal vs engine", ds, want)
+        for name, st in ds_steps.items():
+            if st != truth["step"]:
+                mm.add(f"ds_to_universal {name}/step.pt: {st} != engine Adam step {truth['step']}")
     import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     with contextlib.redirect_stdout(io.StringIO()):
@@ -471,12 +553,15 @@ def cmd_extract(a):
         ucp_step = json.load(f).get("step")
     if ucp_step != truth["step"]:
         mm.add(f"ucp extract manifest.json step: {ucp_step} != engine Adam step {truth['step']}")
-    compare_states(mm, "ucp extract vs ds_to_universal", ucp, ds)
+    if zero3:
+        compare_states(mm, "ucp extract vs engine", ucp, want)
+    else:
+        compare_states(mm, "ucp extract vs ds_to_universal", ucp, ds)
     compare_states(mm, "ucp extract fp32 vs zero_to_fp32",
                    {n: {"fp32": s.get("fp32")} for n, s in ucp.items()},
                    {n: {"fp32": t} for n, t in fp32.items()})
-    mm.check(f"ucp extract {a.ucp} == ds_to_universal == zero_to_fp32 "
-             f"({len(ds)} parameters x {len(STATES)} states)")
+    mm.check(f"ucp extract {a.ucp} == {'the engine' if zero3 else 'ds_to_universal'} == "
+             f"zero_to_fp32 ({len(want)} parameters x {len(STATES)} states)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,6 +578,8 @@ FIXTURES = {
     "deepspeed_tp1_pp1_dp4_fp16_zero2": "expected.pt",
     "megatron_llama_tp2_pp2_dp2_bf16": "expected_llama.pt",
     "megatron_llama_tp2_pp1_dp2_fp16_zero1": "expected_llama.pt",
+    "megatron_llama_nested_tp2_pp1_dp2_fp16_zero1": "expected_llama.pt",
+    "megatron_llama_zero3_tp2_dp3_bf16": "expected_llama.pt",
     "deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1": "expected_mixtral.pt",
 }
 
@@ -560,6 +647,43 @@ def megatron_enums_importable():
     sys.modules["megatron.core.enums"].ModelType = ModelType
 
 
+def zero3_fixture_fp32(tag, layers):
+    """A ZeRO-3 fixture's fp32 masters through DeepSpeed's zero_to_fp32, which reads one TP rank
+    (its mp_rank_00 files): each rank's files are linked into a folder of their own under rank
+    00's names, and the TP shards merged by Megatron's cuts for the LLaMA-style model (norms
+    replicated, attention dense / dense_4h_to_h on dim 1, SwiGLU [gate; up] per rank, the rest on
+    dim 0, the vocabulary padding stripped below), written here independently of ucp."""
+    import_deepspeed()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    ranks = sorted({int(m.group(1)) for f in os.listdir(tag)
+                    for m in [re.search(r"_mp_rank_(\d+)_", f)] if m})
+    shards = []
+    for r in ranks:
+        with tempfile.TemporaryDirectory() as tmp:
+            os.makedirs(os.path.join(tmp, "rank"))
+            for f in os.listdir(tag):
+                if f"_mp_rank_{r:02d}_" in f:
+                    os.symlink(os.path.abspath(os.path.join(tag, f)), os.path.join(
+                        tmp, "rank", f.replace(f"_mp_rank_{r:02d}_", "_mp_rank_00_")))
+            with contextlib.redirect_stdout(io.StringIO()):
+                shards.append(get_fp32_state_dict_from_zero_checkpoint(tmp, tag="rank"))
+    out = {}
+    for name in shards[0]:
+        parts = [s[name] for s in shards]
+        canon = canonical_name(name, layers)
+        if "layernorm" in canon:
+            assert all(torch.equal(parts[0], p) for p in parts), f"{name}: TP replicas differ"
+            full = parts[0]
+        elif canon.endswith("self_attention.dense.weight") or "dense_4h_to_h" in canon:
+            full = torch.cat(parts, 1)
+        elif "dense_h_to_4h" in canon:
+            full = torch.cat([p.chunk(2)[0] for p in parts] + [p.chunk(2)[1] for p in parts])
+        else:
+            full = torch.cat(parts, 0)
+        out[canon] = {"fp32": full}
+    return out
+
+
 def cmd_fixtures(a):
     failed = []
     megatron_enums_importable()
@@ -573,6 +697,27 @@ def cmd_fixtures(a):
         with open(os.path.join(folder, "latest")) as f:
             tag = os.path.join(folder, f.read().strip())
         mm = Mismatches()
+        if any(f.startswith("zero_pp_rank_") and f.endswith("_model_states.pt")
+               for f in os.listdir(tag)):
+            # DeepSpeed 0.14.4's ds_to_universal has no ZeRO-3 path (0.14.5's PR #5475 added a
+            # DP-only one): its zero_to_fp32 reads the fp32 masters.
+            got = zero3_fixture_fp32(tag, layers)
+            for n, st in got.items():
+                want = expected[n]["fp32"]
+                vocab = n.endswith("word_embeddings.weight") or n.startswith("output_layer.")
+                mm.tensor(f"{name} {n}/fp32", st["fp32"][:want.shape[0]] if vocab else st["fp32"],
+                          want)
+            if set(got) != set(expected):
+                mm.add(f"{name}: parameters {sorted(set(got) ^ set(expected))} on one side only")
+            if mm.lines:
+                print(f"FAIL {name}: DeepSpeed's zero_to_fp32 differs from {FIXTURES[name]}:")
+                for line in mm.lines:
+                    print("  " + line)
+                failed.append(name)
+            else:
+                print(f"ok {name}: zero_to_fp32 per TP rank, merged, == {FIXTURES[name]} fp32 "
+                      f"({len(got)} parameters)")
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "universal")
             try:
@@ -614,9 +759,19 @@ def _resume_rank(rank, dp, zero, mode, load, wants, want_step, result):
             mm.add(f"loaded engine Adam step {got_step} != {want_step} at the checkpoint")
         if engine.global_steps != SAVE_STEP:
             mm.add(f"loaded engine global_steps {engine.global_steps} != {SAVE_STEP}")
-        masters = wants["the engine's state at the checkpoint"]
-        for name, p in engine.module.named_parameters():  # an fp32 run: module weights = masters
-            mm.tensor(f"loaded module weight {name}", p.detach(), masters[name]["fp32"])
+    masters = wants["the engine's state at the checkpoint"]
+    # An fp32 run: module weights = masters. ZeRO-3's are partitioned: gathered (a collective of
+    # every rank) for the comparison.
+    params = list(engine.module.named_parameters())
+    gathered = contextlib.nullcontext()
+    if zero == 3:
+        import deepspeed
+        gathered = deepspeed.zero.GatheredParameters([p for _, p in params])
+    with gathered:
+        if rank == 0:
+            for name, p in params:
+                mm.tensor(f"loaded module weight {name}", p.detach().clone(),
+                          masters[name]["fp32"])
     losses = {step: train_step(engine, step, rank, dp)
               for step in range(SAVE_STEP + 1, LAST_STEP + 1)}
     if rank == 0:
@@ -716,8 +871,9 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     t.add_argument("--work", required=True)
-    t.add_argument("--zero", type=int, choices=(1, 2), required=True)
+    t.add_argument("--zero", type=int, choices=(1, 2, 3), required=True)
     t.add_argument("--dp", type=int, default=2)
+    t.add_argument("--sub-group-size", type=int, help="ZeRO-3 sub_group_size (elements per rank)")
     d = sub.add_parser("ds-universal")
     d.add_argument("--work", required=True)
     d.add_argument("--out", required=True, help="folder for latest_universal and the checkpoint")
@@ -733,7 +889,7 @@ def main():
     r.add_argument("--dp", type=int, required=True)
     r.add_argument("--mode", choices=("universal", "zero"), required=True)
     r.add_argument("--ucp", help="universal mode: ucp's universal checkpoint the files came from")
-    r.add_argument("--zero", type=int, choices=(1, 2), help="ZeRO stage (default: the run's)")
+    r.add_argument("--zero", type=int, choices=(1, 2, 3), help="ZeRO stage (default: the run's)")
     u = sub.add_parser("reads-ucp")
     u.add_argument("--tag", required=True, help="a tag folder ucp wrote with --format deepspeed")
     u.add_argument("--ucp", required=True, help="the ucp universal checkpoint of the same model")

@@ -91,6 +91,24 @@ const Case kCases[] = {
      "megatron-deepspeed",
      "tp=2,pp=1,dp=2,sp=1,zero=1",
      {"tp=1,pp=2,dp=1", "tp=2,pp=2,dp=2,zero=3"}},
+    // GPTModel's `module` nested as Megatron-DeepSpeed saves it (language_model -> embedding ->
+    // word_embeddings -> weight, encoder -> flat layers.N keys, output_layer).
+    {"megatron_llama_nested_tp2_pp1_dp2_fp16_zero1",
+     "expected_llama.pt",
+     "",
+     DType::kFp16,
+     "megatron-deepspeed",
+     "tp=2,pp=1,dp=2,sp=1,zero=1",
+     {"tp=1,pp=1,dp=2,zero=1"}},
+    // ZeRO-3 with TP (Megatron-DeepSpeed GPTModel): per-parameter pieces over dp=3, several
+    // sub-groups per param group (sub_group_size 100), bf16 weights = the fp32 masters rounded.
+    {"megatron_llama_zero3_tp2_dp3_bf16",
+     "expected_llama.pt",
+     "",
+     DType::kBf16,
+     "megatron-deepspeed",
+     "tp=2,pp=1,dp=3,sp=1,zero=3",
+     {"tp=1,pp=1,dp=2,zero=1"}},
     {"deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1",
      "expected_mixtral.pt",
      "models/mixtral-plain.json",

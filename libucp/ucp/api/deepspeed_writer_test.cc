@@ -20,6 +20,7 @@
 #include "ucp/api/checkpoint.h"
 #include "ucp/deepspeed/deepspeed_format.h"
 #include "ucp/deepspeed/pickle_values.h"
+#include "ucp/io/atomic_file.h"
 #include "ucp/io/torch/torch_file.h"
 
 namespace ucp::api {
@@ -145,6 +146,59 @@ INSTANTIATE_TEST_SUITE_P(Models, DeepSpeedWriteTest, ::testing::ValuesIn(kWriteC
                            }
                            return n;
                          });
+
+// ZeRO-3 (stage3.py's files: per-parameter pieces of ceil(numel / dp) elements, one sub-group per
+// param group, no module weights): written at tp=2, dp=3 in bf16 and read back, the same
+// checkpoint (the bf16 weights are the fp32 masters rounded, as the engine restores them); then
+// ZeRO-3 -> ZeRO-1 at another layout, the same again. The real engine loading ucp's ZeRO-3 files
+// is the peer test peer_deepspeed_loads_ucp_zero3_* (docs/peers.md).
+TEST(DeepSpeedWrite, Zero3RoundTrip) {
+  ucp::testing::TempDir tmp;
+  UCP_ASSERT_OK_AND_ASSIGN(auto model, LoadResolvedModel(Patterns(), "gpt-tiny", "bf16"));
+  UCP_ASSERT_OK(Generate(model.first, model.second, *layout::ParseLayout("tp=1,pp=1,dp=1"), 5,
+                         tmp / "src", RunOptions{})
+                    .status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto src, CheckpointSource::Open(tmp / "src", Patterns()));
+  DeepSpeedOutputOptions ds;
+  ds.naming = "megatron-gpt";
+  RunOptions small;
+  small.memory_limit_bytes = 256 << 10;
+  UCP_ASSERT_OK(
+      ToDeepSpeed(*src, *layout::ParseLayout("tp=2,pp=1,dp=3,zero=3"), tmp / "ds", small, ds)
+          .status());
+  UCP_ASSERT_OK_AND_ASSIGN(std::string latest, io::ReadFileToString(tmp / "ds" / "latest", 256));
+  const fs::path tag = tmp / "ds" / latest;
+  for (const char* f : {"zero_pp_rank_2_mp_rank_01_model_states.pt",
+                        "bf16_zero_pp_rank_2_mp_rank_01_optim_states.pt"}) {
+    EXPECT_TRUE(fs::exists(tag / f)) << f;
+  }
+  EXPECT_FALSE(fs::exists(tag / "mp_rank_00_model_states.pt"));
+  UCP_ASSERT_OK_AND_ASSIGN(torch::TorchFile optim,
+                           torch::TorchFile::Open(tag / "bf16_zero_pp_rank_2_mp_rank_01_optim_states.pt"));
+  const torch::PyValue* osd = optim.root().Get("optimizer_state_dict");
+  ASSERT_NE(osd, nullptr);
+  ASSERT_NE(osd->Get("fp32_flat_groups"), nullptr);
+  EXPECT_EQ(osd->Get("fp32_flat_groups")->items().size(), 2u);  // Megatron's two groups
+  EXPECT_EQ(osd->Get("partition_count")->int_value(), 3);
+  EXPECT_EQ(osd->Get("param_slice_mappings"), nullptr);
+
+  UCP_ASSERT_OK_AND_ASSIGN(auto back, CheckpointSource::Open(tmp / "ds", Patterns()));
+  UCP_ASSERT_OK_AND_ASSIGN(layout::Layout written, layout::ParseLayout(back->meta().source_layout));
+  EXPECT_EQ(std::tuple(written.tp, written.pp, written.dp, written.zero_stage),
+            std::tuple(2, 1, 3, 3));
+  UCP_EXPECT_OK(Verify(*back));
+  UCP_ASSERT_OK_AND_ASSIGN(DiffResult diff, Diff(*src, *back, 0, RunOptions{}));
+  EXPECT_TRUE(diff.equal) << diff.first_difference;
+  EXPECT_EQ(diff.tensors_compared, static_cast<int64_t>(model.second.params.size()) * 4);
+
+  DeepSpeedOutputOptions keep;
+  UCP_ASSERT_OK(ToDeepSpeed(*back, *layout::ParseLayout("tp=1,pp=1,dp=2,zero=1"), tmp / "ds2",
+                            RunOptions{}, keep)
+                    .status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto back2, CheckpointSource::Open(tmp / "ds2", Patterns()));
+  UCP_ASSERT_OK_AND_ASSIGN(DiffResult diff2, Diff(*src, *back2, 0, RunOptions{}));
+  EXPECT_TRUE(diff2.equal) << diff2.first_difference;
+}
 
 // From a DeepSpeed fixture (Megatron GPTModelPipe, tp=2, pp=2, sp=2, fp16, ZeRO-1, with Megatron
 // args, RNG state and scheduler): the written checkpoint is the fixture's content; its client
@@ -324,7 +378,10 @@ TEST(DeepSpeedWrite, RefusesBadInputAndLeavesNothing) {
   };
   const Bad bad[] = {
       {"tp=1,pp=1,dp=2,zero=0", "", "", StatusCode::kInvalidArgument, "zero=0 has no ZeRO"},
-      {"tp=1,pp=1,dp=2,zero=3", "", "", StatusCode::kUnimplemented, "ZeRO-3"},
+      {"tp=1,pp=2,dp=2,zero=3", "", "", StatusCode::kInvalidArgument,
+       "pipeline engine does not run ZeRO-3"},
+      {"tp=1,pp=1,dp=2,zero=3", "megatron-pipe", "", StatusCode::kInvalidArgument,
+       "pipeline engine does not run ZeRO-3"},
       {"tp=1,pp=1,dp=2,ep=2,zero=1", "", "", StatusCode::kUnimplemented, "expert parallelism"},
       {"tp=3,pp=1,dp=1,zero=1", "", "", StatusCode::kFailedPrecondition, "tp=3"},
       {"tp=1,pp=3,dp=1,zero=1", "", "", StatusCode::kFailedPrecondition, "pp=3"},

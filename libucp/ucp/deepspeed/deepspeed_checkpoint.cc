@@ -2,6 +2,7 @@
 // The model binding is in deepspeed_model.cc. See deepspeed_checkpoint.h and docs/deepspeed.md.
 #include "ucp/deepspeed/deepspeed_checkpoint.h"
 
+#include <cmath>
 #include <algorithm>
 #include <charconv>
 #include <map>
@@ -55,6 +56,7 @@ struct FileNames {
   std::map<std::pair<int, int>, std::string> optim;  // (dp, mp) -> name
   std::string optim_prefix;
   std::map<int, int> layer_files_per_index;  // layer index -> count
+  std::map<std::pair<int, int>, std::string> zero3;  // ZeRO-3 model states: (dp, mp) -> name
 };
 
 Result<FileNames> ListFiles(const fs::path& dir) {
@@ -62,7 +64,7 @@ Result<FileNames> ListFiles(const fs::path& dir) {
   static const std::regex optim_re(
       R"((bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
   static const std::regex layer_re(R"(layer_(\d+)-model_(\d+)-model_states\.pt)");
-  static const std::regex zero3_re(R"(zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt)");
+  static const std::regex zero3_re(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
   // DeepSpeed's MoE layer saves its experts apart from the module (deepspeed_ucp.md 8).
   static const std::regex moe_re(
       R"(layer_\d+_expert_\d+_mp_rank_\d+_model_states\.pt|(bf16_|fp16_)?expp_rank_\d+_mp_rank_\d+_optim_states\.pt)");
@@ -74,7 +76,6 @@ Result<FileNames> ListFiles(const fs::path& dir) {
   if (ec) return IoError("cannot list checkpoint folder " + dir.string() + ": " + ec.message());
   std::sort(names.begin(), names.end());
   FileNames f;
-  bool zero3 = false;
   auto bad_index = [&](const std::string& n) {
     return DataLossError("checkpoint folder " + dir.string() + ": file " + n +
                          " has a rank index out of range");
@@ -103,14 +104,23 @@ Result<FileNames> ListFiles(const fs::path& dir) {
       const std::optional<int> i = RankIndex(m[1]);
       if (!i) return bad_index(n);
       ++f.layer_files_per_index[*i];
-    } else if (std::regex_match(n, zero3_re)) {
-      zero3 = true;
+    } else if (std::regex_match(n, m, zero3_re)) {
+      const std::optional<int> d = RankIndex(m[1]), mp = RankIndex(m[2]);
+      if (!d || !mp) return bad_index(n);
+      f.zero3[{*d, *mp}] = n;
     }
   }
-  if (zero3 && f.mp.empty()) {
-    return UnimplementedError("checkpoint folder " + dir.string() +
-                              " is a ZeRO-3 checkpoint (zero_pp_rank_*_model_states.pt), which ucp "
-                              "does not read yet");
+  if (!f.zero3.empty()) {
+    if (!f.mp.empty()) {
+      return DataLossError("checkpoint folder " + dir.string() + " mixes ZeRO-3 (" +
+                           f.zero3.begin()->second + ") and ZeRO-1/2 (" + f.mp.begin()->second +
+                           ") model-states files");
+    }
+    // ZeRO-3 saves model states per data-parallel rank; data-parallel rank 0's stand for the
+    // model-parallel rank (param_shapes are the same on every dp rank; Open checks the grid).
+    for (const auto& [key, name] : f.zero3) {
+      if (key.first == 0) f.mp[key.second] = name;
+    }
   }
   if (f.mp.empty()) {
     return NotFoundError("checkpoint folder " + dir.string() + " has no mp_rank_*_model_states.pt");
@@ -167,15 +177,22 @@ layout::Layout DeepSpeedCheckpoint::view() const {
 }
 
 std::string DeepSpeedCheckpoint::LayoutString() const {
-  const std::string zero = optimizer_ == "zero2" ? "2" : "1";
+  const std::string zero = optimizer_ == "zero2" ? "2" : optimizer_ == "zero3" ? "3" : "1";
   return "tp=" + std::to_string(tp_) + ",pp=" + std::to_string(pp_) + ",dp=" + std::to_string(dp_) +
          ",sp=" + std::to_string(sp_) + ",zero=" + zero;
 }
 
 std::string DeepSpeedCheckpoint::ModelStatesFile(int pp_rank, int tp_rank) const {
+  if (zero3_files_) return Zero3ModelStatesFile(tp_rank, 0);
   const int mp = naming_ == Naming::kMegatronPipe || pp_ > 1 ? pp_rank * tp_ + tp_rank : tp_rank;
   char buf[64];
   std::snprintf(buf, sizeof buf, "mp_rank_%02d_model_states.pt", mp);
+  return buf;
+}
+
+std::string DeepSpeedCheckpoint::Zero3ModelStatesFile(int tp_rank, int dp_rank) const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "zero_pp_rank_%d_mp_rank_%02d_model_states.pt", dp_rank, tp_rank);
   return buf;
 }
 
@@ -200,6 +217,7 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   UCP_ASSIGN_OR_RETURN(ck.dir_, ResolveTagDir(path));
   UCP_ASSIGN_OR_RETURN(FileNames files, ListFiles(ck.dir_));
   ck.optim_prefix_ = files.optim_prefix;
+  ck.zero3_files_ = !files.zero3.empty();
   const int num_mp = static_cast<int>(files.mp.size());
   for (int i = 0; i < num_mp; ++i) {
     if (!files.mp.contains(i)) {
@@ -259,6 +277,42 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
                          std::to_string(files.optim.size()) + " optim files, more than " +
                          std::to_string(dp_sp) + " partitions x " + std::to_string(num_mp) +
                          " model-parallel ranks");
+  }
+  if (ck.zero3_files_) {
+    if (ck.pp_ != 1) {
+      return UnimplementedError("checkpoint folder " + ck.dir_.string() +
+                                " is a ZeRO-3 checkpoint with pipeline stages (pp=" +
+                                std::to_string(ck.pp_) +
+                                "), which DeepSpeed does not train and ucp does not read");
+    }
+    for (int d = 0; d < dp_sp; ++d) {
+      for (int m = 0; m < num_mp; ++m) {
+        if (!files.zero3.contains({d, m})) {
+          return NotFoundError("checkpoint folder " + ck.dir_.string() + " lacks " +
+                               ck.Zero3ModelStatesFile(m, d) + " (ZeRO-3, tp=" +
+                               std::to_string(ck.tp_) + ", " + std::to_string(dp_sp) +
+                               " data-parallel partitions)");
+        }
+      }
+    }
+    if (files.zero3.size() != static_cast<size_t>(dp_sp) * num_mp) {
+      return DataLossError("checkpoint folder " + ck.dir_.string() + " has " +
+                           std::to_string(files.zero3.size()) +
+                           " ZeRO-3 model-states files, more than " + std::to_string(dp_sp) +
+                           " partitions x " + std::to_string(num_mp) + " model-parallel ranks");
+    }
+  }
+  // Frozen parameters (requires_grad=False) have no optimizer state, and a universal checkpoint
+  // holds fp32, exp_avg and exp_avg_sq for every parameter.
+  if (const PyValue* frozen = root.Get("frozen_param_shapes");
+      frozen != nullptr && frozen->kind() == PyKind::kDict && !frozen->entries().empty()) {
+    const PyValue* k = frozen->entries().front().first;
+    return UnimplementedError(
+        (ck.dir_ / files.mp.at(0)).string() + ": frozen_param_shapes lists " +
+        std::to_string(frozen->entries().size()) + " frozen parameter(s)" +
+        (k->kind() == PyKind::kStr ? " (\"" + k->str() + "\")" : std::string()) +
+        ", which have no optimizer state; ucp reads only checkpoints whose parameters are all "
+        "trained");
   }
   const PyValue* args = ObjectState(root.Get("args"));
   ck.sp_ = 1;
@@ -388,19 +442,28 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   UCP_ASSIGN_OR_RETURN(const PyValue* osd, of.root().Find("optimizer_state_dict", optim0));
   if (const PyValue* zs = osd->Get("zero_stage"); zs != nullptr) {
     UCP_ASSIGN_OR_RETURN(int64_t stage, ZeroStage(zs, optim0));
-    if (stage == 3)
-      return UnimplementedError(optim0 + ": ZeRO-3 optimizer states are not read yet");
-    if (stage != 1 && stage != 2) {
+    if (stage < 1 || stage > 3) {
       return UnimplementedError(optim0 + ": zero_stage " + std::to_string(stage) +
-                                " is not supported (ZeRO-1 and ZeRO-2 are)");
+                                " is not supported (ZeRO-1, 2 and 3 are)");
     }
-    ck.optimizer_ = stage == 1 ? "zero1" : "zero2";
+    if ((stage == 3) != ck.zero3_files_) {
+      return DataLossError(optim0 + ": zero_stage " + std::to_string(stage) + " but the folder " +
+                           (ck.zero3_files_ ? "holds ZeRO-3 model states (zero_pp_rank_*_model_states.pt)"
+                                            : "holds mp_rank_*_model_states.pt, not ZeRO-3's"));
+    }
+    ck.optimizer_ = stage == 1 ? "zero1" : stage == 2 ? "zero2" : "zero3";
+  } else if (ck.zero3_files_) {
+    return DataLossError(optim0 + ": optimizer_state_dict has no zero_stage, but the folder holds "
+                                  "ZeRO-3 model states (zero_pp_rank_*_model_states.pt)");
   } else {
     ck.optimizer_ = "bf16_optimizer";
   }
-  UCP_ASSIGN_OR_RETURN(const PyValue* base, osd->Find("base_optimizer_state", optim0));
+  // ZeRO-3 keeps the torch optimizer's state_dict under optimizer_state_dict (stage3.py
+  // _rigid_state_dict), ZeRO-1/2 and BF16_Optimizer under base_optimizer_state.
+  const char* base_key = ck.zero3() ? "optimizer_state_dict" : "base_optimizer_state";
+  UCP_ASSIGN_OR_RETURN(const PyValue* base, osd->Find(base_key, optim0));
   if (base->kind() != PyKind::kDict) {
-    return UnimplementedError(optim0 + ": base_optimizer_state is a " +
+    return UnimplementedError(optim0 + ": " + base_key + " is a " +
                               std::string(PyKindName(base->kind())) +
                               " (elastic checkpoint), which ucp does not read");
   }
@@ -408,8 +471,8 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
                        base->Find("state", optim0 + ": base_optimizer_state"));
   const PyValue* s0 = state->Get(int64_t{0});
   if (s0 == nullptr || s0->Get("exp_avg") == nullptr || s0->Get("exp_avg_sq") == nullptr) {
-    return UnimplementedError(optim0 +
-                              ": base_optimizer_state.state[0] has no exp_avg / "
+    return UnimplementedError(optim0 + ": " + base_key +
+                              ".state[0] has no exp_avg / "
                               "exp_avg_sq (only Adam-style optimizers are read)");
   }
   ck.step_ = ck.iteration_;
@@ -447,6 +510,17 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     }
   }
 
+  // Every command refuses a non-finite hyper-parameter when it opens the folder, rather than
+  // some reading it and others failing when a manifest (JSON: no NaN) is written (issue 16 #6).
+  static constexpr const char* kHyperNames[5] = {"lr", "betas[0]", "betas[1]", "eps",
+                                                 "weight_decay"};
+  for (size_t i = 0; i < ck.hyper_.size(); ++i) {
+    if (!std::isfinite(ck.hyper_[i])) {
+      return DataLossError(optim0 + ": optimizer_state_dict param_groups[0]." + kHyperNames[i] +
+                           " is " + std::to_string(ck.hyper_[i]) +
+                           ", not a finite number (ucp records finite hyper-parameters only)");
+    }
+  }
   if (const PyValue* u = root.Get("ucp_client_state"); u != nullptr) {
     if (u->kind() != PyKind::kStr) {
       return DataLossError((ck.dir_ / files.mp.at(0)).string() + ": ucp_client_state is not a string");
@@ -462,7 +536,7 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
         "skipped_steps", "ds_version", "ds_config", "lr_scheduler", "universal_checkpoint_info"}) {
     if (const PyValue* v = root.Get(key); v != nullptr) {
       js += ",\"" + std::string(key) + "\":";
-      AppendJson(v, js);
+      UCP_RETURN_IF_ERROR(AppendJson(v, js), (ck.dir_ / files.mp.at(0)).string() + ": " + key);
     }
   }
   // What a DeepSpeed writer needs to carry the optimizer over: rank 0's clip_grad, loss scaler
@@ -475,12 +549,14 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     return js;
   };
   for (const char* key : {"clip_grad", "dynamic_loss_scale", "overflow"}) {
-    if (const PyValue* v = osd->Get(key); v != nullptr) AppendJson(v, member(key));
+    if (const PyValue* v = osd->Get(key); v != nullptr) {
+      UCP_RETURN_IF_ERROR(AppendJson(v, member(key)), optim0 + ": " + key);
+    }
   }
   if (const PyValue* scaler = osd->Get("loss_scaler"); ObjectState(scaler) != nullptr) {
     AppendJsonString(scaler->class_name(), member("loss_scaler") += "{\"class\":");
     js += ",\"state\":";
-    AppendJson(ObjectState(scaler), js);
+    UCP_RETURN_IF_ERROR(AppendJson(ObjectState(scaler), js), optim0 + ": loss_scaler");
     js += "}";
   }
   if (const PyValue* groups = base->Get("param_groups");
@@ -493,9 +569,9 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
         if (k->kind() != PyKind::kStr || k->str() == "params") continue;
         js += first_key ? "" : ",";
         first_key = false;
-        AppendJsonString(k->str(), js);
+        AppendJsonKey(k->str(), js);
         js += ":";
-        AppendJson(v, js);
+        UCP_RETURN_IF_ERROR(AppendJson(v, js), optim0 + ": param_groups");
       }
       js += "}";
     }

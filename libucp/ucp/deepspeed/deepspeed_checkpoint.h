@@ -59,9 +59,10 @@ struct OpenOptions {
 
 class DeepSpeedCheckpoint {
  public:
-  /// Opens the tag folder (holding mp_rank_*_model_states.pt and *zero_pp_rank_*_optim_states.pt)
-  /// or its parent holding `latest`. Reads every mp_rank file's pickle and optimizer file 0's
-  /// (not the tensors), then binds the model.
+  /// Opens the tag folder (holding mp_rank_*_model_states.pt, or ZeRO-3's
+  /// zero_pp_rank_*_mp_rank_*_model_states.pt, and *zero_pp_rank_*_optim_states.pt) or its parent
+  /// holding `latest`. Reads every (dp 0) model-states file's pickle and optimizer file 0's (not
+  /// the tensors), then binds the model.
   /// Errors: kNotFound (no such folder, no `latest` tag folder, no mp_rank or optim files, a
   /// rank file missing from the grid, a key missing, no such model or rule set); kDataLoss
   /// (file counts that do not form a tp x pp x dp grid, param_shapes that differ between
@@ -69,8 +70,8 @@ class DeepSpeedCheckpoint {
   /// matched by no rule or by two, a hyper-parameter the checkpoint does not determine and no
   /// preset gives, a bad rule set); kFailedPrecondition (a checkpoint that is not the model: a
   /// parameter missing on either side, a TP shard shape, pipeline stage or hyper-parameter that
-  /// differs from the model's); kUnimplemented (ZeRO-3, DeepSpeed-MoE expert files, elastic
-  /// checkpoints, an optimizer without exp_avg / exp_avg_sq).
+  /// differs from the model's); kUnimplemented (DeepSpeed-MoE expert files, elastic
+  /// checkpoints, ZeRO-3 with pipeline stages, an optimizer without exp_avg / exp_avg_sq, frozen parameters).
   static Result<DeepSpeedCheckpoint> Open(const std::filesystem::path& path,
                                           const OpenOptions& options = {});
 
@@ -86,8 +87,15 @@ class DeepSpeedCheckpoint {
   /// The training dtype of the module weights.
   DType dtype() const { return dtype_; }
   Naming naming() const { return naming_; }
-  /// "bf16_optimizer", "zero1" or "zero2".
+  /// "bf16_optimizer", "zero1", "zero2" or "zero3".
   const std::string& optimizer() const { return optimizer_; }
+  /// ZeRO-3 (stage3.py): per (dp, tp) rank a zero_pp_rank_D_mp_rank_TT_model_states.pt whose
+  /// param_shapes list each sub-group's parameters at their full (TP-local) shapes, and an optim
+  /// file whose fp32_flat_groups[i] is sub-group i's parameters, each cut into dp * sp pieces of
+  /// ceil(numel / (dp * sp)) elements (the last one padded), this rank's piece of each in order.
+  /// No module weights are saved: the training-dtype weight is the fp32 master rounded, as the
+  /// engine itself restores it (_rigid_load_state_dict).
+  bool zero3() const { return optimizer_ == "zero3"; }
   /// universal_checkpoint_info.original_vocab_size; 0 when not saved.
   int64_t original_vocab_size() const { return original_vocab_; }
   /// The family whose rule set the model uses ("gpt"); empty unless bind_model.
@@ -116,8 +124,10 @@ class DeepSpeedCheckpoint {
   /// lr, beta1, beta2, eps, weight_decay of optimizer group 0.
   const std::vector<double>& hyper() const { return hyper_; }
 
-  /// File names relative to dir().
+  /// File names relative to dir(). ZeRO-3: rank (dp 0, tp_rank)'s zero_pp_rank_0_mp_rank_TT file.
   std::string ModelStatesFile(int pp_rank, int tp_rank) const;
+  /// ZeRO-3: zero_pp_rank_D_mp_rank_TT_model_states.pt of data-parallel rank `dp_rank`.
+  std::string Zero3ModelStatesFile(int tp_rank, int dp_rank) const;
   std::string OptimStatesFile(int pp_rank, int tp_rank, int dp_rank) const;
   /// GPTModelPipe: the low-precision weights of spec `layer_index` on tp rank `tp_rank`.
   static std::string LayerFile(int64_t layer_index, int tp_rank);
@@ -133,6 +143,7 @@ class DeepSpeedCheckpoint {
   Naming naming_ = Naming::kPlain;
   std::string optimizer_;
   std::string optim_prefix_;
+  bool zero3_files_ = false;  // zero_pp_rank_*_model_states.pt, not mp_rank_*
   int64_t original_vocab_ = 0;
   std::vector<DeepSpeedParam> params_;
   std::string client_state_json_;

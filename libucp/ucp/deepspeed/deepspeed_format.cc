@@ -8,6 +8,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "ucp/base/progress.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/deepspeed/deepspeed_checkpoint.h"
 #include "ucp/deepspeed/deepspeed_source.h"
@@ -34,6 +35,7 @@ class DeepSpeedSource final : public CheckpointSource {
     return tensors_->ReadFlatRange(t, begin, end, out);
   }
   std::vector<TensorInfo> StoredTensors() const override { return tensors_->tensors(); }
+  Status CheckUnchanged() const override { return tensors_->CheckUnchanged(); }
   // The records are independent, so they are streamed in parallel (the executor's thread limit
   // applies); the first failure in record order is reported.
   Status VerifyChecksums() const override {
@@ -95,6 +97,9 @@ Result<std::unique_ptr<CheckpointSource>> OpenDeepSpeedSource(const std::filesys
   meta.optimizer_states = {"fp32", "exp_avg", "exp_avg_sq"};
   meta.framework = ck.naming() == deepspeed::Naming::kPlain ? "deepspeed" : "megatron-deepspeed";
   meta.source_layout = ck.LayoutString();
+  // DeepSpeed's own layout (its dp and ZeRO stage), shown and kept by conversions.
+  UCP_ASSIGN_OR_RETURN(meta.native_layout, layout::ParseLayout(meta.source_layout),
+                       ck.dir().string());
   meta.source_notes = ck.dir().filename().string() + ", " + ck.optimizer() + ", " +
                       std::string(deepspeed::NamingName(ck.naming())) +
                       " names, hyper-parameters from " + ck.model_origin();
@@ -136,13 +141,8 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
   }
   if (to.zero_stage == 0) {
     return InvalidArgumentError(where +
-                                ": DeepSpeed's ZeRO checkpoints are written at zero=1 or zero=2; "
+                                ": DeepSpeed's ZeRO checkpoints are written at zero=1, 2 or 3; "
                                 "zero=0 has no ZeRO optimizer files");
-  }
-  if (to.zero_stage == 3) {
-    return UnimplementedError(where +
-                              ": writing ZeRO-3 checkpoints is not implemented (zero=1 "
-                              "and zero=2 are)");
   }
   if (to.ep != 1) {
     return UnimplementedError(where +
@@ -181,6 +181,12 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
                          "the source's recorded naming");
   } else {
     wo.layout.naming = deepspeed::Naming::kMegatronPipe;
+  }
+  // ZeRO-3 runs without DeepSpeed's pipeline engine: a GPTModelPipe source's names become
+  // GPTModel's unless --naming asks otherwise (then DescribeDeepSpeedTarget refuses it).
+  if (to.zero_stage == 3 && ds.naming.empty() &&
+      wo.layout.naming == deepspeed::Naming::kMegatronPipe) {
+    wo.layout.naming = deepspeed::Naming::kMegatronGpt;
   }
   // One param group when the source DeepSpeed run had one; Megatron's two otherwise.
   if (recorded.is_object() && recorded.contains("optimizer_state") &&
@@ -229,7 +235,10 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
   if (std::filesystem::exists(dst, ec)) {
     return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
   }
-  if (options.verify_source_checksums) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
+  if (options.verify_source_checksums) {
+    progress::BeginPhase("verify", progress::TreeBytes(meta.dir));
+    UCP_RETURN_IF_ERROR(src.VerifyChecksums());
+  }
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<deepspeed::DeepSpeedWriter> writer,
                        deepspeed::DeepSpeedWriter::Create(dst, meta.model, plan, wo), where);
   exec::ExecOptions eo;
@@ -237,6 +246,7 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
   eo.progress = options.progress;
   eo.targets = writer->targets();
   UCP_ASSIGN_OR_RETURN(exec::ExecStats stats, exec::ExecutePlan(plan, src, *writer, eo));
+  progress::BeginPhase("commit", 0);
   UCP_RETURN_IF_ERROR(writer->Commit(), "while writing DeepSpeed checkpoint " + dst.string());
   return stats;
 }
@@ -246,6 +256,8 @@ namespace {
 class DeepSpeedFormat final : public api::CheckpointFormat {
  public:
   std::string_view name() const override { return "deepspeed"; }
+  std::string_view root_pointer_file() const override { return "latest"; }
+  bool writes_root() const override { return true; }
   std::string_view summary() const override {
     return "DeepSpeed / Megatron-DeepSpeed ZeRO-1/2 and BF16_Optimizer checkpoint folders";
   }
@@ -295,9 +307,25 @@ class DeepSpeedFormat final : public api::CheckpointFormat {
 class DeepSpeedUniversalFormat final : public api::CheckpointFormat {
  public:
   std::string_view name() const override { return "deepspeed-universal"; }
+  std::string_view root_pointer_file() const override { return "latest_universal"; }
   std::string_view summary() const override {
-    return "DeepSpeed's universal layout (zero/<param>/fp32.pt ...), from a ucp universal "
-           "checkpoint";
+    return "DeepSpeed's universal layout (zero/<param>/fp32.pt ...), for DeepSpeed's "
+           "--universal-checkpoint resume";
+  }
+  // Recognised (before "deepspeed", whose model-state files it also has) so that reading one
+  // says what it is instead of "no optimizer files"; reading it is not implemented yet.
+  bool reads() const override { return true; }
+  bool Detect(const std::filesystem::path& dir) const override {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(dir / "zero" / "optimizer_state.pt", ec);
+  }
+  Result<std::unique_ptr<CheckpointSource>> Open(const std::filesystem::path& dir,
+                                                 const std::filesystem::path&,
+                                                 const api::SourceOptions&) const override {
+    return UnimplementedError(dir.string() +
+                              " is DeepSpeed's universal layout (zero/<param>/*.pt), which ucp "
+                              "writes for DeepSpeed but does not read yet; convert the "
+                              "checkpoint it was written from");
   }
   bool writes() const override { return true; }
   std::vector<api::FormatOption> write_options() const override {
@@ -314,10 +342,17 @@ class DeepSpeedUniversalFormat final : public api::CheckpointFormat {
     ds.tp = request.layout.universal ? 1 : request.layout.tp;
     ds.pp = request.layout.universal ? 1 : request.layout.pp;
     ds.model_states_from = request.Option("model-states-from");
-    UCP_RETURN_IF_ERROR(WriteDeepSpeedUniversal(reader, dst, ds),
-                        "while writing DeepSpeed universal checkpoint " + dst.string());
+    Status written = WriteDeepSpeedUniversal(reader, dst, ds);
+    if (written.code() == StatusCode::kUnimplemented) {
+      // A rule DeepSpeed's universal loader cannot cut; its ZeRO checkpoints hold any model.
+      written = Status(written.code(), written.message() +
+                                           "; --format deepspeed writes this model (DeepSpeed "
+                                           "ZeRO files at a layout)");
+    }
+    UCP_RETURN_IF_ERROR(written, "while writing DeepSpeed universal checkpoint " + dst.string());
     return exec::ExecStats{};
   }
+  bool needs_universal_source() const override { return true; }
   std::string_view written_noun() const override { return "DeepSpeed universal checkpoint"; }
 };
 

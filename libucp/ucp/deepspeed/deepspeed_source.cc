@@ -8,9 +8,11 @@
 #include <map>
 #include <set>
 
+#include "ucp/base/checked_math.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/deepspeed/pickle_values.h"
 #include "ucp/io/raw_file.h"
+#include "ucp/tensor/cast.h"
 
 namespace ucp::deepspeed {
 
@@ -24,6 +26,23 @@ using torch::TorchFile;
 
 namespace {
 constexpr const char* kStates[3] = {"fp32", "exp_avg", "exp_avg_sq"};
+
+// The weight `key` (an engine name) in a module state dict: a flat key, or nested dicts whose
+// keys join with '.' to it. Megatron-DeepSpeed saves GPTModel's `module` through
+// state_dict_for_save_checkpoint: language_model -> embedding -> word_embeddings -> weight,
+// encoder -> flat "layers.N...." keys, output_layer -> weight.
+const PyValue* FindModuleTensor(const PyValue* dict, std::string_view key) {
+  if (dict == nullptr || dict->kind() != PyKind::kDict) return nullptr;
+  if (const PyValue* v = dict->Get(key); v != nullptr) return v;
+  for (const auto& [k, v] : dict->entries()) {
+    if (k->kind() != PyKind::kStr || v->kind() != PyKind::kDict) continue;
+    const std::string& p = k->str();
+    if (key.size() > p.size() && key.starts_with(p) && key[p.size()] == '.') {
+      if (const PyValue* t = FindModuleTensor(v, key.substr(p.size() + 1)); t != nullptr) return t;
+    }
+  }
+  return nullptr;
+}
 }  // namespace
 
 struct DeepSpeedTensorSource::File {
@@ -47,12 +66,93 @@ struct DeepSpeedTensorSource::Entry {
   DType dtype = DType::kFp32;
   int64_t numel = 0;
   int state = -1;     // 0..2: an optimizer state (kStates); -1: the model weight
+  bool cast = false;  // ZeRO-3's model weight: the fp32 fragments (state 0) rounded to dtype
   int32_t list = -1;  // optimizer: index into fragment_lists_
   int32_t file = -1;  // model: the file holding the weight
   TensorRef ref;      // model: the weight
 };
 
 DeepSpeedTensorSource::~DeepSpeedTensorSource() = default;
+
+Status DeepSpeedTensorSource::AddZero3Partitions(
+    const DeepSpeedCheckpoint& ck, int tp_rank, int dp_rank, int32_t fi, const PyValue& osd,
+    File& file, std::map<std::string, std::vector<Fragment>>& frags) {
+  const std::string& name = file.name;
+  UCP_ASSIGN_OR_RETURN(const PyValue* fp32, osd.Find("fp32_flat_groups", name));
+  UCP_ASSIGN_OR_RETURN(const PyValue* base, osd.Find("optimizer_state_dict", name));
+  UCP_ASSIGN_OR_RETURN(const PyValue* state, base->Find("state", name + ": optimizer_state_dict"));
+  if (fp32->kind() != PyKind::kList) {
+    return DataLossError(name + ": fp32_flat_groups is not a list of sub-group partitions");
+  }
+  // This rank's own param_shapes say which parameters each sub-group flattens, in order.
+  const std::string mname = ck.Zero3ModelStatesFile(tp_rank, dp_rank);
+  UCP_ASSIGN_OR_RETURN(TorchFile model, TorchFile::Open(ck.dir() / mname));
+  UCP_ASSIGN_OR_RETURN(const PyValue* shapes, model.root().Find("param_shapes", mname));
+  if (shapes->kind() != PyKind::kList || shapes->items().size() != fp32->items().size()) {
+    return DataLossError(mname + ": param_shapes does not list one dict per sub-group of " + name +
+                         "'s " + std::to_string(fp32->items().size()) + " fp32_flat_groups");
+  }
+  const int64_t parts = ck.dp_sp();
+  for (size_t g = 0; g < fp32->items().size(); ++g) {
+    const std::string where = name + ": sub-group " + std::to_string(g);
+    const PyValue* st = state->Get(static_cast<int64_t>(g));
+    if (st == nullptr) {
+      return DataLossError(where + " has no optimizer_state_dict.state[" + std::to_string(g) + "]");
+    }
+    const std::array<const PyValue*, 3> t = {fp32->items()[g], st->Get("exp_avg"),
+                                             st->Get("exp_avg_sq")};
+    std::array<TensorRef, 3> refs;
+    for (int k = 0; k < 3; ++k) {
+      if (t[k] == nullptr || t[k]->kind() != PyKind::kTensor ||
+          t[k]->tensor().dtype != DType::kFp32 || !t[k]->tensor().IsContiguous() ||
+          t[k]->tensor().size.size() != 1) {
+        return DataLossError(where + ": the " + kStates[k] +
+                             " partition is not a contiguous 1-d fp32 tensor");
+      }
+      refs[k] = t[k]->tensor();
+    }
+    const PyValue* group = shapes->items()[g];
+    if (group->kind() != PyKind::kDict) {
+      return DataLossError(mname + ": param_shapes[" + std::to_string(g) + "] is not a dict");
+    }
+    // Each parameter is cut into `parts` pieces of ceil(numel / parts) elements (the last one
+    // zero-padded); this rank holds piece dp_rank of each, back to back.
+    int64_t offset = 0;
+    for (const auto& [k, v] : group->entries()) {
+      if (k->kind() != PyKind::kStr) {
+        return DataLossError(mname + ": param_shapes[" + std::to_string(g) +
+                             "] has a key that is not a str");
+      }
+      UCP_ASSIGN_OR_RETURN(Shape shape, AsShape(v, mname + ": param_shapes[\"" + k->str() + "\"]"));
+      UCP_ASSIGN_OR_RETURN(int64_t numel,
+                           CheckedProduct(shape, mname + ": param_shapes[\"" + k->str() + "\"]"));
+      const int64_t piece = (numel + parts - 1) / parts;
+      const int64_t lo = std::min(numel, piece * dp_rank);
+      const int64_t n = std::min(piece, numel - lo);
+      if (n > 0) {
+        frags[k->str()].push_back(Fragment{0, n, offset, fi, static_cast<int32_t>(g)});
+      }
+      offset += piece;
+    }
+    // zero_to_fp32's own sanity check: the pieces fill the partition exactly.
+    for (int k = 0; k < 3; ++k) {
+      if (refs[k].num_elements() != offset) {
+        return DataLossError(where + ": the " + kStates[k] + " partition has " +
+                             std::to_string(refs[k].num_elements()) + " elements, but the " +
+                             std::to_string(group->entries().size()) + " parameters " + mname +
+                             " lists for it take " + std::to_string(offset) + " at dp*sp=" +
+                             std::to_string(parts));
+      }
+    }
+    file.groups.push_back(refs);
+  }
+  if (state->kind() == PyKind::kDict && state->entries().size() != fp32->items().size()) {
+    return DataLossError(name + ": optimizer_state_dict.state has " +
+                         std::to_string(state->entries().size()) + " entries for " +
+                         std::to_string(fp32->items().size()) + " sub-groups");
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
     const DeepSpeedCheckpoint& ck) {
@@ -87,6 +187,11 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
         File& file = *src->files_[static_cast<size_t>(fi)];
         const PyValue& root = file.torch.root();
         UCP_ASSIGN_OR_RETURN(const PyValue* osd, root.Find("optimizer_state_dict", name));
+        if (ck.zero3()) {
+          UCP_RETURN_IF_ERROR(AddZero3Partitions(ck, r, d, fi, *osd, file,
+                                                 frags[static_cast<size_t>(s) * tp + r]));
+          continue;
+        }
         UCP_ASSIGN_OR_RETURN(const PyValue* fp32,
                              osd->Find("single_partition_of_fp32_groups", name));
         UCP_ASSIGN_OR_RETURN(const PyValue* maps, osd->Find("param_slice_mappings", name));
@@ -172,34 +277,47 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
     e.numel = NumElementsOrDie(t.shape);
     e.dtype = t.dtype;
     TensorInfo stored = t;
-    if (t.kind == TensorKind::kOptimSlice) {
-      e.state = static_cast<int>(std::find(std::begin(kStates), std::end(kStates), t.state) -
-                                 std::begin(kStates));
-      if (e.state >= 3) return InternalError("view tensor of unknown state " + t.state);
+    // The fragments of the TP shard (pp, tp) of p, in dp order, checked to tile it.
+    auto fragment_list = [&]() -> Result<int32_t> {
       auto [li, inserted] = lists.try_emplace({t.pp, t.tp, t.param}, 0);
       if (inserted) {
         const auto& by_name = frags[static_cast<size_t>(t.pp) * tp + t.tp];
         auto it = by_name.find(p.engine_name);
         std::vector<Fragment> list = it == by_name.end() ? std::vector<Fragment>{} : it->second;
         int64_t offset = 0;
+        const int64_t want = NumElementsOrDie(t.shape);
         for (Fragment& f : list) {
           f.offset = offset;
           offset += f.numel;
         }
-        if (offset != e.numel) {
+        if (offset != want) {
           std::string files = ck.OptimStatesFile(t.pp, t.tp, 0);
           files.replace(files.find("_pp_rank_0_"), 11, "_pp_rank_*_");
           return DataLossError("parameter \"" + p.engine_name + "\" on pipeline stage " +
                                std::to_string(t.pp) + ", tp rank " + std::to_string(t.tp) +
-                               ": the param_slice_mappings of its " + std::to_string(ck.dp_sp()) +
+                               ": the " + (ck.zero3() ? "ZeRO-3 partitions" : "param_slice_mappings") +
+                               " of its " + std::to_string(ck.dp_sp()) +
                                " optimizer files (" + files + ") hold " + std::to_string(offset) +
                                " elements, its TP shard " + ShapeString(t.shape) + " has " +
-                               std::to_string(e.numel));
+                               std::to_string(want));
         }
         src->fragment_lists_.push_back(std::move(list));
         li->second = static_cast<int32_t>(src->fragment_lists_.size() - 1);
       }
-      e.list = li->second;
+      return li->second;
+    };
+    if (t.kind == TensorKind::kOptimSlice) {
+      e.state = static_cast<int>(std::find(std::begin(kStates), std::end(kStates), t.state) -
+                                 std::begin(kStates));
+      if (e.state >= 3) return InternalError("view tensor of unknown state " + t.state);
+      UCP_ASSIGN_OR_RETURN(e.list, fragment_list());
+    } else if (t.kind == TensorKind::kModelSlice && ck.zero3()) {
+      // ZeRO-3 saves no module weights (`module` holds empty placeholders); the engine's
+      // low-precision partitions are its fp32 partitions copied (rounded) after each step and
+      // again at load, so the weight is the fp32 master rounded to the training dtype.
+      e.state = 0;
+      e.cast = t.dtype != DType::kFp32;
+      UCP_ASSIGN_OR_RETURN(e.list, fragment_list());
     } else if (t.kind == TensorKind::kModelSlice) {
       std::string name, key;
       if (ck.naming() == Naming::kMegatronPipe) {
@@ -216,7 +334,7 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
       if (ck.naming() != Naming::kMegatronPipe) {
         UCP_ASSIGN_OR_RETURN(module, root.Find("module", name));
       }
-      const PyValue* w = module->Get(key);
+      const PyValue* w = FindModuleTensor(module, key);
       if (w == nullptr || w->kind() != PyKind::kTensor) {
         return DataLossError(name + ": " + (ck.naming() == Naming::kMegatronPipe ? "" : "module ") +
                              "has no tensor \"" + key + "\" (the weight of parameter \"" +
@@ -294,6 +412,17 @@ Status DeepSpeedTensorSource::ReadFlatRange(const TensorInfo& t, int64_t begin, 
   }
   if (begin == end) return Status::Ok();
   if (e.state < 0) return ReadModel(e, begin, end, out).WithContext("tensor \"" + t.name + "\"");
+  if (e.cast) {
+    std::vector<std::byte> fp32(static_cast<size_t>((end - begin) * 4));
+    UCP_RETURN_IF_ERROR(ReadFragments(e, begin, end, fp32), "tensor \"" + t.name + "\"");
+    return CastElements(DType::kFp32, fp32, e.dtype, out, end - begin)
+        .WithContext("tensor \"" + t.name + "\"");
+  }
+  return ReadFragments(e, begin, end, out).WithContext("tensor \"" + t.name + "\"");
+}
+
+Status DeepSpeedTensorSource::ReadFragments(const Entry& e, int64_t begin, int64_t end,
+                                            std::span<std::byte> out) const {
   const std::vector<Fragment>& frags = fragment_lists_[static_cast<size_t>(e.list)];
   // The last fragment starting at or before `begin` (fragments tile [0, numel) in order).
   auto f = std::upper_bound(frags.begin(), frags.end(), begin,
@@ -306,8 +435,7 @@ Status DeepSpeedTensorSource::ReadFlatRange(const TensorInfo& t, int64_t begin, 
     UCP_RETURN_IF_ERROR(
         file.torch.ReadTensorBytes(
             file.groups[static_cast<size_t>(f->group)][e.state], (f->start + lo - f->offset) * 4,
-            out.subspan(static_cast<size_t>((lo - begin) * 4), static_cast<size_t>((hi - lo) * 4))),
-        "tensor \"" + t.name + "\"");
+            out.subspan(static_cast<size_t>((lo - begin) * 4), static_cast<size_t>((hi - lo) * 4))));
   }
   return Status::Ok();
 }
@@ -316,6 +444,11 @@ Status DeepSpeedTensorSource::VerifyRecord(int64_t i) const {
   const Record& r = records_[static_cast<size_t>(i)];
   const File& file = *files_[static_cast<size_t>(r.file)];
   return file.torch.VerifyStorageCrc32(r.storage);
+}
+
+Status DeepSpeedTensorSource::CheckUnchanged() const {
+  for (const auto& f : files_) UCP_RETURN_IF_ERROR(f->torch.CheckSourceUnchanged());
+  return Status::Ok();
 }
 
 Status DeepSpeedTensorSource::VerifyChecksums() const {

@@ -5,17 +5,22 @@
 //   pp<P>.tp<T>/optim/<local>/<state>  fp32, the TP shard: its fragments, in dp order, in the
 //       dp*sp optimizer files of (P, T), located by param_slice_mappings and read as byte ranges
 //       of single_partition_of_fp32_groups[g] / base_optimizer_state.state[g].exp_avg|exp_avg_sq.
+//   ZeRO-3: each sub-group's fp32_flat_groups[i] and optimizer_state_dict.state[i] hold this dp
+//       rank's ceil(numel / (dp*sp))-element piece of every parameter of the sub-group, in
+//       param_shapes order (zero_to_fp32.py's reconstruction); the fragments are derived from that.
 //   pp<P>.tp<T>/model/<local>          the training-dtype weight: `module` of
 //       mp_rank_XX_model_states.pt (GPTModel, plain) or layer_IDX-model_TT-model_states.pt
 //       (GPTModelPipe). The tied embedding GPTModelPipe's last stage holds has no layer file; it is
 //       read from the first stage's (DeepSpeed keeps the copies in sync, and the plan's check ops
-//       still compare the fp32 / Adam copies of both stages).
+//       still compare the fp32 / Adam copies of both stages). ZeRO-3 saves no weights: the fp32
+//       fragments rounded to the training dtype, as the engine restores them.
 //
 // Every view tensor is resolved to its files, records and fragments once, at Open; a read is a
 // hash lookup plus preads, safe from many threads at once.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -61,6 +66,9 @@ class DeepSpeedTensorSource final : public exec::TensorSource {
   Status VerifyRecord(int64_t i) const;
   /// VerifyRecord for every record, in order. Errors: the first failure.
   Status VerifyChecksums() const;
+  /// Whether every file opened is still the one read (device, inode, size, mtime; issue 16 #8).
+  /// Errors: kDataLoss naming the file and what changed.
+  Status CheckUnchanged() const override;
 
  private:
   struct File;
@@ -72,6 +80,12 @@ class DeepSpeedTensorSource final : public exec::TensorSource {
   };
   DeepSpeedTensorSource() = default;
   Status ReadModel(const Entry& e, int64_t begin, int64_t end, std::span<std::byte> out) const;
+  Status ReadFragments(const Entry& e, int64_t begin, int64_t end, std::span<std::byte> out) const;
+  /// ZeRO-3: records file `fi` (data-parallel rank `dp_rank` of tp rank `tp_rank`) sub-group
+  /// partitions in `file` and each parameter's piece in `frags` (engine name -> fragments).
+  static Status AddZero3Partitions(const DeepSpeedCheckpoint& ck, int tp_rank, int dp_rank,
+                                   int32_t fi, const torch::PyValue& osd, File& file,
+                                   std::map<std::string, std::vector<Fragment>>& frags);
 
   std::vector<std::unique_ptr<File>> files_;
   std::vector<std::vector<Fragment>> fragment_lists_;  // per (param, stage, tp): the TP shard

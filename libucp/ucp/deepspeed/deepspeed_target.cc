@@ -33,6 +33,12 @@ std::string DeepSpeedTarget::ModelStatesFile(int pp, int tp) const {
   return buf;
 }
 
+std::string DeepSpeedTarget::Zero3ModelStatesFile(int tp, int d) const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "zero_pp_rank_%d_mp_rank_%02d_model_states.pt", d, MpRank(0, tp));
+  return buf;
+}
+
 std::string DeepSpeedTarget::OptimStatesFile(int pp, int tp, int d,
                                              const std::string& prefix) const {
   char buf[96];
@@ -67,9 +73,16 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
                                 ",pp=" + std::to_string(l.pp) + ",dp=" + std::to_string(l.dp) +
                                 ",sp=" + std::to_string(l.sp) + " has a size below 1");
   }
-  if (l.zero_stage != 1 && l.zero_stage != 2) {
-    return InvalidArgumentError("DeepSpeed checkpoints are written for ZeRO stage 1 or 2, not " +
+  if (l.zero_stage < 1 || l.zero_stage > 3) {
+    return InvalidArgumentError("DeepSpeed checkpoints are written for ZeRO stage 1, 2 or 3, not " +
                                 std::to_string(l.zero_stage));
+  }
+  const bool zero3 = l.zero_stage == 3;
+  if (zero3 && (l.pp > 1 || l.naming == Naming::kMegatronPipe)) {
+    return InvalidArgumentError(
+        "ZeRO-3 is written without pipeline stages (pp=1, naming megatron-gpt or plain): "
+        "DeepSpeed's pipeline engine does not run ZeRO-3 (asked: pp=" + std::to_string(l.pp) +
+        ", naming " + std::string(NamingName(l.naming)) + ")");
   }
   if (l.pp > 1 && l.naming != Naming::kMegatronPipe) {
     return InvalidArgumentError("naming " + std::string(NamingName(l.naming)) +
@@ -178,12 +191,26 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
           group.params.push_back(static_cast<int32_t>(rank.params.size()));
           rank.params.push_back(std::move(t));
         }
-        UCP_ASSIGN_OR_RETURN(group.partition, layout::PartitionFlat(numels, l.dp * l.sp, 2),
-                             "optimizer group " + std::to_string(rank.groups.size()) +
-                                 " of pipeline stage " + std::to_string(s) + ", tp rank " +
-                                 std::to_string(r));
-        for (size_t k = 0; k < group.params.size(); ++k) {
-          rank.params[static_cast<size_t>(group.params[k])].offset = group.partition.offsets[k];
+        if (zero3) {
+          const int64_t parts = int64_t{l.dp} * l.sp;
+          layout::ZeroPartition& part = group.partition;
+          part.num_fragments = static_cast<int>(parts);
+          for (size_t k = 0; k < group.params.size(); ++k) {
+            TargetParam& t = rank.params[static_cast<size_t>(group.params[k])];
+            t.piece = (t.numel + parts - 1) / parts;
+            t.offset = part.fragment_size;
+            part.offsets.push_back(t.offset);
+            part.fragment_size += t.piece;
+          }
+          part.total = part.padded_total = part.fragment_size * parts;
+        } else {
+          UCP_ASSIGN_OR_RETURN(group.partition, layout::PartitionFlat(numels, l.dp * l.sp, 2),
+                               "optimizer group " + std::to_string(rank.groups.size()) +
+                                   " of pipeline stage " + std::to_string(s) + ", tp rank " +
+                                   std::to_string(r));
+          for (size_t k = 0; k < group.params.size(); ++k) {
+            rank.params[static_cast<size_t>(group.params[k])].offset = group.partition.offsets[k];
+          }
         }
         rank.groups.push_back(std::move(group));
       }
@@ -192,7 +219,7 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
       std::vector<std::tuple<int64_t, size_t, int32_t>> saved;  // (file order, model order, param)
       for (size_t i = 0; i < rank.params.size(); ++i) {
         const TargetParam& p = rank.params[i];
-        if (p.source_stage != s) continue;
+        if (p.source_stage != s || zero3) continue;  // ZeRO-3 saves no weights
         if (pipe && target.tied_embeddings && s != 0 && p.name.starts_with("embedding.")) continue;
         int64_t file_order = 0;
         if (pipe) {

@@ -16,6 +16,10 @@
 //    there. It is listed on the last stage with `source_stage` 0: its values are stage 0's.
 // Megatron's param groups: weights of >= 2 dims that are not biases (weight decay), then the rest;
 // a group with no parameter on a rank is left out, as Megatron's get_param_groups does.
+// ZeRO-3 (stage3.py): each group is one sub-group (DeepSpeed's default sub_group_size), and every
+// parameter is cut by itself into dp * sp pieces of ceil(numel / (dp * sp)) elements (the last
+// zero-padded); partition d of a group is piece d of each of its parameters, back to back. No
+// module weights are saved (the engine rounds its fp32 partitions on load).
 #pragma once
 
 #include <cstdint>
@@ -57,7 +61,8 @@ struct TargetParam {
   Shape local_shape;        ///< the TP slice (patterns::SliceParam)
   int64_t numel = 0;
   int group = 0;
-  int64_t offset = 0;  ///< element offset in its group's flat buffer
+  int64_t offset = 0;  ///< element offset in its group's flat buffer (ZeRO-3: in a partition)
+  int64_t piece = 0;   ///< ZeRO-3: ceil(numel / (dp * sp)), its elements in each partition
   /// The stage whose ucp view holds its values: its own, or 0 for the tied module's copy on the
   /// last stage of parameters ucp's rules keep on the first stage only.
   int source_stage = 0;
@@ -70,6 +75,8 @@ struct TargetGroup {
   /// among the rank's non-empty groups.
   int kind = 0;
   std::vector<int32_t> params;  ///< indices into TargetRank::params
+  /// ZeRO-1/2: layout::PartitionFlat. ZeRO-3: fragment_size = the partition's length (the sum
+  /// of its parameters' pieces), num_fragments = dp * sp, total = padded_total = their product.
   layout::ZeroPartition partition;
 };
 
@@ -119,13 +126,16 @@ struct DeepSpeedTarget {
   /// tp * pp: mp_world_size.
   int MpWorldSize() const { return layout.tp * layout.pp; }
   std::string ModelStatesFile(int pp, int tp) const;
+  /// ZeRO-3: zero_pp_rank_D_mp_rank_XX_model_states.pt of partition d.
+  std::string Zero3ModelStatesFile(int tp, int d) const;
   /// `prefix` is "bf16_" when bf16 is enabled, else "".
   std::string OptimStatesFile(int pp, int tp, int d, const std::string& prefix) const;
 };
 
 /// Describes the checkpoint DeepSpeed saves for `model` at `layout`.
-/// Errors: kInvalidArgument (a layout size < 1, zero_stage not 1 or 2, a naming that cannot
-/// express the model: pp > 1 without GPTModelPipe, a parameter the naming has no name for);
+/// Errors: kInvalidArgument (a layout size < 1, zero_stage not 1, 2 or 3, a naming that cannot
+/// express the model: pp > 1 without GPTModelPipe, a parameter the naming has no name for;
+/// ZeRO-3 with pp > 1 or GPTModelPipe, which DeepSpeed's pipeline engine does not run);
 /// kFailedPrecondition (the model does not fit the layout: layers % pp, heads % tp, ...).
 Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& model,
                                                 const DeepSpeedLayout& layout);

@@ -208,9 +208,34 @@ TEST(DeepSpeedTarget, RefusesWhatTheNamingOrLayoutCannotExpress) {
   EXPECT_THAT(DescribeDeepSpeedTarget(model, l).status(),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("tp=3")));
   l.tp = 1;
-  l.zero_stage = 3;
+  l.zero_stage = 4;
   EXPECT_THAT(DescribeDeepSpeedTarget(model, l).status(),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("ZeRO stage 1 or 2")));
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("ZeRO stage 1, 2 or 3")));
+  l.zero_stage = 3;  // with GPTModelPipe naming
+  EXPECT_THAT(DescribeDeepSpeedTarget(model, l).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("pipeline engine does not run ZeRO-3")));
+  // ZeRO-3: each parameter cut by itself into ceil(numel / (dp * sp)) pieces, back to back.
+  l.naming = Naming::kMegatronGpt;
+  l.dp = 3;
+  {
+    UCP_ASSERT_OK_AND_ASSIGN(DeepSpeedTarget t, DescribeDeepSpeedTarget(model, l));
+    const TargetRank& r = t.rank(0, 0);
+    EXPECT_TRUE(r.model.empty());  // ZeRO-3 saves no module weights
+    for (const TargetGroup& g : r.groups) {
+      int64_t offset = 0;
+      for (int32_t i : g.params) {
+        const TargetParam& p = r.params[static_cast<size_t>(i)];
+        EXPECT_EQ(p.piece, (p.numel + 2) / 3) << p.name;
+        EXPECT_EQ(p.offset, offset) << p.name;
+        offset += p.piece;
+      }
+      EXPECT_EQ(g.partition.fragment_size, offset);
+      EXPECT_EQ(g.partition.num_fragments, 3);
+    }
+    EXPECT_EQ(t.Zero3ModelStatesFile(0, 2), "zero_pp_rank_2_mp_rank_00_model_states.pt");
+  }
+  l.dp = 1;
   // A parameter outside Megatron's four groups has no GPTModelPipe / GPTModel name.
   const std::string rules_json = R"({
     "family": "toy",

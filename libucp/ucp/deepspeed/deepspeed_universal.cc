@@ -176,14 +176,10 @@ Status WriteStateFile(const fs::path& path, Tensor t, MergeKind merge, int dim) 
   return w.Write(path, *d);
 }
 
-}  // namespace
-
-Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path& dst,
-                               const DeepSpeedUniversalOptions& options) {
+// Writes the folder's content into `tmp` (the caller's temporary folder for it).
+Status WriteUniversalTree(const io::UniversalReader& reader, const fs::path& tmp,
+                          const DeepSpeedUniversalOptions& options) {
   std::error_code ec;
-  if (fs::exists(dst, ec)) return AlreadyExistsError("output " + dst.string() + " exists");
-  const fs::path tmp = dst.parent_path() / (".tmp-" + dst.filename().string());
-  fs::remove_all(tmp, ec);
   fs::create_directories(tmp / "zero", ec);
   if (ec) return IoError("cannot create " + (tmp / "zero").string() + ": " + ec.message());
   const io::UniversalManifest& m = reader.manifest();
@@ -300,12 +296,32 @@ Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path
       UCP_RETURN_IF_ERROR(w.Write(tmp / buf, *d));
     }
   }
-  fs::rename(tmp, dst, ec);
-  if (ec)
-    return IoError("cannot rename " + tmp.string() + " to " + dst.string() + ": " + ec.message());
-  UCP_RETURN_IF_ERROR(io::WriteFileAtomic(dst.parent_path() / "latest_universal",
-                                          std::string_view(dst.filename().string())));
   return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path& dst_in,
+                               const DeepSpeedUniversalOptions& options) {
+  // Built in a DST.tmp-XXXXXX sibling (removed on failure and on SIGINT/SIGTERM) and renamed
+  // into place: nothing is written outside DST, DeepSpeed's latest_universal pointer included
+  // (the CLI's --into-root writes it, when asked).
+  const fs::path dst = io::WithoutTrailingSlash(dst_in);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(dst, ec))) {
+    return AlreadyExistsError("output " + dst.string() + " exists");
+  }
+  const fs::path parent = dst.parent_path();
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec) return IoError("cannot create folder " + parent.string() + ": " + ec.message());
+  }
+  UCP_ASSIGN_OR_RETURN(const fs::path tmp, io::MakeTempSiblingDir(dst));
+  Status st = WriteUniversalTree(reader, tmp, options);
+  if (st.ok()) st = io::FsyncTree(tmp);
+  if (st.ok()) st = io::RenameNoReplace(tmp, dst);
+  if (!st.ok()) io::RemoveTreeBestEffort(tmp);
+  return st;
 }
 
 }  // namespace ucp::deepspeed

@@ -26,8 +26,10 @@ struct DeepSpeedUniversalOptions {
 
 /// Writes DeepSpeed's universal layout at `dst` (a new folder): zero/<engine name>/{fp32,
 /// exp_avg,exp_avg_sq}.pt as dicts {'param': tensor, 'cat_dim': d, ['vocab_tensor': True]},
-/// zero/<engine name>/step.pt, zero/optimizer_state.pt, mp_rank_XX_model_states.pt and
-/// dirname(dst)/latest_universal naming basename(dst). Engine names follow the naming the
+/// zero/<engine name>/step.pt, zero/optimizer_state.pt and mp_rank_XX_model_states.pt, built in
+/// a `dst.tmp-XXXXXX` sibling and renamed into place. Nothing is written outside dst: DeepSpeed's
+/// dirname(dst)/latest_universal pointer is the caller's to write (`ucp ... --into-root`).
+/// Engine names follow the naming the
 /// client state's "deepspeed" object records (an extraction from DeepSpeed), else GPTModelPipe's.
 /// Errors: kAlreadyExists (dst exists); kInvalidArgument (a parameter matched by no rule or
 /// two, names no rule set fits); kUnimplemented (a rule kind DeepSpeed's loader cannot cut:

@@ -87,8 +87,20 @@ const PyValue* FromJson(PyArena& a, const json& j) {
       return l;
     }
     case json::value_t::object: {
+      // AppendJson's lossless escapes (pickle_values.h) turn back into what was pickled.
+      if (j.size() == 1) {
+        for (const char* kind : {"py/str", "py/bytes"}) {
+          if (!j.contains(kind) || !j[kind].is_string()) continue;
+          if (std::optional<std::string> b = UnescapeHex(j[kind].get<std::string>())) {
+            return kind[3] == 's' ? a.Str(std::move(*b)) : a.Bytes(std::move(*b));
+          }
+        }
+      }
       PyValue* d = a.Dict();
-      for (const auto& [k, v] : j.items()) d->SetItem(a.Str(k), FromJson(a, v));
+      for (const auto& [k, v] : j.items()) {
+        std::optional<std::string> key = UnescapeJsonKey(k);
+        d->SetItem(a.Str(key ? std::move(*key) : k), FromJson(a, v));
+      }
       return d;
     }
     default:
@@ -96,13 +108,12 @@ const PyValue* FromJson(PyArena& a, const json& j) {
   }
 }
 
-// A Python value as JSON, where JSON can hold it (pickle_values.h AppendJson); null if the text
-// does not parse (it always should: strings from the unpickler are valid UTF-8).
-json ToJson(const PyValue* v) {
+// A Python value as JSON, where JSON can hold it (pickle_values.h AppendJson: strings JSON
+// cannot hold are escaped, so the text always parses).
+Result<json> ToJson(const PyValue* v) {
   std::string s;
-  AppendJson(v, s);
-  Result<json> j = ::ucp::json::ParseStrictOrdered(s, "a pickled value", StatusCode::kInternal);
-  return j.ok() ? std::move(*j) : json();
+  UCP_RETURN_IF_ERROR(AppendJson(v, s));
+  return ::ucp::json::ParseStrictOrdered(s, "a pickled value", StatusCode::kInternal);
 }
 
 const PyValue* Namespace(PyArena& a, const PyValue* state) {
@@ -251,7 +262,7 @@ class Builder {
     if (c_.from_folder()) {
       UCP_ASSIGN_OR_RETURN(const TorchFile* f, c_.ModelStates(0, 0));
       if (const PyValue* v = f->root().Get("ds_config"); v != nullptr && !v->is_none()) {
-        cfg = ToJson(v);
+        UCP_ASSIGN_OR_RETURN(cfg, ToJson(v), "ds_config");
       }
     } else if (c_.js.contains("ds_config") && c_.js["ds_config"].is_object()) {
       cfg = c_.js["ds_config"];
@@ -372,7 +383,8 @@ class Builder {
       if (f.ok()) {
         const PyValue* info = (*f)->root().Get("universal_checkpoint_info");
         if (const PyValue* v = info ? info->Get("universal_checkpoint_version") : nullptr) {
-          version = ToJson(v);
+          // A scalar: its JSON cannot fail; a malformed one keeps the default version.
+          if (Result<json> j = ToJson(v); j.ok()) version = std::move(*j);
         }
       }
     } else if (c_.js.contains("universal_checkpoint_info") &&
@@ -442,7 +454,7 @@ class Builder {
                                      std::vector<int32_t>& model_ids) {
     PyArena& a = w.arena();
     const DeepSpeedLayout& l = target_.layout;
-    const bool zero2 = l.zero_stage == 2;
+    const bool zero2 = l.zero_stage >= 2;  // frozen-parameter entries: ZeRO-2 and ZeRO-3
     PyValue* root = a.Dict();
     auto carried_or = [&](const char* key, const PyValue* fallback) -> Result<const PyValue*> {
       UCP_ASSIGN_OR_RETURN(const PyValue* v, CarriedKey(w, rank.pp, rank.tp, key));
@@ -450,8 +462,42 @@ class Builder {
     };
     if (l.naming == Naming::kMegatronPipe) {
       root->SetItem(a.Str("module"), a.None());  // the weights are in the layer files
+    } else if (l.zero_stage == 3) {
+      // ZeRO-3's module_state_dict holds each partitioned parameter's placeholder: an empty
+      // tensor of the training dtype, in module order; load_state_dict copies them onto the
+      // engine's (equally empty) parameters.
+      std::vector<const TargetParam*> order;
+      for (const TargetParam& p : rank.params) order.push_back(&p);
+      std::sort(order.begin(), order.end(), [](const TargetParam* x, const TargetParam* y) {
+        return x->model_index < y->model_index;
+      });
+      PyValue* module = a.Dict(/*ordered=*/true);
+      for (const TargetParam* p : order) {
+        UCP_ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(dtype(), {0}));
+        UCP_ASSIGN_OR_RETURN(const PyValue* v, w.AddOwnedTensor(std::move(t)));
+        module->SetItem(a.Str(p->engine_name), v);
+      }
+      root->SetItem(a.Str("module"), module);
     } else {
       PyValue* module = a.Dict(/*ordered=*/true);
+      // GPTModel's module nests as Megatron-DeepSpeed's save writes it (its
+      // state_dict_for_save_checkpoint): language_model -> embedding -> word_embeddings ->
+      // weight, encoder -> flat "layers.N.<rest>" keys, output_layer -> weight.
+      std::map<std::string, PyValue*> nested;  // dotted path -> its OrderedDict
+      auto dict_at = [&](const std::vector<std::string>& path) {
+        PyValue* d = module;
+        std::string at;
+        for (const std::string& part : path) {
+          at += (at.empty() ? "" : ".") + part;
+          auto [it, inserted] = nested.try_emplace(at, nullptr);
+          if (inserted) {
+            it->second = a.Dict(/*ordered=*/true);
+            d->SetItem(a.Str(part), it->second);
+          }
+          d = it->second;
+        }
+        return d;
+      };
       const std::string file = target_.ModelStatesFile(rank.pp, rank.tp);
       for (size_t i = 0; i < rank.model.size(); ++i) {
         const ModelRecord& m = rank.model[i];
@@ -459,7 +505,26 @@ class Builder {
         const TargetParam& p = rank.params[static_cast<size_t>(m.param)];
         UCP_ASSIGN_OR_RETURN(torch::DeferredTensor t,
                              w.AddDeferredTensor(dtype(), p.local_shape, p.numel));
-        module->SetItem(a.Str(m.key), t.node);
+        PyValue* d = module;
+        std::string key = m.key;
+        if (l.naming == Naming::kMegatronGpt) {
+          static constexpr std::string_view kLm = "language_model.";
+          if (key.starts_with("language_model.encoder.")) {
+            d = dict_at({"language_model", "encoder"});
+            key = key.substr(std::string_view("language_model.encoder.").size());
+          } else if (key.starts_with(kLm) && key.find('.', kLm.size()) != std::string::npos) {
+            // embedding.<sub>.<leaf>, output_layer.<leaf>: one dict per module level.
+            std::vector<std::string> path = {"language_model"};
+            std::string rest = key.substr(kLm.size());
+            for (size_t dot; (dot = rest.find('.')) != std::string::npos;) {
+              path.push_back(rest.substr(0, dot));
+              rest = rest.substr(dot + 1);
+            }
+            d = dict_at(path);
+            key = rest;
+          }
+        }
+        d->SetItem(a.Str(key), t.node);
         model_ids[i] = t.id;
       }
       root->SetItem(a.Str("module"), module);
@@ -558,6 +623,13 @@ class Builder {
     return root;
   }
 
+  // The source's torch optimizer state_dict: base_optimizer_state (ZeRO-1/2, BF16_Optimizer) or
+  // ZeRO-3's optimizer_state_dict.
+  const PyValue* SourceBase() const {
+    if (const PyValue* b = c_.osd->Get("base_optimizer_state"); b != nullptr) return b;
+    return c_.osd->Get("optimizer_state_dict");
+  }
+
   // The source's value of optimizer_state_dict key `key`, copied, or from the JSON record.
   Result<const PyValue*> CarriedOptim(TorchWriter& w, const char* key) {
     if (c_.from_folder()) {
@@ -601,7 +673,7 @@ class Builder {
     PyArena& a = w.arena();
     std::vector<std::pair<const PyValue*, const PyValue*>> out;
     if (c_.from_folder()) {
-      const PyValue* base = c_.osd->Get("base_optimizer_state");
+      const PyValue* base = SourceBase();
       const PyValue* groups = base ? base->Get("param_groups") : nullptr;
       if (groups != nullptr && groups->kind() == PyKind::kList && !groups->items().empty()) {
         const size_t g = std::min(static_cast<size_t>(kind), groups->items().size() - 1);
@@ -647,7 +719,7 @@ class Builder {
   enum class StepForm { kTensor, kInt, kInGroups };
   std::pair<StepForm, DType> Step() const {
     if (c_.from_folder()) {
-      const PyValue* base = c_.osd->Get("base_optimizer_state");
+      const PyValue* base = SourceBase();
       const PyValue* state = base ? base->Get("state") : nullptr;
       const PyValue* s0 = state ? state->Get(int64_t{0}) : nullptr;
       const PyValue* step = s0 ? s0->Get("step") : nullptr;
@@ -679,6 +751,7 @@ class Builder {
     PyArena& a = w.arena();
     const DeepSpeedLayout& l = target_.layout;
     const bool bf16 = o_.bf16_optimizer;
+    const bool zero3 = l.zero_stage == 3;
     PyValue* osd = a.Dict();
     auto carried = [&](const char* key, const PyValue* fallback) -> Result<const PyValue*> {
       UCP_ASSIGN_OR_RETURN(const PyValue* v, CarriedOptim(w, key));
@@ -706,9 +779,9 @@ class Builder {
         osd->SetItem(a.Str("overflow"), overflow);
       }
     }
-    // Without a source the engine keeps its configured gradient clipping.
+    // Without a source the engine keeps its configured gradient clipping (ZeRO-3 saves none).
     UCP_ASSIGN_OR_RETURN(const PyValue* clip, carried("clip_grad", nullptr));
-    if (clip != nullptr) osd->SetItem(a.Str("clip_grad"), clip);
+    if (clip != nullptr && !zero3) osd->SetItem(a.Str("clip_grad"), clip);
 
     const auto [step_form, step_dtype] = Step();
     PyValue* base = a.Dict();
@@ -722,7 +795,7 @@ class Builder {
     for (size_t g = 0; g < rank.groups.size(); ++g) {
       const TargetGroup& group = rank.groups[g];
       const int64_t size = group.partition.fragment_size;
-      const int64_t padding = rank.GroupPadding(static_cast<int>(g), d);
+      const int64_t padding = zero3 ? 0 : rank.GroupPadding(static_cast<int>(g), d);
       PyValue* s = a.Dict();
       if (step_form == StepForm::kTensor) {
         const double step = static_cast<double>(o_.step);
@@ -765,6 +838,7 @@ class Builder {
       ids[g][0] = t.id;
       paddings->Append(a.Int(padding));
       counts->Append(a.Int(target_.DpWorldSize()));
+      if (zero3) continue;  // ZeRO-3 records no param_slice_mappings
       PyValue* m = a.Dict(/*ordered=*/true);
       for (const TargetFragment& f : rank.Fragments(static_cast<int>(g), d)) {
         PyValue* addr = a.Object(a.Global("deepspeed.utils.tensor_fragment", "fragment_address"),
@@ -779,6 +853,24 @@ class Builder {
     }
     base->SetItem(a.Str("state"), state);
     base->SetItem(a.Str("param_groups"), groups);
+    if (zero3) {
+      // stage3.py _rigid_state_dict: the torch optimizer's state_dict over the sub-groups' flat
+      // fp32 partitions, and those partitions.
+      osd->SetItem(a.Str("zero_stage"),
+                   a.Object(a.Global("builtins", "getattr"),
+                            a.Tuple({a.Global("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+                                     a.Str("weights")}),
+                            /*newobj=*/false));
+      osd->SetItem(a.Str("partition_count"), a.Int(target_.DpWorldSize()));
+      osd->SetItem(a.Str("optimizer_state_dict"), base);
+      osd->SetItem(a.Str("fp32_flat_groups"), fp32);
+      PyValue* root = a.Dict();
+      root->SetItem(a.Str("optimizer_state_dict"), osd);
+      UCP_ASSIGN_OR_RETURN(const PyValue* cfg, DsConfig(a));
+      root->SetItem(a.Str("ds_config"), cfg);
+      root->SetItem(a.Str("ds_version"), DsVersion(a));
+      return static_cast<const PyValue*>(root);
+    }
     osd->SetItem(a.Str("base_optimizer_state"), base);
     osd->SetItem(a.Str("single_partition_of_fp32_groups"), fp32);
     if (!bf16) {
@@ -846,7 +938,7 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
   for (const TargetRank& r : impl->target.ranks) {
     std::set<std::string> files;
     for (const ModelRecord& m : r.model) files.insert(m.file);
-    num_files += 1 + impl->target.DpWorldSize() + static_cast<int64_t>(files.size());
+    num_files += 1 + 2 * impl->target.DpWorldSize() + static_cast<int64_t>(files.size());
   }
   UCP_RETURN_IF_ERROR(io::EnsureOpenFileLimit(num_files), "DeepSpeed output " + dst.string());
   UCP_ASSIGN_OR_RETURN(impl->tmp, io::MakeTempSiblingDir(dst));
@@ -880,9 +972,20 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
   for (size_t ri = 0; ri < target.ranks.size(); ++ri) {
     const TargetRank& rank = target.ranks[ri];
     std::vector<int32_t> ids(rank.model.size(), -1);
-    UCP_ASSIGN_OR_RETURN(const int32_t mp,
-                         open(target.ModelStatesFile(rank.pp, rank.tp),
-                              [&](TorchWriter& w) { return builder.ModelStates(w, rank, ids); }));
+    if (target.layout.zero_stage == 3) {
+      // One model-states file per data-parallel rank (no weights in them: rank.model is empty).
+      for (int d = 0; d < target.DpWorldSize(); ++d) {
+        UCP_RETURN_IF_ERROR(open(target.Zero3ModelStatesFile(rank.tp, d), [&](TorchWriter& w) {
+                              return builder.ModelStates(w, rank, ids);
+                            }).status());
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(
+        const int32_t mp,
+        target.layout.zero_stage == 3
+            ? Result<int32_t>(-1)
+            : open(target.ModelStatesFile(rank.pp, rank.tp),
+                   [&](TorchWriter& w) { return builder.ModelStates(w, rank, ids); }));
     for (size_t i = 0; i < rank.model.size(); ++i) {
       if (ids[i] >= 0) model_place[{ri, i}] = {mp, ids[i]};
     }
@@ -919,8 +1022,24 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
                [&](TorchWriter& w) { return builder.OptimStates(w, rank, d, storage); }));
       rf.optim.push_back(of);
       rf.storage.push_back(std::move(storage));
-      // Alignment padding (past the last parameter of a group) holds zeros, as DeepSpeed's
-      // padded flat buffers do; the parameters' elements are written by the plan.
+      // Alignment padding (past the last parameter of a group; ZeRO-3: past each parameter's
+      // end in its last pieces) holds zeros, as DeepSpeed's padded buffers do; the parameters'
+      // elements are written by the plan.
+      if (target.layout.zero_stage == 3) {
+        for (size_t g = 0; g < rank.groups.size(); ++g) {
+          for (int32_t i : rank.groups[g].params) {
+            const TargetParam& p = rank.params[static_cast<size_t>(i)];
+            const int64_t lo = std::max(p.numel, p.piece * d), hi = p.piece * (d + 1);
+            if (lo >= hi) continue;
+            const std::vector<std::byte> zeros(static_cast<size_t>(hi - lo) * 4);
+            for (int k = 0; k < 3; ++k) {
+              UCP_RETURN_IF_ERROR(m.files[static_cast<size_t>(of)].file->WriteStorage(
+                  rf.storage.back()[g][k], (p.offset + lo - p.piece * d) * 4, zeros));
+            }
+          }
+        }
+        continue;
+      }
       for (size_t g = 0; g < rank.groups.size(); ++g) {
         const layout::ZeroPartition& part = rank.groups[g].partition;
         const layout::IndexRange pad =
@@ -1013,6 +1132,22 @@ Status DeepSpeedWriter::Impl::Place(const Destination& d, int64_t begin,
     const TargetParam& p = rank.params[static_cast<size_t>(o.param)];
     const layout::ZeroPartition& part = rank.groups[static_cast<size_t>(p.group)].partition;
     const RankFiles& rf = rank_files[static_cast<size_t>(o.rank)];
+    if (target.layout.zero_stage == 3) {
+      // Element e of the slice is element offset + e % piece of partition e / piece.
+      for (int64_t at = 0; at < n;) {
+        const int64_t e = begin + at;
+        const int64_t part_index = e / p.piece;
+        const int64_t in_piece = e - part_index * p.piece;
+        const int64_t len = std::min(n - at, p.piece - in_piece);
+        OutFile& f = files[static_cast<size_t>(rf.optim[static_cast<size_t>(part_index)])];
+        UCP_RETURN_IF_ERROR(f.file->WriteStorage(
+            rf.storage[static_cast<size_t>(part_index)][static_cast<size_t>(p.group)][d.state],
+            (p.offset + in_piece) * 4,
+            data.subspan(static_cast<size_t>(at) * 4, static_cast<size_t>(len) * 4)));
+        at += len;
+      }
+      continue;
+    }
     // Elements [begin, begin + n) of the slice are [offset + begin, ...) of the group's flat
     // buffer, which the partitions cut every fragment_size elements.
     for (int64_t at = 0; at < n;) {

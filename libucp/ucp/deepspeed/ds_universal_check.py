@@ -7,7 +7,7 @@ Every parameter of expected.pt (ucp canonical names) must be in OUT/zero/<GPTMod
 fp32.pt, exp_avg.pt, exp_avg_sq.pt (dicts with 'param' float32 at the logical shape, equal to the
 expected tensor bit for bit, 'cat_dim' for sharded ones, 'vocab_tensor' for the vocabulary) and
 step.pt; zero/optimizer_state.pt holds param_groups; NUM_MP_FILES model-state files load;
-latest_universal names OUT.
+nothing was written next to OUT (no latest_universal: ucp writes only inside its output).
 """
 import enum
 import os
@@ -91,9 +91,10 @@ def main():
         ms = torch.load(os.path.join(out, f"mp_rank_{i:02d}_model_states.pt"))
         if ms["iteration"] != 7 or ms["args"].hidden_size != 16:
             errors.append(f"mp_rank_{i:02d}: iteration {ms['iteration']}")
-    with open(os.path.join(os.path.dirname(out), "latest_universal")) as f:
-        if f.read().strip() != os.path.basename(out):
-            errors.append("latest_universal does not name the folder")
+    beside = sorted(set(os.listdir(os.path.dirname(os.path.abspath(out)))) -
+                    {os.path.basename(os.path.abspath(out))})
+    if beside:
+        errors.append(f"written outside {out}: {beside}")
     for e in errors:
         print(e)
     sys.exit(1 if errors else 0)

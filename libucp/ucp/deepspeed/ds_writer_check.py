@@ -140,7 +140,21 @@ def main():
             else:
                 if not isinstance(sd["module"], collections.OrderedDict):
                     fail(f"{name}: module is not an OrderedDict")
-                weights = dict(sd["module"])
+                # GPTModel's module is nested as Megatron-DeepSpeed saves it (language_model ->
+                # embedding -> word_embeddings -> weight, encoder -> flat layer keys); the
+                # engine names are the dotted paths.
+                weights = {}
+
+                def flatten(d, prefix):
+                    for k, v in d.items():
+                        if isinstance(v, collections.OrderedDict):
+                            flatten(v, prefix + k + ".")
+                        else:
+                            weights[prefix + k] = v
+                flatten(sd["module"], "")
+                if any(k.startswith("language_model.") for k in weights) and \
+                        "language_model" not in sd["module"]:
+                    fail(f"{name}: GPTModel's module is flat, not nested under language_model")
             flat = {}  # engine name -> state -> list of fragments
             for d in range(dp_sp):
                 oname = ("bf16_" if bf16_prefix else "") + \

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "ucp/base/status_macros.h"
 
@@ -52,6 +53,112 @@ const PyValue* ObjectState(const PyValue* v) {
   return v->state();
 }
 
+namespace {
+
+// The escapes that keep strings JSON cannot hold (a Python 2 pickle's byte strings, str with
+// lone surrogates) and bytes lossless: a value becomes {"py/str": HEX} or {"py/bytes": HEX}; a
+// dict key becomes "py/str:HEX", and so does every real key that starts with "py/", so that an
+// object whose one key is "py/str" or "py/bytes" is always an escape (docs/deepspeed.md).
+constexpr std::string_view kKeyEscape = "py/str:";
+
+std::string Hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string h;
+  h.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    h += kDigits[c >> 4];
+    h += kDigits[c & 15];
+  }
+  return h;
+}
+
+// Bounds the JSON of one value: pickle memo references are shared in the value tree but
+// expanded in JSON, so a small hostile pickle could otherwise ask for an exponential output.
+constexpr size_t kMaxJsonBytes = size_t{64} << 20;
+
+Status AppendJsonImpl(const PyValue* v, std::string& out, int depth) {
+  if (out.size() > kMaxJsonBytes) {
+    return ResourceExhaustedError("a pickled value's JSON form exceeds " +
+                                  std::to_string(kMaxJsonBytes >> 20) +
+                                  " MiB (shared references expanded)");
+  }
+  if (v == nullptr || depth > 32) {
+    out += "null";
+    return Status::Ok();
+  }
+  switch (v->kind()) {
+    case PyKind::kBool:
+      out += v->bool_value() ? "true" : "false";
+      return Status::Ok();
+    case PyKind::kInt:
+      out += std::to_string(v->int_value());
+      return Status::Ok();
+    case PyKind::kFloat: {
+      if (!std::isfinite(v->float_value())) {
+        out += "null";
+        return Status::Ok();
+      }
+      char buf[32];
+      auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v->float_value());
+      std::string_view text(buf, end - buf);
+      out += text;
+      if (text.find_first_of(".e") == std::string_view::npos) out += ".0";
+      return Status::Ok();
+    }
+    case PyKind::kStr:
+      if (!torch::IsUtf8(v->str(), /*allow_surrogates=*/false)) {
+        out += "{\"py/str\":\"" + Hex(v->str()) + "\"}";
+        return Status::Ok();
+      }
+      AppendJsonString(v->str(), out);
+      return Status::Ok();
+    case PyKind::kBytes:
+      out += "{\"py/bytes\":\"" + Hex(v->str()) + "\"}";
+      return Status::Ok();
+    case PyKind::kList:
+    case PyKind::kTuple: {
+      out += '[';
+      for (size_t i = 0; i < v->items().size(); ++i) {
+        if (i) out += ',';
+        UCP_RETURN_IF_ERROR(AppendJsonImpl(v->items()[i], out, depth + 1));
+      }
+      out += ']';
+      return Status::Ok();
+    }
+    case PyKind::kDict: {
+      out += '{';
+      bool first = true;
+      for (const auto& [k, val] : v->entries()) {
+        if (k->kind() != PyKind::kStr) continue;
+        if (!first) out += ',';
+        first = false;
+        AppendJsonKey(k->str(), out);
+        out += ':';
+        UCP_RETURN_IF_ERROR(AppendJsonImpl(val, out, depth + 1));
+      }
+      out += '}';
+      return Status::Ok();
+    }
+    case PyKind::kObject:
+      if (const PyValue* state = ObjectState(v); state != nullptr) {
+        return AppendJsonImpl(state, out, depth + 1);
+      }
+      out += "null";
+      return Status::Ok();
+    default:
+      out += "null";
+      return Status::Ok();
+  }
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+}  // namespace
+
 void AppendJsonString(std::string_view s, std::string& out) {
   out += '"';
   for (unsigned char c : s) {
@@ -69,69 +176,31 @@ void AppendJsonString(std::string_view s, std::string& out) {
   out += '"';
 }
 
-void AppendJson(const PyValue* v, std::string& out, int depth) {
-  auto str = [&out](std::string_view s) { AppendJsonString(s, out); };
-  if (v == nullptr || depth > 32) {
-    out += "null";
+void AppendJsonKey(std::string_view key, std::string& out) {
+  if (key.starts_with("py/") || !torch::IsUtf8(key, /*allow_surrogates=*/false)) {
+    AppendJsonString(std::string(kKeyEscape) + Hex(key), out);
     return;
   }
-  switch (v->kind()) {
-    case PyKind::kBool:
-      out += v->bool_value() ? "true" : "false";
-      return;
-    case PyKind::kInt:
-      out += std::to_string(v->int_value());
-      return;
-    case PyKind::kFloat: {
-      if (!std::isfinite(v->float_value())) {
-        out += "null";
-        return;
-      }
-      char buf[32];
-      auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v->float_value());
-      std::string_view text(buf, end - buf);
-      out += text;
-      if (text.find_first_of(".e") == std::string_view::npos) out += ".0";
-      return;
-    }
-    case PyKind::kStr:
-      str(v->str());
-      return;
-    case PyKind::kList:
-    case PyKind::kTuple: {
-      out += '[';
-      for (size_t i = 0; i < v->items().size(); ++i) {
-        if (i) out += ',';
-        AppendJson(v->items()[i], out, depth + 1);
-      }
-      out += ']';
-      return;
-    }
-    case PyKind::kDict: {
-      out += '{';
-      bool first = true;
-      for (const auto& [k, val] : v->entries()) {
-        if (k->kind() != PyKind::kStr) continue;
-        if (!first) out += ',';
-        first = false;
-        str(k->str());
-        out += ':';
-        AppendJson(val, out, depth + 1);
-      }
-      out += '}';
-      return;
-    }
-    case PyKind::kObject:
-      if (const PyValue* state = ObjectState(v); state != nullptr) {
-        AppendJson(state, out, depth + 1);
-        return;
-      }
-      out += "null";
-      return;
-    default:
-      out += "null";
-      return;
+  AppendJsonString(key, out);
+}
+
+Status AppendJson(const PyValue* v, std::string& out) { return AppendJsonImpl(v, out, 0); }
+
+std::optional<std::string> UnescapeHex(std::string_view hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  std::string bytes;
+  bytes.reserve(hex.size() / 2);
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = HexValue(hex[i]), lo = HexValue(hex[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    bytes += static_cast<char>(hi * 16 + lo);
   }
+  return bytes;
+}
+
+std::optional<std::string> UnescapeJsonKey(std::string_view key) {
+  if (!key.starts_with(kKeyEscape)) return std::string(key);
+  return UnescapeHex(key.substr(kKeyEscape.size()));
 }
 
 std::string ShapeString(const Shape& s) {

@@ -102,6 +102,18 @@ class Emitter {
     LE(s.size(), 4);
     out_.append(s);
   }
+  // Python 2's str: SHORT_BINSTRING / BINSTRING (protocol 2 has them; Python 3 reads them with
+  // the `encoding` given to the unpickler, as it reads the file it came from).
+  void ByteStr(std::string_view s) {
+    if (s.size() < 256) {
+      Op('U');
+      LE(s.size(), 1);
+    } else {
+      Op('T');
+      LE(s.size(), 4);
+    }
+    out_.append(s);
+  }
   Status Global(std::string_view module, std::string_view name) {
     if (module.empty() || name.empty()) {
       return InvalidArgumentError("global '" + std::string(module) + "." + std::string(name) +
@@ -259,6 +271,12 @@ class Emitter {
         return Status::Ok();
       }
       case PyKind::kStr:
+        // A str that BINUNICODE cannot carry (Python would refuse to decode it) came from a
+        // Python 2 pickle's STRING opcode as raw bytes: write it back the way it was written.
+        if (!IsUtf8(v.str(), /*allow_surrogates=*/true)) {
+          ByteStr(v.str());
+          return Status::Ok();
+        }
         Str(v.str());
         return Status::Ok();
       case PyKind::kBytes: {

@@ -60,6 +60,42 @@ bool TensorRef::IsContiguous() const {
   return true;
 }
 
+bool IsUtf8(std::string_view s, bool allow_surrogates) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    uint32_t cp = 0;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (n - i < static_cast<size_t>(len)) return false;
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF) return false;
+    if (!allow_surrogates && cp >= 0xD800 && cp <= 0xDFFF) return false;
+    i += static_cast<size_t>(len);
+  }
+  return true;
+}
+
 std::string_view PyKindName(PyKind kind) {
   switch (kind) {
     case PyKind::kNone:

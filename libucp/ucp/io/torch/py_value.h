@@ -73,6 +73,12 @@ enum class PyKind : uint8_t {
 /// "none", "int", "dict", ...: for messages.
 std::string_view PyKindName(PyKind kind);
 
+/// Whether `s` is well-formed UTF-8 (shortest forms, at most U+10FFFF). `allow_surrogates`
+/// also accepts encoded U+D800..U+DFFF, as Python's BINUNICODE does ('surrogatepass'), which is
+/// how a Python 3 pickle carries a str holding lone surrogates (old Megatron args). A Python 2
+/// pickle's STRING opcodes carry raw bytes that may be neither.
+bool IsUtf8(std::string_view s, bool allow_surrogates);
+
 /// One Python value. Created by PyArena; containers hold pointers to other arena nodes.
 class PyValue {
  public:

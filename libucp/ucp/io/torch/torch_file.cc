@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ucp/base/checked_math.h"
+#include "ucp/base/progress.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/io/torch/zip_reader.h"
 
@@ -434,6 +435,7 @@ Status TorchFile::VerifyStorageCrc32(const StorageRecord& rec) const {
         buf.data(), static_cast<size_t>(std::min(kChunkBytes, rec.num_bytes - at)));
     UCP_RETURN_IF_ERROR(impl_->source->ReadAt(rec.data_offset + at, chunk));
     crc = Crc32(chunk, crc);
+    progress::AddBytes(static_cast<int64_t>(chunk.size()));  // the checksum pass's progress
   }
   if (crc != rec.crc32) {
     return DataLossError("crc32 mismatch in record 'data/" + rec.key + "' of " + name() + " (" +

@@ -50,6 +50,22 @@ Result<const PyValue*> TorchWriter::Copy(const TorchFile& file, const PyValue& v
                                 std::to_string(kMaxDepth) + " levels");
   }
   if (auto it = done.find(&v); it != done.end()) return it->second;
+  // A global in a written file is imported (and called) by torch.load: carry only those the
+  // loaders need, whatever the source's reader accepted as inert (IsCarriedGlobal).
+  const PyValue* global = v.kind() == PyKind::kGlobal ? &v
+                          : v.kind() == PyKind::kObject ? v.callable()
+                                                        : nullptr;
+  if (global != nullptr && global->kind() == PyKind::kGlobal) {
+    const std::string dotted =
+        std::string(global->global_module()) + "." + std::string(global->global_name());
+    if (!IsCarriedGlobal(dotted)) {
+      return UnimplementedError(file.name() + ": a carried value holds the pickled global '" +
+                                dotted +
+                                "', which ucp does not write into a checkpoint (torch.load would "
+                                "import and call it); only torch's, argparse's, numpy's and the "
+                                "DeepSpeed/Megatron classes their loaders need are carried");
+    }
+  }
   auto copy_opt = [&](const PyValue* p) -> Result<const PyValue*> {
     if (p == nullptr) return static_cast<const PyValue*>(nullptr);
     return Copy(file, *p, depth + 1, done);

@@ -1084,6 +1084,37 @@ std::string_view StorageClassForDType(DType dtype) {
   return {};
 }
 
+// The DeepSpeed and Megatron classes a carried value may name: what their checkpoints hold in
+// the keys ucp carries over (client state, args, optimizer metadata).
+constexpr std::array<std::string_view, 10> kCarriedClasses = {
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "megatron.core.enums.ModelType",
+    "megatron.model.enums.PositionEmbeddingType",
+    "megatron.model.enums.AttnMaskType",
+    "megatron.model.enums.AttnType",
+    "megatron.model.enums.LayerType",
+    "megatron.model.enums.LayerNormType",
+};
+
+bool IsCarriedGlobal(std::string_view name) {
+  if (name.starts_with("__builtin__.")) {
+    return IsCarriedGlobal("builtins." + std::string(name.substr(12)));
+  }
+  PickleOptions strict;
+  strict.strict_globals = true;
+  if (IsAllowedGlobal(name, strict)) return true;
+  for (auto g : kInertGlobals) {
+    if (g == name) return true;
+  }
+  for (auto g : kCarriedClasses) {
+    if (g == name) return true;
+  }
+  return false;
+}
+
 bool IsAllowedGlobal(std::string_view name, const PickleOptions& options) {
   for (auto g : kTorchGlobals) {
     if (g == name) return true;

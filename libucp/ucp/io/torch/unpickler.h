@@ -70,4 +70,12 @@ std::string_view StorageClassForDType(DType dtype);
 /// from __builtin__).
 bool IsAllowedGlobal(std::string_view module_dot_name, const PickleOptions& options);
 
+/// True when a value copied from a read file into a written one may hold the global
+/// `module_dot_name` (TorchWriter::CopyFrom): the strict torch allowlist, argparse.Namespace and
+/// numpy's array and RNG reconstructors, and the DeepSpeed / Megatron classes their own loaders
+/// need (loss scalers, fragment_address, ZeroStageEnum, Megatron's enums). Reading accepts any
+/// deepspeed.* or megatron.* name as an inert object because ucp never calls it; a written file
+/// is loaded by torch.load, which would import and call it, so only these are carried.
+bool IsCarriedGlobal(std::string_view module_dot_name);
+
 }  // namespace ucp::torch
