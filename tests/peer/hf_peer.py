@@ -8,9 +8,15 @@
                                   bitwise equal to DIR/orig's; when the original is sharded, ucp's
                                   index is transformers' own (same shards, same total_size)
 
+  megatron --data D --fixture F --exported E --state model|fp32|bf16
+                                  the Megatron-DeepSpeed fixture D/F exported to HF as E: its
+                                  logits in transformers against the PyTorch reference
+                                  (tests/engine/torch_ref.py) over the generator's own weights
+
 Cases (see CASES): GPT-2 (tied, Conv1D + c_attn), GPT-2 keys without the `transformer.` prefix
 and with the legacy attn.bias / masked_bias buffers, GPT-2 with vocab 50257 (tp=4 pads to 50688),
-Llama GQA nh=8 nkv=2 untied, Llama GQA tied with head_dim != hidden/heads, and a sharded Llama
+Llama GQA nh=8 nkv=2 untied, Llama GQA tied with head_dim != hidden/heads, Llama MQA (nkv=1),
+Llama keys without the `model.` prefix, Qwen2 (q/k/v biases, GQA), Mixtral (4 experts, top-2, GQA), and a sharded Llama
 whose embedding is larger than the shard size.
 """
 import argparse
@@ -20,7 +26,9 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 TOKENS = 40  # >= 32: RoPE is the identity at distance 0, so one token proves nothing
 
@@ -40,6 +48,26 @@ CASES = {
                                                           num_key_value_heads=2, head_dim=16,
                                                           max_position_embeddings=64,
                                                           tie_word_embeddings=True, rope_theta=500000.0)),
+    "llama-mqa": dict(arch="llama", cfg=dict(vocab_size=1000, hidden_size=64, intermediate_size=96,
+                                             num_hidden_layers=4, num_attention_heads=4,
+                                             num_key_value_heads=1, max_position_embeddings=64,
+                                             tie_word_embeddings=False)),
+    # Tied: transformers 4.47.1 refuses a prefix-less file that also holds lm_head.weight ("The
+    # state dictionary of the model you are trying to load is corrupted").
+    "llama-noprefix": dict(arch="llama", strip_prefix=True,
+                           cfg=dict(vocab_size=1000, hidden_size=64, intermediate_size=96,
+                                    num_hidden_layers=2, num_attention_heads=8,
+                                    num_key_value_heads=2, max_position_embeddings=64,
+                                    tie_word_embeddings=True)),
+    "qwen2": dict(arch="qwen2", cfg=dict(vocab_size=1000, hidden_size=64, intermediate_size=96,
+                                         num_hidden_layers=4, num_attention_heads=8,
+                                         num_key_value_heads=2, max_position_embeddings=64,
+                                         tie_word_embeddings=False)),
+    "mixtral": dict(arch="mixtral", cfg=dict(vocab_size=500, hidden_size=64, intermediate_size=48,
+                                             num_hidden_layers=2, num_attention_heads=8,
+                                             num_key_value_heads=2, num_local_experts=4,
+                                             num_experts_per_tok=2, max_position_embeddings=64,
+                                             tie_word_embeddings=False)),
     "llama-sharded": dict(arch="llama", max_shard_size="60KB",
                           cfg=dict(vocab_size=1000, hidden_size=32, intermediate_size=64,
                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -52,6 +80,10 @@ def build(case):
     torch.manual_seed(1234)
     if spec["arch"] == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(**spec["cfg"]))
+    elif spec["arch"] == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**spec["cfg"]))
+    elif spec["arch"] == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(**spec["cfg"]))
     else:
         model = LlamaForCausalLM(LlamaConfig(**spec["cfg"]))
     # Every weight random, norms and biases included, so a misplaced one changes the logits.
@@ -79,10 +111,13 @@ def make(a):
     kw = {"max_shard_size": spec["max_shard_size"]} if "max_shard_size" in spec else {}
     model.save_pretrained(orig, safe_serialization=True, **kw)
     if spec.get("strip_prefix"):
-        # The hub's GPT-2 files: keys without `transformer.`, plus the old causal-mask buffers.
+        # The hub's GPT-2 files: keys without `transformer.` (Llama: without `model.`), plus the
+        # old causal-mask buffers.
         path = os.path.join(orig, "model.safetensors")
         sd = load_file(path)
-        out = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
+        prefix = model.base_model_prefix + "."
+        out = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in sd.items()}
+        assert any(k != o for k, o in zip(sorted(sd), sorted(out))), "no prefix to strip"
         if spec.get("legacy_buffers"):
             n = model.config.n_positions
             for i in range(model.config.n_layer):
@@ -125,6 +160,204 @@ def check(a):
     print(f"{a.case}: {len(sd_ref)} tensors and logits {tuple(got.shape)} bitwise equal")
 
 
+# ---------------------------------------------------------------------------------------------
+# A Megatron-DeepSpeed fixture exported to HF against the PyTorch reference
+
+# Each Megatron fixture of tests/data/deepspeed and the generator's truth it was written from
+# (tools/make_deepspeed_fixtures.py: fp32 masters and the weights as torch rounds them to bf16 /
+# fp16); the reference reads the truth, never ucp.
+FIXTURE_TRUTH = {
+    "megatron_tp2_pp1_dp2_bf16": "expected.pt",
+    "megatron_tp1_pp2_dp2_bf16": "expected.pt",
+    "megatron_tp2_pp2_sp2_fp16_zero1": "expected.pt",
+    "megatron_llama_tp2_pp2_dp2_bf16": "expected_llama.pt",
+    "megatron_llama_tp2_pp1_dp2_fp16_zero1": "expected_llama.pt",
+}
+
+
+def megatron_args(folder):
+    """The Megatron args a fixture's model states carry (Megatron's ModelType registered as the
+    DeepSpeed peer test does, ds_peer.megatron_enums_importable)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ds_peer
+    ds_peer.megatron_enums_importable()
+    with open(os.path.join(folder, "latest")) as f:
+        tag = os.path.join(folder, f.read().strip())
+    return torch.load(os.path.join(tag, "mp_rank_00_model_states.pt"), map_location="cpu")["args"]
+
+
+def reference_logits(torch_ref, p, cfg, ids):
+    """torch_ref.forward_loss's forward up to the logits over the real vocabulary rows: the
+    reference's own layer_norm / rms_norm / attention / mlp, unchanged."""
+    gpt = cfg["family"] == "gpt"
+    eps = cfg["norm_eps"]
+    x = p["embedding.word_embeddings.weight"][ids]
+    if gpt:
+        x = x + p["embedding.position_embeddings.weight"][: ids.shape[1]][None]
+    for i in range(cfg["layers"]):
+        pre = "layers.%d." % i
+        for norm, block in (("input_layernorm", torch_ref.attention),
+                            ("post_attention_layernorm", torch_ref.mlp)):
+            if gpt:
+                h = torch_ref.layer_norm(x, p[pre + norm + ".weight"], p[pre + norm + ".bias"], eps)
+            else:
+                h = torch_ref.rms_norm(x, p[pre + norm + ".weight"], eps)
+            x = x + block(h, p, pre, cfg)
+    if gpt:
+        x = torch_ref.layer_norm(x, p["final_layernorm.weight"], p["final_layernorm.bias"], eps)
+    else:
+        x = torch_ref.rms_norm(x, p["final_layernorm.weight"], eps)
+    head = p["embedding.word_embeddings.weight"] if cfg["tied"] else p["output_layer.weight"]
+    return x @ head[: cfg["vocab"]].t()
+
+
+def hf_rms_norm(x, w, eps):
+    """transformers 4.47.1's LlamaRMSNorm: computed in fp32 whatever the model's dtype."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def hf_rope_tables(seq_len, head_dim, theta, dtype):
+    """transformers 4.47.1's LlamaRotaryEmbedding: inverse frequencies, angles and cos/sin in
+    fp32 whatever the model's dtype, then cast (torch_ref rounds fp64 angles once)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    ang = (inv_freq[:, None] @ torch.arange(seq_len).float()[None, :]).t()
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+class Fp32Softmax:
+    """torch for torch_ref.attention, with transformers 4.47.1's LlamaAttention softmax: in fp32
+    whatever the model's dtype (eager attention)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def softmax(x, dim):
+        return torch.softmax(x, dim=dim, dtype=torch.float32).to(x.dtype)
+
+
+def miswire(model, cfg):
+    """The mistake a wrong fused-layout reading makes, applied to the loaded HF model's layer 0 in
+    place (the control: the comparison must see it). GPT: Megatron's per-head [q_h; k_h; v_h]
+    rows taken as c_attn's [Q | K | V] thirds. LLaMA: the tp=2 fc1 [g0; u0; g1; u1] taken as
+    [gate; up] (gate rows [g0; u0], up rows [g1; u1])."""
+    with torch.no_grad():
+        if cfg["family"] == "gpt":
+            attn = model.transformer.h[0].attn.c_attn
+            H, D = cfg["heads"], cfg["head_dim"]
+            for t in (attn.weight, attn.bias):
+                q, k, v = t.chunk(3, dim=-1)
+                per_head = [torch.cat([q[..., h * D:(h + 1) * D], k[..., h * D:(h + 1) * D],
+                                       v[..., h * D:(h + 1) * D]], dim=-1) for h in range(H)]
+                t.copy_(torch.cat(per_head, dim=-1))
+        else:
+            mlp = model.model.layers[0].mlp
+            g0, g1 = mlp.gate_proj.weight.clone().chunk(2, 0)
+            u0, u1 = mlp.up_proj.weight.clone().chunk(2, 0)
+            mlp.gate_proj.weight.copy_(torch.cat([g0, u0]))
+            mlp.up_proj.weight.copy_(torch.cat([g1, u1]))
+
+
+def megatron(a):
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(src, "tests", "engine"))
+    import torch_ref
+    folder = os.path.join(a.data, a.fixture)
+    args = megatron_args(folder)
+    truth = torch.load(os.path.join(a.data, FIXTURE_TRUTH[a.fixture]))
+    family = "llama" if args.normalization == "rmsnorm" else "gpt"
+    vocab = truth["embedding.word_embeddings.weight"]["fp32"].shape[0]
+    hyper = {"hidden": args.hidden_size, "layers": args.num_layers,
+             "heads": args.num_attention_heads,
+             "kv_heads": getattr(args, "num_key_value_heads", args.num_attention_heads),
+             "head_dim": getattr(args, "kv_channels", None) or
+             args.hidden_size // args.num_attention_heads,
+             "ffn_hidden": args.ffn_hidden_size, "vocab": vocab,
+             "max_positions": args.max_position_embeddings,
+             "tied_embeddings": not args.untie_embeddings_and_output_weights}
+    cfg = torch_ref.config_from_hyper(family, hyper)
+    # The exported weights: the training dtype's (what the model-state files hold), with
+    # --dtype fp32 the fp32 masters, with --dtype bf16 the masters rounded to nearest even as
+    # torch rounds them (the truth's model_bf16; from an fp16 run a cast ucp makes); each is
+    # exact in fp32 and fp64.
+    key = {"fp32": "fp32", "bf16": "model_bf16",
+           "model": "model_bf16" if args.bf16 else "model_fp16"}[a.state]
+    weights = {n: st[key] for n, st in truth.items()}
+
+    model = AutoModelForCausalLM.from_pretrained(a.exported, torch_dtype=torch.float32).eval()
+    want_dtype = weights[next(iter(weights))].dtype
+    with open(os.path.join(a.exported, "config.json")) as f:
+        torch_dtype = json.load(f)["torch_dtype"]
+    assert torch_dtype == str(want_dtype).replace("torch.", ""), (torch_dtype, want_dtype)
+    assert model.config.vocab_size == vocab, (model.config.vocab_size, vocab)
+    # GPT: as many tokens as the learned positions; LLaMA: 40 (RoPE is the identity at distance 0).
+    tokens = args.max_position_embeddings if family == "gpt" else TOKENS
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, vocab, (3, tokens), generator=g)
+    ids[0, :2] = torch.tensor([0, vocab - 1])  # the first and the last real vocabulary row
+
+    with open(os.path.join(a.exported, "config.json")) as f:
+        eps = json.load(f)["layer_norm_epsilon" if family == "gpt" else "rms_norm_eps"]
+    assert eps == 1e-5, eps  # Megatron's default; the fixtures' args do not set another
+
+    def run(dtype, islands=False):
+        """The reference's logits in `dtype`; with islands, at transformers' eps (1e-5 as a
+        double, where the reference holds the engine's float 1e-5) and, for LLaMA, with
+        transformers' fp32 computations inside an fp64 model (hf_rms_norm, hf_rope_tables,
+        Fp32Softmax)."""
+        p = {n: w.to(dtype) for n, w in weights.items()}
+        c = dict(cfg, norm_eps=eps) if islands else cfg
+        saved = torch_ref.rms_norm, torch_ref.rope_tables, torch_ref.torch
+        if islands and family == "llama":
+            torch_ref.rms_norm, torch_ref.rope_tables = hf_rms_norm, hf_rope_tables
+            torch_ref.torch = Fp32Softmax()
+        try:
+            with torch.no_grad():
+                return reference_logits(torch_ref, p, c, ids)
+        finally:
+            torch_ref.rms_norm, torch_ref.rope_tables, torch_ref.torch = saved
+
+    with torch.no_grad():
+        hf32 = model(ids).logits
+        hf64 = model.to(torch.float64)(ids).logits
+    model.to(torch.float32)
+    ref32, ref64, ref64i = run(torch.float32), run(torch.float64), run(torch.float64, True)
+    d = lambda x, y: (x.double() - y.double()).abs().max().item()  # noqa: E731
+    scale = ref64.abs().max().item()
+    # The tolerance (docs/hf.md): transformers and the reference are the same math in different
+    # op orders (addmm vs matmul + add, the attention mask's finfo.min vs -inf, LayerNorm's fused
+    # kernel, pow vs x*x*x), so in fp32 each is a rounding away from the fp64 truth: transformers'
+    # distance to it is held to 4x the fp32 reference's own. In fp64 the two agree to 1e-12 of
+    # the largest logit once transformers' own fixed-precision choices are made on both sides.
+    tol32 = 4 * d(ref32, ref64)
+    tol64 = 1e-12 * scale
+    print(f"{a.fixture} ({family}, {a.state} weights, {tokens} tokens, vocab {vocab}, "
+          f"max |logit| {scale:.3g}):")
+    print(f"  transformers fp32 vs reference fp32: max |d| {d(hf32, ref32):.3g}"
+          f"{' (bitwise)' if torch.equal(hf32, ref32) else ''}")
+    print(f"  vs the reference in fp64: transformers fp32 {d(hf32, ref64):.3g}, reference fp32 "
+          f"{d(ref32, ref64):.3g} (tolerance {tol32:.3g}), transformers fp64 {d(hf64, ref64):.3g}")
+    print(f"  transformers fp64 vs reference fp64 at eps 1e-5"
+          f"{' with fp32 RMSNorm, RoPE tables and softmax' if family == 'llama' else ''}: max |d| "
+          f"{d(hf64, ref64i):.3g}{' (bitwise)' if torch.equal(hf64, ref64i) else ''} "
+          f"(tolerance {tol64:.3g})")
+    ok = d(hf32, ref64) <= tol32 and d(hf64, ref64i) <= tol64
+    print(f"  {'ok' if ok else 'TOLERANCE EXCEEDED'}")
+    miswire(model, cfg)
+    with torch.no_grad():
+        wrong = model(ids).logits
+    what = ("per-head QKV read as [Q|K|V]" if family == "gpt"
+            else "tp=2 [g0;u0;g1;u1] read as [gate;up]")
+    print(f"  control, {what} in layer 0: max |d| {d(wrong, ref64):.3g} "
+          f"({d(wrong, ref64) / tol32:.3g}x the fp32 tolerance)")
+    assert d(wrong, ref64) > 100 * tol32, "the comparison cannot tell a miswired layer"
+    if not ok:
+        sys.exit(1)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -135,9 +368,14 @@ def main():
     c.add_argument("--case", required=True, choices=sorted(CASES))
     c.add_argument("--dir", required=True)
     c.add_argument("--exported", required=True)
+    g = sub.add_parser("megatron")
+    g.add_argument("--data", required=True)
+    g.add_argument("--fixture", required=True, choices=sorted(FIXTURE_TRUTH))
+    g.add_argument("--exported", required=True)
+    g.add_argument("--state", required=True, choices=["model", "fp32", "bf16"])
     a = p.parse_args()
     torch.set_num_threads(1)  # one summation order for both sides
-    {"make": make, "check": check}[a.cmd](a)
+    {"make": make, "check": check, "megatron": megatron}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -194,6 +194,12 @@ class HfSource final : public CheckpointSource {
   std::vector<TensorInfo> StoredTensors() const override { return plan_->targets; }
   // safetensors files carry no checksums; every header was validated at open.
   Status VerifyChecksums() const override { return Status::Ok(); }
+  // With no checksums, the identity of each file seen at open is what tells the executor, before
+  // it commits, that the folder changed under the run (issue 16 #8).
+  Status CheckUnchanged() const override {
+    for (const auto& f : files_.files) UCP_RETURN_IF_ERROR(f.CheckUnchanged());
+    return Status::Ok();
+  }
 
  private:
   HfFiles files_;

@@ -18,17 +18,23 @@ using json::Json;
 
 namespace {
 
-std::string ReplaceLayer(std::string s, int64_t layer) {
-  const std::string key = "{layer}";
+std::string ReplaceKey(std::string s, const std::string& key, int64_t value) {
+  if (value < 0) return s;
+  const std::string n = std::to_string(value);
   for (size_t p = s.find(key); p != std::string::npos; p = s.find(key, p)) {
-    const std::string n = std::to_string(layer);
     s.replace(p, key.size(), n);
     p += n.size();
   }
   return s;
 }
 
+// A template with {layer} (and {expert}) filled in; a negative index leaves its key.
+std::string ReplaceLayer(const std::string& s, int64_t layer, int64_t expert = -1) {
+  return ReplaceKey(ReplaceKey(s, "{layer}", layer), "{expert}", expert);
+}
+
 bool HasLayer(const std::string& s) { return s.find("{layer}") != std::string::npos; }
+bool HasExpert(const std::string& s) { return s.find("{expert}") != std::string::npos; }
 
 Result<std::string> StringField(const Json& j, const char* key, const std::string& what,
                                 bool required = true) {
@@ -317,14 +323,14 @@ Result<HfLayout> LayOutHf(const HfMap& map, const patterns::ResolvedModel& model
   };
   std::vector<Extent> extents;
 
-  auto add_entry = [&](const MapTensor& e, int64_t layer) -> Status {
+  auto add_entry = [&](const MapTensor& e, int64_t layer, int64_t expert) -> Status {
     if (!WhenHolds(e.when, hyper)) {
       for (const MapPart& part : e.parts) {
-        out.unused.push_back(layer >= 0 ? ReplaceLayer(part.hf, layer) : part.hf);
+        out.unused.push_back(ReplaceLayer(part.hf, layer, expert));
       }
       return Status::Ok();
     }
-    const std::string pname = layer >= 0 ? ReplaceLayer(e.param, layer) : e.param;
+    const std::string pname = ReplaceLayer(e.param, layer, expert);
     const std::string what = map.file + ": parameter \"" + pname + "\"";
     auto pit = params.find(pname);
     if (pit == params.end()) {
@@ -363,7 +369,7 @@ Result<HfLayout> LayOutHf(const HfMap& map, const patterns::ResolvedModel& model
     }
     int64_t part_row = 0;
     for (size_t k = 0; k < e.parts.size(); ++k) {
-      const std::string hf_name = layer >= 0 ? ReplaceLayer(e.parts[k].hf, layer) : e.parts[k].hf;
+      const std::string hf_name = ReplaceLayer(e.parts[k].hf, layer, expert);
       auto [it, fresh] = tensor_index.try_emplace(hf_name, static_cast<int32_t>(extents.size()));
       if (fresh) {
         extents.push_back({rest, 0, e.transpose, {}});
@@ -406,16 +412,35 @@ Result<HfLayout> LayOutHf(const HfMap& map, const patterns::ResolvedModel& model
     return Status::Ok();
   };
 
+  // Consecutive {layer} entries repeat per layer, and within them consecutive {expert} entries
+  // per expert (HF's state-dict order: layer by layer, expert by expert).
+  const int64_t num_experts = hyper.contains("num_experts") ? hyper.at("num_experts") : 0;
   for (size_t i = 0; i < map.tensors.size();) {
     if (!HasLayer(map.tensors[i].param)) {
-      UCP_RETURN_IF_ERROR(add_entry(map.tensors[i], -1));
+      if (HasExpert(map.tensors[i].param)) {
+        return InvalidArgumentError(map.file + ": parameter \"" + map.tensors[i].param +
+                                    "\" has {expert} without {layer}");
+      }
+      UCP_RETURN_IF_ERROR(add_entry(map.tensors[i], -1, -1));
       ++i;
       continue;
     }
     size_t j = i;
     while (j < map.tensors.size() && HasLayer(map.tensors[j].param)) ++j;
     for (int64_t l = 0; l < model.num_layers; ++l) {
-      for (size_t k = i; k < j; ++k) UCP_RETURN_IF_ERROR(add_entry(map.tensors[k], l));
+      for (size_t k = i; k < j;) {
+        if (!HasExpert(map.tensors[k].param)) {
+          UCP_RETURN_IF_ERROR(add_entry(map.tensors[k], l, -1));
+          ++k;
+          continue;
+        }
+        size_t m = k;
+        while (m < j && HasExpert(map.tensors[m].param)) ++m;
+        for (int64_t x = 0; x < num_experts; ++x) {
+          for (size_t q = k; q < m; ++q) UCP_RETURN_IF_ERROR(add_entry(map.tensors[q], l, x));
+        }
+        k = m;
+      }
     }
     i = j;
   }

@@ -43,14 +43,16 @@ struct Requirement {
 };
 
 struct MapPart {
-  std::string hf;  ///< HF tensor name, may hold {layer}
+  std::string hf;  ///< HF tensor name, may hold {layer} and {expert}
   std::string size;
   std::string offset = "0";
 };
 
 struct MapTensor {
-  std::string param;  ///< ucp parameter template ({layer})
-  std::string when;   ///< "", "tied_embeddings" or "!tied_embeddings"
+  /// ucp parameter template: {layer}; {expert} in consecutive {layer} entries, repeated per
+  /// expert (hyper num_experts) inside each layer, as HF's state dict orders them
+  std::string param;
+  std::string when;  ///< "", "tied_embeddings" or "!tied_embeddings"
   bool transpose = false;
   std::string groups = "1";
   std::vector<MapPart> parts;  ///< one part with size "" is the whole dim 0

@@ -119,7 +119,8 @@ TEST_P(HfRoundTripTest, ExportImportExportIsIdentity) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfRoundTripTest,
-                         ::testing::Values("gpt-tiny", "llama-tiny", "llama-tiny-tied"));
+                         ::testing::Values("gpt-tiny", "llama-tiny", "llama-tiny-tied",
+                                           "mixtral-tiny"));
 
 class HfImportTest : public ::testing::Test {
  protected:
@@ -208,9 +209,9 @@ TEST_F(HfImportTest, ConfigRulesAreEnforced) {
   EXPECT_THAT(Open(dir), StatusIs(StatusCode::kUnimplemented, HasSubstr("attention_bias")));
   EditConfig(dir, [](json::Json& c) {
     c["attention_bias"] = false;
-    c["architectures"] = {"Qwen2ForCausalLM"};
+    c["architectures"] = {"Phi3ForCausalLM"};
   });
-  EXPECT_THAT(Open(dir), StatusIs(StatusCode::kUnimplemented, HasSubstr("Qwen2ForCausalLM")));
+  EXPECT_THAT(Open(dir), StatusIs(StatusCode::kUnimplemented, HasSubstr("Phi3ForCausalLM")));
   EditConfig(dir, [](json::Json& c) {
     c["architectures"] = {"LlamaForCausalLM"};
     c["vocab_size"] = 256;  // the tensors hold 250 rows
@@ -224,26 +225,75 @@ TEST_F(HfImportTest, ConfigRulesAreEnforced) {
   UCP_EXPECT_OK(Open(dir));
 }
 
-TEST_F(HfImportTest, IndexRules) {
+// The index half of the corruption catalogue (the safetensors half is
+// io/safetensors/safetensors_corrupt_test.cc): one bad sharded folder per rule of the index, each
+// refused with its own code and the message naming the file and what is wrong.
+TEST_F(HfImportTest, IndexCorruptionCatalogue) {
   const fs::path dir = Export("llama-tiny", "llama", 20'000);
   UCP_ASSERT_OK(Open(dir));
   const std::string index = Slurp(dir / kIndexFileName);
-  json::Json j = *json::ParseStrict(index, "i", StatusCode::kDataLoss);
-  json::Json no_meta = j;
-  no_meta.erase("metadata");
-  Spit(dir / kIndexFileName, no_meta.dump());
-  EXPECT_THAT(Open(dir), StatusIs(StatusCode::kDataLoss, HasSubstr("metadata")));
-  json::Json missing = j;
-  missing["weight_map"]["model.norm.weight"] = "model-00099-of-00099.safetensors";
-  Spit(dir / kIndexFileName, missing.dump());
-  EXPECT_THAT(Open(dir), StatusIs(StatusCode::kNotFound, HasSubstr("is missing")));
-  json::Json dropped = j;
-  dropped["weight_map"].erase("model.norm.weight");
-  Spit(dir / kIndexFileName, dropped.dump());
-  EXPECT_THAT(Open(dir), StatusIs(StatusCode::kDataLoss, HasSubstr("is not in the index")));
+  const json::Json j = *json::ParseStrict(index, "i", StatusCode::kDataLoss);
+  const std::string norm_shard = j["weight_map"]["model.norm.weight"].get<std::string>();
+  const std::string first_shard = "model-00001-of-00026.safetensors";
+  ASSERT_TRUE(fs::exists(dir / first_shard));
+  ASSERT_NE(norm_shard, first_shard);
+  auto with = [&](const std::function<void(json::Json&)>& edit) {
+    json::Json k = j;
+    edit(k);
+    return k.dump();
+  };
+  struct Case {
+    std::string name, index_text;
+    StatusCode code;
+    std::string fragment;
+  };
+  const std::string idx(kIndexFileName);
+  const std::vector<Case> cases = {
+      {"InvalidJson", index.substr(0, index.size() / 2), StatusCode::kDataLoss, idx},
+      {"DuplicateKey",
+       "{\"metadata\": {}, \"weight_map\": {\"a\": \"" + first_shard + "\", \"a\": \"" +
+           first_shard + "\"}}",
+       StatusCode::kDataLoss, "duplicate key \"a\""},
+      {"NotAnObject", "[1, 2]", StatusCode::kDataLoss, "not a JSON object"},
+      {"NoMetadata", with([](json::Json& k) { k.erase("metadata"); }), StatusCode::kDataLoss,
+       "field metadata is missing"},
+      {"NoWeightMap", with([](json::Json& k) { k.erase("weight_map"); }), StatusCode::kDataLoss,
+       "field weight_map is missing"},
+      {"ShardNotAFileName",
+       with([](json::Json& k) { k["weight_map"]["model.norm.weight"] = "../model.safetensors"; }),
+       StatusCode::kDataLoss, "not a file name in the folder"},
+      {"NamesAMissingShard", with([](json::Json& k) {
+         k["weight_map"]["model.norm.weight"] = "model-00099-of-00099.safetensors";
+       }),
+       StatusCode::kNotFound, "shard model-00099-of-00099.safetensors is missing"},
+      {"NamesAMissingTensor",
+       with([&](json::Json& k) { k["weight_map"]["model.layers.0.extra.weight"] = norm_shard; }),
+       StatusCode::kDataLoss,
+       "tensor model.layers.0.extra.weight is not in its shard " + norm_shard},
+      {"ShardTensorNotInIndex",
+       with([](json::Json& k) { k["weight_map"].erase("model.norm.weight"); }),
+       StatusCode::kDataLoss, "tensor model.norm.weight is not in the index"},
+      {"TensorInAnotherShard",
+       with([&](json::Json& k) { k["weight_map"]["model.norm.weight"] = first_shard; }),
+       StatusCode::kDataLoss, "tensor model.norm.weight is in the index as " + first_shard},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Spit(dir / kIndexFileName, c.index_text);
+    EXPECT_THAT(Open(dir), StatusIs(c.code, HasSubstr(c.fragment)));
+  }
+  // A shard file in the folder that the index does not name.
   Spit(dir / kIndexFileName, index);
-  fs::copy_file(dir / "model-00001-of-00026.safetensors", dir / "model-00007-of-00009.safetensors");
-  EXPECT_THAT(Open(dir), StatusIs(StatusCode::kDataLoss, HasSubstr("not in the index")));
+  UCP_ASSERT_OK(Open(dir));
+  fs::copy_file(dir / first_shard, dir / "model-00007-of-00009.safetensors");
+  EXPECT_THAT(Open(dir),
+              StatusIs(StatusCode::kDataLoss,
+                       HasSubstr("shard model-00007-of-00009.safetensors in the folder is not "
+                                 "in the index")));
+  fs::remove(dir / "model-00007-of-00009.safetensors");
+  // A shard of the index whose own header is corrupt: the safetensors rule's error, naming it.
+  Spit(dir / first_shard, std::string("\x02\x00\x00", 3));
+  EXPECT_THAT(Open(dir), StatusIs(StatusCode::kDataLoss, HasSubstr(first_shard)));
 }
 
 TEST_F(HfImportTest, Bf16ExportRoundsToNearestEven) {

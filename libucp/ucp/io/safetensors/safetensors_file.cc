@@ -31,6 +31,7 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
       fd_(std::exchange(o.fd_, -1)),
       buffer_(std::move(o.buffer_)),
       file_size_bytes_(o.file_size_bytes_),
+      identity_(o.identity_),
       header_(std::move(o.header_)) {}
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
@@ -40,6 +41,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
     fd_ = std::exchange(o.fd_, -1);
     buffer_ = std::move(o.buffer_);
     file_size_bytes_ = o.file_size_bytes_;
+    identity_ = o.identity_;
     header_ = std::move(o.header_);
   }
   return *this;
@@ -69,7 +71,13 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::filesystem::path& path,
                          ", not a regular file");
   }
   f.file_size_bytes_ = static_cast<int64_t>(st.st_size);
+  UCP_ASSIGN_OR_RETURN(f.identity_, io::FdFileIdentity(fd), f.name_);
   return Load(std::move(f), options);
+}
+
+Status SafetensorsFile::CheckUnchanged() const {
+  if (fd_ < 0) return Status::Ok();
+  return io::CheckFileUnchanged(name_, identity_);
 }
 
 Result<SafetensorsFile> SafetensorsFile::OpenBuffer(std::span<const std::byte> bytes,

@@ -16,6 +16,7 @@
 
 #include "ucp/base/result.h"
 #include "ucp/base/status.h"
+#include "ucp/io/raw_file.h"
 #include "ucp/io/safetensors/safetensors_header.h"
 #include "ucp/tensor/tensor.h"
 
@@ -72,6 +73,11 @@ class SafetensorsFile {
   Status ReadRange(const SafetensorsEntry& tensor, int64_t byte_begin, int64_t byte_end,
                    std::span<std::byte> out) const;
 
+  /// Whether the file still is the one opened (device, inode, size, mtime), for a run that must
+  /// not commit an output from a source that changed under it (issue 16 #8). Buffers: always ok.
+  /// Errors: kDataLoss naming the file and what changed; kIoError.
+  Status CheckUnchanged() const;
+
   /// Reads a whole tensor into a new contiguous Tensor of its dtype and shape.
   /// Errors: as ReadRange; kResourceExhausted when it cannot be allocated.
   Result<Tensor> ReadTensor(const SafetensorsEntry& tensor) const;
@@ -85,6 +91,7 @@ class SafetensorsFile {
   int fd_ = -1;                    // the open file, or -1 for a buffer
   std::vector<std::byte> buffer_;  // the whole file, for OpenBuffer
   int64_t file_size_bytes_ = 0;
+  io::FileIdentity identity_;  // at open, for CheckUnchanged
   SafetensorsHeader header_;
 };
 
