@@ -4,10 +4,11 @@
 # (and `ucp-train --save-every 1` when built): TRIALS trials in all (default 120). After each,
 # the destination is absent or complete and `ucp verify` passes, the source is byte-identical
 # (sha256), and no half-written output is visible under the destination's name.
-# Then SIGINT and SIGTERM trials: the destination must again be absent or complete; what is left
-# behind (DST.tmp-* folders: ucp has no signal handler yet, issue 15) is counted and reported as
-# a known gap, not a failure. Set UCP_CRASH_STRICT_SIGNALS=1 to make leftovers fail (for the
-# fix of issue 15).
+# Then SIGINT and SIGTERM trials (issue 15): ucp stops with exit 130 / 143 (or had finished:
+# 0), the destination is again absent or complete, and nothing is left behind: no DST.tmp-*
+# folder, no .tmp- file (ucp removes its temporaries on these signals, io/interrupt.h); the same
+# for `ucp-train --save-every 1` (no step_N.tmp-* folder) and for `mpirun -np 2 ucp convert`
+# signalled through mpirun.
 set -euo pipefail
 bin=$1
 trials=${2:-120}
@@ -92,9 +93,26 @@ if [ -x "$bin/ucp-train" ] && [[ "$train_help" == *--save-every* ]]; then
   done
 fi
 
-# SIGINT / SIGTERM: the destination is absent or complete; leftovers are the known gap (issue 15).
+# SIGINT / SIGTERM: exit 130 / 143 (or 0: finished first), the destination absent or complete,
+# nothing left behind. Job control gives each background job its own process group, so it keeps
+# SIGINT (a non-interactive shell starts background jobs with SIGINT ignored, which ucp honours).
+set -m
+sig_trials=0
+wait_code() {  # PID: sets rc to its exit code (not in a subshell: wait needs the job)
+  rc=0
+  wait "$1" 2>/dev/null || rc=$?
+}
+leftover_check() {  # DIR PATTERN LABEL
+  local left
+  left=$(find "$1" -maxdepth 2 -name "$2" 2>/dev/null | wc -l)
+  if [ "$left" -gt 0 ]; then
+    echo "FAIL: $3 left: $(find "$1" -maxdepth 2 -name "$2" | tr '\n' ' ')"
+    leftovers=$((leftovers + left)); fail=1
+  fi
+}
 for sig in INT TERM; do
-  for ((i = 0; i < 8; i++)); do
+  want=$([ "$sig" = INT ] && echo 130 || echo 143)
+  for ((i = 0; i < 12; i++)); do
     op=${ops[$((i % ${#ops[@]}))]}
     IFS='|' read -r name srcname words <<<"$op"
     dst="$work/sig_${sig}_${name}_$i"
@@ -103,19 +121,49 @@ for sig in INT TERM; do
     pid=$!
     sleep "$(printf '0.%03d' $(( RANDOM % (dur_ms[$name] + 5) )))"
     kill -"$sig" "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    wait_code "$pid"
+    sig_trials=$((sig_trials + 1))
+    # 143 for SIGINT too: a signal that lands before main() blocks it takes the default action.
+    case "$rc" in 0 | "$want" | 143) ;; *) echo "FAIL: $name after SIG$sig: exit $rc"; fail=1 ;; esac
     check_dst "$dst" "$name" "$srcname"
-    left=$(compgen -G "$dst.tmp-*" | wc -l || true)
-    leftovers=$((leftovers + left))
+    leftover_check "$work" "$(basename "$dst")*.tmp-*" "$name after SIG$sig"
     rm -rf "$dst" "$dst".tmp-*
   done
 done
+if [ -x "$bin/ucp-train" ] && [[ "$train_help" == *--save-every* ]]; then
+  for ((i = 0; i < 6; i++)); do
+    out="$work/train_sig_$i"
+    sig=$([ $((i % 2)) = 0 ] && echo TERM || echo INT)
+    "$bin/ucp-train" --model gpt-tiny --steps 4 --save-every 1 --out "$out" >/dev/null 2>&1 &
+    pid=$!
+    sleep "0.$(( RANDOM % 9 + 1 ))"
+    kill -"$sig" "$pid" 2>/dev/null || true
+    wait_code "$pid"
+    sig_trials=$((sig_trials + 1))
+    case "$rc" in 0 | 130 | 143) ;; *) echo "FAIL: ucp-train after SIG$sig: exit $rc"; fail=1 ;; esac
+    leftover_check "$out" "*.tmp-*" "ucp-train after SIG$sig"
+    rm -rf "$out"
+  done
+fi
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader \
+    OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_hwloc_base_binding_policy=none
+  for ((i = 0; i < 6; i++)); do
+    dst="$work/sig_mpi_$i"
+    mpirun -np 2 "$ucp" convert "$work/dist" "$dst" --layout tp=1,pp=2,dp=2,zero=2 >/dev/null 2>&1 &
+    pid=$!
+    sleep "0.$(( RANDOM % 9 + 1 ))"
+    kill -TERM "$pid" 2>/dev/null || true
+    wait_code "$pid"
+    sig_trials=$((sig_trials + 1))
+    check_dst "$dst" "mpirun convert" dist
+    leftover_check "$work" "sig_mpi_$i.tmp-*" "mpirun convert after SIGTERM"
+    rm -rf "$dst" "$dst".tmp-*
+  done
+fi
 
 echo "crash consistency: $((per_op * ${#ops[@]})) SIGKILL trials ($killed killed mid-run," \
      "$completed finished first), $train_trials ucp-train --save-every 1 trials," \
-     "16 SIGINT/SIGTERM trials leaving $leftovers DST.tmp-* folders"
-if [ "$leftovers" -gt 0 ]; then
-  echo "known gap (issue 15): SIGINT/SIGTERM leave DST.tmp-* behind; no half output is visible"
-  [ "${UCP_CRASH_STRICT_SIGNALS:-0}" = 1 ] && fail=1
-fi
+     "$sig_trials SIGINT/SIGTERM trials (ucp, ucp-train, mpirun) leaving $leftovers temporaries"
 exit $fail

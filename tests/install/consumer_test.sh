@@ -6,6 +6,11 @@ src=$1 build=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
+# The bash completion script generated from the command table is installed where
+# bash-completion looks, and completes the commands.
+completion=$work/prefix/share/bash-completion/completions/ucp
+bash -c 'source "$1"; COMP_WORDS=(ucp conv); COMP_CWORD=1; _ucp; [ "${COMPREPLY[*]}" = convert ]' \
+  _ "$completion" || { echo "no working bash completion at $completion"; exit 1; }
 cmake -S "$src/examples/consumer" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/build" >/dev/null
 out=$("$work/build/ucp_consumer")

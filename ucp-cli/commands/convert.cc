@@ -1,52 +1,39 @@
-// `ucp convert`: distributed (ucp, DeepSpeed, HF) checkpoint -> ucp distributed at another layout,
-// streaming (no universal copy); any checkpoint -> any writing format with --format.
+// `ucp convert`: any checkpoint ucp reads -> any format it writes, at any layout, streaming (no
+// universal copy). Omitted --layout keys and --format keep the source's (run_common.h).
 #include <ostream>
 
 #include "ucp-cli/command.h"
 #include "ucp-cli/commands/run_common.h"
-#include "ucp/layout/layout.h"
 
 namespace ucp::cli {
 namespace {
 
-Status RunConvert(const po::variables_map& vm, CommandIo& io) {
-  UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, "convert"));
-  const bool layout_given = vm.count("layout") > 0;
-  layout::Layout l = layout::UniversalLayout();
-  if (layout_given) {
-    UCP_ASSIGN_OR_RETURN(l, layout::ParseLayout(vm["layout"].as<std::string>()), "--layout");
-  }
-  const std::string src_path = vm["src"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>()));
-  // ucp's own output keeps the command's contract: distributed -> distributed (reshard reads
-  // universal checkpoints); any other format is written from any source.
-  if (vm["format"].as<std::string>() == "ucp" && src->meta().format == api::Format::kUniversal) {
-    return InvalidArgumentError("SRC " + src_path + " is " + src->meta().format +
-                                "; convert needs a distributed checkpoint (reshard reads universal "
-                                "ones)");
-  }
-  return RunWrite(vm, io, *setup, *src, l, layout_given);
-}
-
 Command MakeConvertCommand() {
   return {
       .name = "convert",
-      .summary =
-          "distributed (ucp, DeepSpeed, Hugging Face) checkpoint -> distributed at another "
-          "layout, streaming (no universal copy); any checkpoint -> another format with --format",
-      .usage = "SRC DST [--layout L] [--model M] [--format ucp|deepspeed|hf|...]",
+      .summary = "convert any checkpoint ucp reads into any format it writes, at any layout",
+      .usage = "SRC DST [--layout L] [--format F] [--model M] [options]",
+      .examples =
+          {"ucp convert ds/global_step100 ds_tp1 --layout tp=1   # DeepSpeed at tp=1; dp, zero "
+           "kept",
+           "ucp convert ckpt ckpt_tp4 --layout tp=4,dp=2       # ucp at another layout",
+           "ucp convert hf_dir ckpt --format ucp --layout tp=2   # Hugging Face -> ucp at tp=2"},
+      .description =
+          "SRC is a ucp (distributed or universal), DeepSpeed or Hugging Face checkpoint. The\n"
+          "output keeps the source's format family (DeepSpeed in, DeepSpeed out) unless --format\n"
+          "says otherwise, and the source's layout for every key --layout does not name\n"
+          "(`--layout tp=1` from dp=2,zero=1 gives tp=1,dp=2,zero=1). Formats of full tensors\n"
+          "(hf) take no --layout.",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
-            o.add_options()("src", po::value<std::string>()->required(), "source checkpoint")(
-                "dst", po::value<std::string>()->required(), "output folder (must not exist)")(
-                "layout", po::value<std::string>(),
-                "target layout, tp=4,pp=1,dp=2 (formats of full tensors, hf, take none)");
-            AddFormatOptions(o, "ucp");
-            AddModelOption(o);
-            AddRunOptions(o);
-            p.add("src", 1).add("dst", 1);
+            o.add_options()("layout", po::value<std::string>(),
+                            "target layout keys, tp=4,pp=1,dp=2,sp=1,ep=1,zero=1 or universal; "
+                            "keys not given keep the source's values");
+            AddConversionOptions(o, p, "default: the source's family");
           },
-      .run = RunConvert,
+      .run = [](const po::variables_map& vm, CommandIo& io) -> Status {
+        return RunConversion(vm, io, {.command = "convert"});
+      },
   };
 }
 UCP_REGISTER_COMMAND(MakeConvertCommand);

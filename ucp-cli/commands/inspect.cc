@@ -1,5 +1,5 @@
-// `ucp inspect`: format, layout, step, model, parameters, dtypes and sizes of a checkpoint.
-#include <cstdio>
+// `ucp inspect`: format, layout (the checkpoint's own), step, model, what decides the layouts it
+// can take and the values that fit, parameters, dtypes and sizes of a checkpoint.
 #include <ostream>
 
 #include "ucp-cli/command.h"
@@ -9,77 +9,87 @@
 namespace ucp::cli {
 namespace {
 
-// Names here come from rule sets and presets (safe names), but escape anyway.
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-std::string ShapeJson(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+// The hyper-parameters that decide which tp / pp / ep a model takes (a model's hyper map may hold
+// others: hidden sizes, tied embeddings, ...).
+constexpr const char* kDecisive[] = {"layers",      "heads", "kv_heads",
+                                     "num_experts", "vocab", "make_vocab_size_divisible_by"};
 
 Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   const std::string path = vm["path"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(path, "PATH", vm["model"].as<std::string>()));
+  UCP_ASSIGN_OR_RETURN(auto src,
+                       OpenCheckpoint(path, "PATH", vm["model"].as<std::string>(), DataDir(vm)));
   const api::CheckpointMeta& m = src->meta();
   int64_t stored_bytes = 0, numel = 0;
   const auto stored = src->StoredTensors();
   for (const auto& t : stored) stored_bytes += NumElementsOrDie(t.shape) * DTypeSizeBytes(t.dtype);
   for (const auto& p : m.model.params) numel += NumElementsOrDie(p.shape);
-  if (vm.count("json")) {
-    io.out << "{\n  \"format\": " << Quote(m.format)
-           << ",\n  \"layout\": " << Quote(layout::ToString(m.layout));
+  const bool has_experts =
+      m.spec.hyper.contains("num_experts") && m.spec.hyper.at("num_experts") > 0;
+  std::vector<std::pair<std::string, std::vector<int>>> fits = {{"tp", FittingValues(m, "tp")},
+                                                                {"pp", FittingValues(m, "pp")}};
+  if (has_experts) fits.push_back({"ep", FittingValues(m, "ep")});
+  if (io.json) {
+    json::OrderedJson j;
+    j["command"] = "inspect";
+    j["ok"] = true;
+    j["exit_code"] = 0;
+    j["path"] = path;
+    j["format"] = m.format;
+    j["layout"] = layout::ToString(m.own_layout());
+    if (m.native_layout) j["view_layout"] = layout::ToString(m.layout);
     if (!m.framework.empty()) {
-      io.out << ",\n  \"source_framework\": " << Quote(m.framework)
-             << ",\n  \"source_layout\": " << Quote(m.source_layout)
-             << ",\n  \"source_notes\": " << Quote(m.source_notes);
+      j["source_framework"] = m.framework;
+      j["source_layout"] = m.source_layout;
+      j["source_notes"] = m.source_notes;
     }
-    io.out << ",\n  \"step\": " << m.step << ",\n  \"model\": " << Quote(m.spec.name)
-           << ",\n  \"family\": " << Quote(m.spec.family)
-           << ",\n  \"dtype\": " << Quote(std::string(DTypeName(m.spec.dtype)))
-           << ",\n  \"optimizer\": " << Quote(m.optimizer_kind) << ",\n  \"states\": [";
-    for (size_t i = 0; i < m.optimizer_states.size(); ++i) {
-      io.out << (i ? ", " : "") << Quote(m.optimizer_states[i]);
+    j["step"] = m.step;
+    j["model"] = m.spec.name;
+    j["family"] = m.spec.family;
+    j["dtype"] = std::string(DTypeName(m.spec.dtype));
+    json::OrderedJson decisive = json::OrderedJson::object();
+    for (const char* k : kDecisive) {
+      if (m.spec.hyper.contains(k)) decisive[k] = m.spec.hyper.at(k);
     }
-    io.out << "],\n  \"num_parameters\": " << numel << ",\n  \"stored_tensors\": " << stored.size()
-           << ",\n  \"stored_bytes\": " << stored_bytes << ",\n  \"params\": [";
-    for (size_t i = 0; i < m.model.params.size(); ++i) {
-      const auto& p = m.model.params[i];
-      io.out << (i ? "," : "") << "\n    {\"name\": " << Quote(p.name)
-             << ", \"shape\": " << ShapeJson(p.shape)
-             << ", \"dtype\": " << Quote(std::string(DTypeName(p.dtype))) << "}";
+    j["decides_layouts"] = decisive;
+    json::OrderedJson f = json::OrderedJson::object();
+    for (const auto& [axis, values] : fits) f[axis] = values;
+    j["fitting"] = f;
+    j["optimizer"] = m.optimizer_kind;
+    j["states"] = m.optimizer_states;
+    j["num_parameters"] = numel;
+    j["stored_tensors"] = static_cast<int64_t>(stored.size());
+    j["stored_bytes"] = stored_bytes;
+    json::OrderedJson params = json::OrderedJson::array();
+    for (const auto& p : m.model.params) {
+      params.push_back(
+          {{"name", p.name}, {"shape", p.shape}, {"dtype", std::string(DTypeName(p.dtype))}});
     }
-    io.out << "\n  ]\n}\n";
+    j["params"] = params;
+    io.out << j.dump(2) << "\n";
     return Status::Ok();
   }
   io.out << "format:     " << m.format << "\n";
+  io.out << "layout:     " << layout::ToString(m.own_layout()) << "\n";
   if (!m.framework.empty()) {
-    // A foreign checkpoint: its own layout, and the ucp layout the planner reads it as.
     io.out << "source:     " << m.framework << " " << m.source_layout << " (" << m.source_notes
-           << ")\n"
-           << "layout:     " << layout::ToString(m.layout) << " (the ucp view of it)\n";
-  } else {
-    io.out << "layout:     " << layout::ToString(m.layout) << "\n";
+           << ")\n";
+  }
+  if (m.native_layout) {
+    // How ucp's planner reads it (docs/adr/0005); what conversions keep is the line above.
+    io.out << "read as:    " << layout::ToString(m.layout) << " (the ucp view of it)\n";
   }
   io.out << "step:       " << m.step << "\n"
          << "model:      " << m.spec.name << " (rule set " << m.spec.family << ", "
          << DTypeName(m.spec.dtype) << ")\n"
-         << "optimizer:  " << m.optimizer_kind << ", states";
+         << "decisive:  ";
+  for (const char* k : kDecisive) {
+    if (m.spec.hyper.contains(k)) io.out << " " << k << "=" << m.spec.hyper.at(k);
+  }
+  io.out << "\nfits:      ";
+  for (size_t i = 0; i < fits.size(); ++i) {
+    io.out << (i ? "; " : " ") << fits[i].first << " " << IntList(fits[i].second);
+  }
+  io.out << "\noptimizer:  " << m.optimizer_kind << ", states";
   for (const auto& s : m.optimizer_states) io.out << " " << s;
   io.out << "\nparameters: " << m.model.params.size() << " (" << numel << " elements)\n"
          << "stored:     " << stored.size() << " tensors, " << Gib(stored_bytes) << "\n\n";
@@ -92,13 +102,20 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
 Command MakeInspectCommand() {
   return {
       .name = "inspect",
-      .summary = "print a checkpoint's format, layout, step, parameters, dtypes and sizes",
-      .usage = "PATH [--json] [--model M]",
+      .summary = "print a checkpoint's format, layout, model, the layouts it fits, and its tensors",
+      .usage = "PATH [--json] [--model M] [--data-dir DIR]",
+      .examples = {"ucp inspect ckpt", "ucp inspect ds/global_step100   # DeepSpeed: dp, zero too",
+                   "ucp inspect ckpt --json | jq .fitting"},
+      .description =
+          "`decisive` lists the hyper-parameters that decide the layouts the model can take\n"
+          "(layers, heads, KV heads, experts, vocabulary); `fits` the tp, pp (and ep) values\n"
+          "that divide them (others at 1).",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
-            o.add_options()("path", po::value<std::string>()->required(), "checkpoint folder")(
-                "json", "print JSON");
+            o.add_options()("path", po::value<std::string>()->required(), "checkpoint folder");
             AddModelOption(o);
+            AddDataDirOption(o);
+            AddJsonOption(o);
             p.add("path", 1);
           },
       .run = RunInspect,

@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "ucp-cli/command.h"
+#include "ucp-cli/commands/run_common.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/layout/layout.h"
 #include "ucp/patterns/model.h"
@@ -13,16 +14,27 @@ namespace ucp::cli {
 namespace {
 
 Status RunPlan(const po::variables_map& vm, CommandIo& io) {
-  const std::string data_dir = vm["data-dir"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(patterns::ModelSpec spec,
-                       patterns::LoadModel(data_dir, vm["model"].as<std::string>()), "--model");
+  const std::filesystem::path data_dir = DataDir(vm);
+  const std::string model_name = vm["model"].as<std::string>();
+  Result<patterns::ModelSpec> loaded = patterns::LoadModel(data_dir, model_name);
+  if (!loaded.ok()) {
+    return WithPresetHint(loaded.status().WithContext("--model"), model_name, data_dir);
+  }
+  patterns::ModelSpec spec = std::move(*loaded);
   UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules, patterns::LoadRuleSet(data_dir, spec.family),
                        "--model");
   UCP_ASSIGN_OR_RETURN(patterns::ResolvedModel model, patterns::Resolve(spec, rules), "--model");
   UCP_ASSIGN_OR_RETURN(layout::Layout from, layout::ParseLayout(vm["from"].as<std::string>()),
                        "--from");
   UCP_ASSIGN_OR_RETURN(layout::Layout to, layout::ParseLayout(vm["to"].as<std::string>()), "--to");
-  UCP_ASSIGN_OR_RETURN(convert::Plan plan, convert::PlanConversion(model, from, to));
+  Result<convert::Plan> planned = convert::PlanConversion(model, from, to);
+  if (!planned.ok()) {
+    api::CheckpointMeta meta;
+    meta.model = model;
+    meta.spec = spec;
+    return WithFitHint(WithFitHint(planned.status(), meta, from), meta, to);
+  }
+  convert::Plan plan = std::move(*planned);
   const int64_t only_rank = vm.count("rank") ? vm["rank"].as<int64_t>() : -1;
   if (only_rank >= 0 && only_rank >= layout::WorldSize(to)) {
     return InvalidArgumentError("--rank " + std::to_string(only_rank) + " outside [0, " +
@@ -72,18 +84,23 @@ Command MakePlanCommand() {
   return {
       .name = "plan",
       .summary = "print the conversion plan between two layouts of a model (touches no file)",
-      .usage = "--model M --from LAYOUT --to LAYOUT [--json] [--rank R]",
+      .usage = "--model M --from LAYOUT --to LAYOUT [--json] [--rank R] [--data-dir DIR]",
+      .examples = {"ucp plan --model gpt-tiny --from tp=2,pp=2,dp=2,zero=1 --to tp=4,dp=2",
+                   "ucp plan --model llama-tiny --from universal --to tp=2 --rank 1",
+                   "ucp plan --model mixtral-tiny --from tp=1,dp=4,ep=4 --to universal --json"},
+      .description = "",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
-            o.add_options()("model", po::value<std::string>()->required(),
-                            "model preset name (patterns/models/) or a preset .json file")(
+            static const std::string model_help = "model preset (" +
+                                                  JoinNames(PresetNames(api::UcpDataDir())) +
+                                                  ") or a model .json file";
+            o.add_options()("model", po::value<std::string>()->required(), model_help.c_str())(
                 "from", po::value<std::string>()->required(),
                 "source layout: tp=2,pp=2,dp=4[,sp=1,ep=1][,zero=1] or universal")(
                 "to", po::value<std::string>()->required(), "target layout, same form")(
                 "json", "print the full plan as JSON")("rank", po::value<int64_t>(),
-                                                       "only this target rank")(
-                "data-dir", po::value<std::string>()->default_value(UCP_DATA_DIR "/patterns"),
-                "folder holding the rule sets and models/");
+                                                       "only this target rank");
+            AddDataDirOption(o);
           },
       .run = RunPlan,
   };

@@ -1,51 +1,36 @@
-// `ucp reshard`: universal checkpoint -> distributed at a layout; any checkpoint -> any writing
-// format with --format.
+// `ucp reshard`: `ucp convert` with a --layout it requires: the same checkpoint (same format
+// family unless --format) at another layout.
 #include <ostream>
 
 #include "ucp-cli/command.h"
 #include "ucp-cli/commands/run_common.h"
-#include "ucp/layout/layout.h"
 
 namespace ucp::cli {
 namespace {
 
-Status RunReshard(const po::variables_map& vm, CommandIo& io) {
-  UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, "reshard"));
-  const bool layout_given = vm.count("layout") > 0;
-  layout::Layout l = layout::UniversalLayout();
-  if (layout_given) {
-    UCP_ASSIGN_OR_RETURN(l, layout::ParseLayout(vm["layout"].as<std::string>()), "--layout");
-  }
-  const std::string src_path = vm["src"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(auto src, OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>()));
-  // ucp's own output keeps the command's contract: universal -> distributed; any other format
-  // is written from any source.
-  if (vm["format"].as<std::string>() == "ucp" && src->meta().format != api::Format::kUniversal) {
-    return InvalidArgumentError("SRC " + src_path + " is " + src->meta().format +
-                                "; reshard needs a universal checkpoint");
-  }
-  return RunWrite(vm, io, *setup, *src, l, layout_given);
-}
-
 Command MakeReshardCommand() {
   return {
       .name = "reshard",
-      .summary =
-          "universal checkpoint -> distributed at a layout (any checkpoint -> another format "
-          "with --format)",
-      .usage = "SRC DST [--layout L] [--format ucp|deepspeed|deepspeed-universal|hf]",
+      .summary = "convert to another layout, same format family (convert with --layout required)",
+      .usage = "SRC DST --layout L [--format F] [options]",
+      .examples =
+          {"ucp reshard universal ckpt_tp2 --layout tp=2,pp=2,dp=2,zero=1",
+           "ucp reshard ds/global_step100 ds_dp4 --layout dp=4   # DeepSpeed stays DeepSpeed",
+           "ucp reshard universal dsu --layout tp=2 --format deepspeed-universal"},
+      .description =
+          "Shorthand for `ucp convert SRC DST --layout L`: keys --layout does not name keep the\n"
+          "source's values, and the output is of the source's family (a ucp universal source\n"
+          "gives a ucp distributed checkpoint) unless --format names another.",
       .add_options =
           [](po::options_description& o, po::positional_options_description& p) {
-            o.add_options()("src", po::value<std::string>()->required(), "source checkpoint")(
-                "dst", po::value<std::string>()->required(), "output folder (must not exist)")(
-                "layout", po::value<std::string>(),
-                "target layout, tp=4,pp=1,dp=2 (formats of full tensors, hf, take none)");
-            AddFormatOptions(o, "ucp");
-            AddModelOption(o);
-            AddRunOptions(o);
-            p.add("src", 1).add("dst", 1);
+            o.add_options()("layout", po::value<std::string>()->required(),
+                            "target layout keys, tp=4,pp=1,dp=2,sp=1,ep=1,zero=1; keys not given "
+                            "keep the source's values");
+            AddConversionOptions(o, p, "default: the source's family");
           },
-      .run = RunReshard,
+      .run = [](const po::variables_map& vm, CommandIo& io) -> Status {
+        return RunConversion(vm, io, {.command = "reshard", .needs_layout = true});
+      },
   };
 }
 UCP_REGISTER_COMMAND(MakeReshardCommand);

@@ -1,10 +1,13 @@
 // Shared pieces of the checkpoint subcommands: --threads / --memory-limit, the progress bar
-// (stderr, terminals only), opening a checkpoint with the data folder, and `--format F` with the
-// options each writing format declares (api/format.h): no command knows a format by name.
+// (stderr, terminals only), --data-dir and --model, opening a checkpoint, `--format F` with the
+// options each writing format declares (api/format.h), and the one conversion path that
+// convert, extract and reshard share: no command knows a format by name.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <ostream>
@@ -12,26 +15,60 @@
 #include <vector>
 
 #include "ucp-cli/command.h"
+#include "ucp-cli/output_folder.h"
+#include "ucp-cli/progress.h"
 #include "ucp/api/checkpoint.h"
 #include "ucp/api/format.h"
 #include "ucp/base/status_macros.h"
+#include "ucp/convert/plan.h"
 #include "ucp/exec/executor.h"
+#include "ucp/json/strict_json.h"
 #include "ucp/layout/layout.h"
 
 namespace ucp::cli {
 
-inline void AddRunOptions(po::options_description& opts) {
+/// `memory`: the command's run is bounded by --memory-limit; `checksums`: it reads a source whose
+/// checksums it can skip (--skip-checksums). Options that would do nothing are not offered, so
+/// boost refuses them.
+inline void AddRunOptions(po::options_description& opts, bool checksums = true,
+                          bool memory = true) {
   opts.add_options()("threads", po::value<int>()->default_value(0),
                      "worker threads (0: every core)")(
-      "memory-limit", po::value<std::string>()->default_value("512M"),
-      "bound on buffers in flight, N[K|M|G]; one tensor larger than it still runs alone")(
-      "skip-checksums", "do not verify the source's checksums before converting");
+      "quiet,q", "print nothing but errors: no progress, warnings or summary");
+  if (memory) {
+    opts.add_options()(
+        "memory-limit", po::value<std::string>()->default_value("512M"),
+        "bound on buffers in flight: N, NK, NM, NG (also KB/KiB, MB/MiB, GB/GiB; all powers of "
+        "1024); one tensor larger than it still runs alone");
+  }
+  if (checksums) {
+    opts.add_options()("skip-checksums", "do not verify the source's checksums before converting");
+  }
+}
+
+/// --memory-limit: "1G", "1GB" and "1GiB" are all 2^30 bytes (a memory bound, so binary).
+inline Result<int64_t> ParseMemoryLimit(std::string text) {
+  if (text.size() > 3 && (text.ends_with("iB") || text.ends_with("ib"))) {
+    text.erase(text.size() - 2);
+  } else if (text.size() > 2 && (text.ends_with("B") || text.ends_with("b")) &&
+             std::string("KkMmGg").find(text[text.size() - 2]) != std::string::npos) {
+    text.pop_back();
+  }
+  return exec::ParseByteSize(text);
 }
 
 /// What a checkpoint subcommand holds while it runs.
 struct RunSetup {
   std::unique_ptr<exec::ScopedThreadLimit> threads;
   api::RunOptions options;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  bool quiet = false;                        // --quiet
+  std::unique_ptr<ProgressDisplay> display;  // stderr progress (progress.h); null when quiet
+  /// Ends the progress display before the command prints its result.
+  void Done() { display.reset(); }
 };
 
 inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, CommandIo& io,
@@ -42,42 +79,93 @@ inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, C
     return InvalidArgumentError("--threads must be >= 0, got " + std::to_string(threads));
   }
   setup->threads = std::make_unique<exec::ScopedThreadLimit>(threads);
-  UCP_ASSIGN_OR_RETURN(setup->options.memory_limit_bytes,
-                       exec::ParseByteSize(vm["memory-limit"].as<std::string>()), "--memory-limit");
+  if (vm.count("memory-limit")) {
+    UCP_ASSIGN_OR_RETURN(setup->options.memory_limit_bytes,
+                         ParseMemoryLimit(vm["memory-limit"].as<std::string>()), "--memory-limit");
+  }
   setup->options.verify_source_checksums = vm.count("skip-checksums") == 0;
   setup->options.group = io.group;
-  if (io.is_terminal) {
-    auto mu = std::make_shared<std::mutex>();
-    std::ostream* err = &io.err;
-    setup->options.progress = [mu, err, what](int64_t done, int64_t total) {
-      std::lock_guard<std::mutex> lock(*mu);
-      const int width = 30;
-      const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-      *err << "\r" << what << " [" << std::string(filled, '#') << std::string(width - filled, ' ')
-           << "] " << done << "/" << total << (done == total ? "\n" : "") << std::flush;
-    };
+  setup->quiet = vm.count("quiet") > 0;
+  // Bytes, rate, ETA and phase on stderr (progress.h); only the root of an MPI job draws.
+  if (!setup->quiet && (io.group == nullptr || io.group->is_root())) {
+    setup->display = std::make_unique<ProgressDisplay>(io.err, "ucp " + what, io.is_terminal);
   }
   return setup;
 }
 
+/// --data-dir: the folder of rule sets and models/ (default $UCP_DATA_DIR/patterns, else the
+/// source tree the binary was built from).
+inline void AddDataDirOption(po::options_description& opts) {
+  opts.add_options()("data-dir", po::value<std::string>(),
+                     "folder of the rule sets (<family>.json) and model presets (models/); "
+                     "default $UCP_DATA_DIR/patterns, else the built-in one");
+}
+
+inline std::filesystem::path DataDir(const po::variables_map& vm) {
+  return vm.count("data-dir") ? std::filesystem::path(vm["data-dir"].as<std::string>())
+                              : api::UcpDataDir();
+}
+
+/// The model presets of a data folder: models/<name>.json, sorted.
+inline std::vector<std::string> PresetNames(const std::filesystem::path& data_dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(data_dir / "models", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (it->path().extension() == ".json") names.push_back(it->path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+inline std::string JoinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+/// A --model that names no preset (a name, not a .json file) gets the list of presets.
+inline Status WithPresetHint(Status s, const std::string& model,
+                             const std::filesystem::path& data_dir) {
+  if (s.ok() || model.empty() || model.ends_with(".json") || s.code() != StatusCode::kNotFound) {
+    return s;
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(data_dir / "models" / (model + ".json"), ec)) return s;
+  return Status(s.code(), s.message() + " (presets in " + (data_dir / "models").string() + ": " +
+                              JoinNames(PresetNames(data_dir)) + "; or a model .json file)");
+}
+
 /// --model for the commands that read checkpoints: DeepSpeed folders do not record their ucp model.
 inline void AddModelOption(po::options_description& opts) {
-  opts.add_options()("model", po::value<std::string>()->default_value(""),
-                     "DeepSpeed sources: model preset, model .json file or rule-set family "
-                     "(default: family from the parameter names, hyper-parameters from the "
-                     "Megatron args and the shapes)");
+  static const std::string help =
+      "DeepSpeed sources: a model preset (" + JoinNames(PresetNames(api::UcpDataDir())) +
+      "), a model .json file or a rule-set family (default: the family from the parameter "
+      "names, hyper-parameters from the Megatron args and the shapes)";
+  opts.add_options()("model", po::value<std::string>()->default_value(""), help.c_str());
+}
+
+/// --json: one JSON object on stdout (errors too, with their exit code).
+inline void AddJsonOption(po::options_description& opts) {
+  opts.add_options()("json", "print one JSON object on stdout (an error too, with its exit code)");
 }
 
 /// Opens a checkpoint of any format; `model` (--model) is for formats that do not record their
 /// model (DeepSpeed), and is an error for another format unless `model_may_not_apply` (diff: it
 /// names one side's model).
 inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(
-    const std::string& path, const std::string& what, const std::string& model = "",
-    bool model_may_not_apply = false) {
+    const std::string& path, const std::string& what, const std::string& model,
+    const std::filesystem::path& data_dir, bool model_may_not_apply = false) {
   api::SourceOptions options;
   options.model = model;
-  UCP_ASSIGN_OR_RETURN(auto src, api::CheckpointSource::Open(path, api::UcpDataDir(), options),
-                       what);
+  Result<std::unique_ptr<api::CheckpointSource>> opened =
+      api::CheckpointSource::Open(path, data_dir, options);
+  if (!opened.ok()) {
+    Status s = opened.status();
+    // The messages name the folder; "SRC" says which argument it was, once.
+    return WithPresetHint(Status(s.code(), what + ": " + s.message()), model, data_dir);
+  }
+  std::unique_ptr<api::CheckpointSource> src = std::move(*opened);
   if (!model.empty() && !model_may_not_apply && !src->meta().model_from_options) {
     return InvalidArgumentError(
         "--model applies to DeepSpeed checkpoints (formats that do not "
@@ -93,16 +181,57 @@ inline std::string Gib(int64_t bytes) {
   return buf;
 }
 
-/// `--format` (default `default_format`) and the options of every writing format, each once.
-inline void AddFormatOptions(po::options_description& opts, const std::string& default_format) {
+/// The values of `axis` ("tp", "pp", "ep") at which `meta`'s model fits a layout (the others
+/// at 1), up to a bound: what decides them is the model (heads, KV heads, layers, experts,
+/// vocab), so each candidate is asked of the planner rather than derived here.
+inline std::vector<int> FittingValues(const api::CheckpointMeta& meta, const std::string& axis) {
+  std::vector<int> out;
+  int limit = 64;
+  if (axis == "pp" && meta.spec.hyper.contains("layers")) {
+    limit = static_cast<int>(std::min<int64_t>(meta.spec.hyper.at("layers"), 256));
+  }
+  for (int v = 1; v <= limit; ++v) {
+    layout::Layout l;
+    if (axis == "tp") l.tp = v;
+    if (axis == "pp") l.pp = v;
+    if (axis == "ep") l.dp = l.ep = v;
+    if (convert::DescribeLayout(meta.model, l, meta.plan_options()).ok()) out.push_back(v);
+  }
+  return out;
+}
+
+inline std::string IntList(const std::vector<int>& v) {
+  std::string out;
+  for (int x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
+  return out;
+}
+
+/// A layout the model cannot take (kFailedPrecondition) gets the values of the offending axes
+/// that fit ("tp values that fit: 1, 2, 4").
+inline Status WithFitHint(Status s, const api::CheckpointMeta& meta, const layout::Layout& l) {
+  if (s.ok() || s.code() != StatusCode::kFailedPrecondition || l.universal) return s;
+  std::string hint;
+  const std::pair<const char*, int> axes[] = {{"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}};
+  for (const auto& [axis, value] : axes) {
+    std::vector<int> fit = FittingValues(meta, axis);
+    if (std::find(fit.begin(), fit.end(), value) != fit.end()) continue;
+    hint += std::string(hint.empty() ? "" : "; ") + axis + " values that fit " + meta.spec.name +
+            ": " + IntList(fit);
+  }
+  if (hint.empty()) return s;
+  return Status(s.code(), s.message() + " (" + hint + ")");
+}
+
+/// `--format` and the options of every writing format, each once. `default_note` says what an
+/// omitted --format means for this command.
+inline void AddFormatOptions(po::options_description& opts, const std::string& default_note) {
   const api::FormatRegistry& formats = api::Formats();
-  std::string help = "output format:";
+  std::string help = "output format (" + default_note + "):";
   for (const api::CheckpointFormat* f : formats.formats()) {
     if (f->writes()) help += " " + std::string(f->name()) + " (" + std::string(f->summary()) + ");";
   }
   help.back() = '.';
-  opts.add_options()("format", po::value<std::string>()->default_value(default_format),
-                     help.c_str());
+  opts.add_options()("format", po::value<std::string>(), help.c_str());  // boost copies it
   std::vector<std::string> seen;
   for (const api::CheckpointFormat* f : formats.formats()) {
     for (const api::FormatOption& o : f->write_options()) {
@@ -114,17 +243,127 @@ inline void AddFormatOptions(po::options_description& opts, const std::string& d
   }
 }
 
-/// Writes `src` to vm["dst"] in vm["format"] at `l` (`layout_given`: --layout was passed), with
-/// the format's own options; another format's option given explicitly is an error.
+/// What a conversion command fixes of the shared path (convert, extract, reshard).
+struct ConversionKind {
+  std::string command;
+  /// The --format when none is given; "" is the source's family
+  /// (CheckpointFormat::default_output_format of the format that reads it).
+  std::string default_format;
+  bool full_tensors = false;  ///< extract: the universal layout, no --layout
+  bool needs_layout = false;  ///< reshard: --layout is what it is for
+};
+
+/// The output of a conversion as decided from the command line and the source.
+struct ConversionTarget {
+  std::string command;  ///< the command that converts (for --json)
+  const api::CheckpointFormat* format = nullptr;
+  std::string format_origin;  ///< "--format", "the source's family", "extract's default"
+  layout::Layout layout;
+  bool layout_given = false;
+  std::string layout_given_keys;  ///< "tp" (the keys --layout named)
+  std::string layout_kept_keys;   ///< "pp, dp, sp, ep, zero" (kept from the source)
+};
+
+inline Result<ConversionTarget> DecideTarget(const po::variables_map& vm,
+                                             const api::CheckpointSource& src,
+                                             const std::string& src_path,
+                                             const ConversionKind& kind) {
+  ConversionTarget t;
+  t.command = kind.command;
+  std::string name;
+  if (vm.count("format")) {
+    name = vm["format"].as<std::string>();
+    t.format_origin = "--format";
+  } else if (!kind.default_format.empty()) {
+    name = kind.default_format;
+    t.format_origin = kind.command + "'s default";
+  } else {
+    UCP_ASSIGN_OR_RETURN(const api::CheckpointFormat* in, api::Formats().Detect(src_path), "SRC");
+    name = std::string(in->default_output_format());
+    t.format_origin = "the source's family; --format changes it";
+  }
+  UCP_ASSIGN_OR_RETURN(t.format, api::Formats().Find(name, /*for_writing=*/true));
+  const layout::Layout& own = src.meta().own_layout();
+  t.layout_given = vm.count("layout") > 0;
+  if (kind.needs_layout && !t.layout_given) {
+    return InvalidArgumentError(kind.command +
+                                " needs --layout (to change only the format: ucp convert SRC DST "
+                                "--format F)");
+  }
+  if (kind.full_tensors) {
+    t.layout = layout::UniversalLayout();
+    t.layout_given = true;
+    return t;
+  }
+  layout::PartialLayout partial;
+  partial.universal = own.universal;
+  if (t.layout_given) {
+    UCP_ASSIGN_OR_RETURN(partial, layout::ParsePartialLayout(vm["layout"].as<std::string>()),
+                         "--layout");
+  }
+  if (!t.format->takes_layout()) {
+    if (t.layout_given && !partial.universal && t.format_origin != "--format") {
+      // The layout was meant for another format than the one the defaults chose.
+      std::vector<std::string> with_layout;
+      for (const api::CheckpointFormat* f : api::Formats().formats()) {
+        if (f->writes() && f->takes_layout()) with_layout.emplace_back(f->name());
+      }
+      return InvalidArgumentError("--layout " + vm["layout"].as<std::string>() +
+                                  ": the output format " + name + " (" + t.format_origin +
+                                  ") holds full tensors; give --format ucp (formats with a "
+                                  "layout: " + JoinNames(with_layout) + ")");
+    }
+    // Full tensors: any layout but universal is the user's mistake (WriteCheckpoint says so).
+    t.layout = t.layout_given ? (partial.universal ? layout::UniversalLayout() : partial.values)
+                              : layout::UniversalLayout();
+    return t;
+  }
+  if (t.layout_given) {
+    UCP_ASSIGN_OR_RETURN(t.layout, layout::MergeLayout(own, partial), "--layout");
+    t.layout_given_keys = partial.Keys();
+    if (!own.universal && !partial.universal) {
+      static constexpr const char* kKeys[6] = {"tp", "pp", "dp", "sp", "ep", "zero"};
+      for (int k = 0; k < 6; ++k) {
+        if (!partial.given[k]) {
+          t.layout_kept_keys += std::string(t.layout_kept_keys.empty() ? "" : ",") + kKeys[k];
+        }
+      }
+    }
+  } else {
+    t.layout = own;
+    t.layout_given = true;  // the source's own layout, asked of the format like a given one
+    t.layout_kept_keys = own.universal ? "universal" : "all";
+  }
+  return t;
+}
+
+inline json::OrderedJson SourceJson(const std::string& path, const api::CheckpointSource& src) {
+  const api::CheckpointMeta& m = src.meta();
+  json::OrderedJson j;
+  j["path"] = path;
+  j["format"] = m.format;
+  j["layout"] = layout::ToString(m.own_layout());
+  j["model"] = m.spec.name;
+  j["family"] = m.spec.family;
+  j["step"] = m.step;
+  int64_t bytes = 0;
+  const auto stored = src.StoredTensors();
+  for (const auto& t : stored) bytes += NumElementsOrDie(t.shape) * DTypeSizeBytes(t.dtype);
+  j["stored_tensors"] = static_cast<int64_t>(stored.size());
+  j["stored_bytes"] = bytes;
+  return j;
+}
+
+/// Writes `src` (opened from `src_path`) to vm["dst"] as `target` decides, with the format's own
+/// options (another format's option given explicitly is an error), and reports it.
 inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& setup,
-                       const api::CheckpointSource& src, const layout::Layout& l,
-                       bool layout_given) {
-  const std::string format = vm["format"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(const api::CheckpointFormat* f,
-                       api::Formats().Find(format, /*for_writing=*/true));
+                       const api::CheckpointSource& src, const std::string& src_path,
+                       const ConversionTarget& target) {
+  const api::CheckpointFormat* f = target.format;
+  const std::string format(f->name());
   api::WriteRequest request;
-  request.layout = l;
-  request.layout_given = layout_given;
+  request.layout = target.layout;
+  request.layout_given = target.layout_given;
   request.run = setup.options;
   std::vector<std::string> mine;
   for (const api::FormatOption& o : f->write_options()) mine.push_back(o.name);
@@ -137,16 +376,121 @@ inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& set
       request.options[o.name] = vm[o.name].as<std::string>();
     }
   }
-  if (!layout_given && f->takes_layout()) {
-    return InvalidArgumentError("--format " + format + " needs --layout");
-  }
   const std::string dst = vm["dst"].as<std::string>();
-  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats, api::WriteCheckpoint(src, format, dst, request));
+  // DST's rules (not SRC, empty folder, --into-root) and the stale-temporaries warning:
+  // output_folder.h.
+  if (!setup.quiet) WarnStaleTemporaries(dst, "ucp " + target.command, io.err);
+  UCP_ASSIGN_OR_RETURN(OutputTarget placement,
+                       PrepareOutput(src_path, dst, format, vm.count("into-root") > 0,
+                                     src.meta().step, io.group));
+  Result<exec::ExecStats> written =
+      api::WriteCheckpoint(src, format, placement.write_to.string(), request);
+  if (!written.ok()) {
+    if (io.group == nullptr || io.group->is_root()) AbandonOutput(placement);
+    return WithFitHint(written.status(), src.meta(), target.layout);
+  }
+  std::string placed;
+  {
+    Status finished;
+    if (io.group == nullptr || io.group->is_root()) {
+      Result<std::string> f_placed = FinishOutput(placement);
+      finished = f_placed.status();
+      if (f_placed.ok()) placed = *f_placed;
+    }
+    if (io.group != nullptr) finished = io.group->Agree(finished);
+    UCP_RETURN_IF_ERROR(finished);
+  }
+  const exec::ExecStats& stats = *written;
+  const double seconds = setup.Seconds();
+  setup.Done();
+  RunSummary summary;
+  summary.format = format;
+  summary.layout = f->takes_layout() ? layout::ToString(target.layout) : "universal";
+  summary.elapsed_s = seconds;
+  summary.peak_rss_bytes = PeakRssBytes();
+  CountTree(dst, summary.files, summary.bytes);
+  const std::string shown_layout = layout::ToString(target.layout);
+  if (io.json) {
+    json::OrderedJson j;
+    j["command"] = target.command;
+    j["ok"] = true;
+    j["exit_code"] = 0;
+    j["source"] = SourceJson(src_path, src);
+    json::OrderedJson out;
+    out["path"] = dst;
+    out["format"] = format;
+    out["format_origin"] = target.format_origin;
+    out["layout"] = f->takes_layout() ? shown_layout : "universal";
+    out["layout_given_keys"] = target.layout_given_keys;
+    out["layout_kept_keys"] = target.layout_kept_keys;
+    out["tensors"] = stats.targets_written;
+    out["bytes_written"] = stats.bytes_written;
+    if (!placed.empty()) out["placed"] = placed;
+    j["output"] = out;
+    j["bytes_read"] = stats.bytes_read;
+    j["peak_buffer_bytes"] = stats.peak_in_flight_bytes;
+    j["elapsed_s"] = seconds;
+    j["output_files"] = summary.files;
+    j["output_bytes"] = summary.bytes;
+    j["peak_rss_bytes"] = summary.peak_rss_bytes;
+    io.out << j.dump(2) << "\n";
+    return Status::Ok();
+  }
+  if (setup.quiet) return Status::Ok();
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%.1f s", seconds);
   io.out << "wrote "
          << (f->written_noun() == "checkpoint" ? "" : std::string(f->written_noun()) + " ") << dst;
-  if (f->takes_layout()) io.out << " at " << layout::ToString(l);
-  io.out << ": " << stats.targets_written << " tensors, " << Gib(stats.bytes_written) << "\n";
+  if (f->takes_layout()) io.out << " at " << shown_layout;
+  io.out << ": " << stats.targets_written << " tensors, " << Gib(stats.bytes_written) << ", "
+         << secs << "\n";
+  io.out << "  from:   " << src.meta().format << " " << src_path << " at "
+         << layout::ToString(src.meta().own_layout()) << "\n";
+  io.out << "  format: " << format << " (" << target.format_origin << ")\n";
+  if (!placed.empty()) io.out << "  placed: " << placed << "\n";
+  io.out << "  output: " << summary.files << " files, " << HumanBytes(summary.bytes)
+         << "; peak memory " << HumanBytes(summary.peak_rss_bytes) << " (this process)\n";
+  if (f->takes_layout() && !target.layout_kept_keys.empty()) {
+    io.out << "  layout: "
+           << (target.layout_kept_keys == "all"
+                   ? std::string("the source's (no --layout)")
+                   : (target.layout_given_keys.empty()
+                          ? std::string()
+                          : target.layout_given_keys + " from --layout, ") +
+                         target.layout_kept_keys + " kept from the source")
+           << "\n";
+  }
   return Status::Ok();
+}
+
+/// convert / extract / reshard: open SRC, decide the output, write it.
+inline Status RunConversion(const po::variables_map& vm, CommandIo& io,
+                            const ConversionKind& kind) {
+  UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, kind.command));
+  const std::string src_path = vm["src"].as<std::string>();
+  const std::filesystem::path data_dir = DataDir(vm);
+  UCP_ASSIGN_OR_RETURN(auto src,
+                       OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>(), data_dir));
+  UCP_ASSIGN_OR_RETURN(ConversionTarget target, DecideTarget(vm, *src, src_path, kind));
+  return RunWrite(vm, io, *setup, *src, src_path, target);
+}
+
+/// The options every conversion command (convert, reshard, extract) declares besides --layout.
+inline void AddConversionOptions(po::options_description& o, po::positional_options_description& p,
+                                 const std::string& format_note) {
+  o.add_options()("src", po::value<std::string>()->required(), "source checkpoint")(
+      "dst", po::value<std::string>()->required(),
+      "output folder: new, or an empty folder (never SRC or inside it)")(
+      "into-root",
+      "DST is an existing DeepSpeed root: write the checkpoint as a new tag folder in it and "
+      "update its latest (latest_universal) file atomically (--format deepspeed, "
+      "deepspeed-universal)");
+  AddFormatOptions(o, format_note);
+  AddModelOption(o);
+  AddDataDirOption(o);
+  AddRunOptions(o);
+  AddJsonOption(o);
+  p.add("src", 1).add("dst", 1);
 }
 
 }  // namespace ucp::cli

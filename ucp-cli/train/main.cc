@@ -17,6 +17,7 @@
 #include "offload/train/trainer.h"
 #include "ucp/base/status.h"
 #include "ucp/base/status_macros.h"
+#include "ucp/io/interrupt.h"
 
 namespace {
 
@@ -82,6 +83,9 @@ const char* const kResumeOverrides[] = {"steps",      "val-every", "val-samples"
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread exists: SIGINT/SIGTERM remove an unfinished save's temporary folder and
+  // exit 130/143 (io/interrupt.h); committed checkpoints stay.
+  ucp::io::StartInterruptWatcher("ucp-train");
   TrainConfig c;
   RunOptions r;
   std::string out, resume, init, data_dir, corpus_dir, tokenize, tokens_out;

@@ -13,8 +13,9 @@ const FormatRegistry& Formats() {
   static const FormatRegistry* registry = [] {
     auto* r = new FormatRegistry();
     UCP_CHECK(r->Add(MakeUcpFormat()).ok());
-    UCP_CHECK(r->Add(deepspeed::MakeDeepSpeedFormat()).ok());
+    // deepspeed-universal before deepspeed: its folders hold DeepSpeed's model-state files too.
     UCP_CHECK(r->Add(deepspeed::MakeDeepSpeedUniversalFormat()).ok());
+    UCP_CHECK(r->Add(deepspeed::MakeDeepSpeedFormat()).ok());
     UCP_CHECK(r->Add(hf::MakeHfFormat()).ok());
     return r;
   }();

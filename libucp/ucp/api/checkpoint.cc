@@ -1,10 +1,13 @@
 // CheckpointSource implementations (universal, distributed, generated) and the operations.
 #include "ucp/api/checkpoint.h"
 
+#include <stdlib.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -16,8 +19,10 @@
 #include <sstream>
 
 #include "ucp/api/ucp_format.h"
+#include "ucp/base/progress.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/dist/dist_checkpoint.h"
+#include "ucp/io/interrupt.h"
 #include "ucp/io/manifest/universal_manifest.h"
 #include "ucp/io/universal/universal_checkpoint.h"
 #include "ucp/json/strict_json.h"
@@ -137,6 +142,7 @@ class DistSource final : public CheckpointSource {
   Status VerifyChecksumsPart(int part, int parts) const override {
     return reader_.Verify(part, parts);
   }
+  Status CheckUnchanged() const override { return reader_.CheckSourcesUnchanged(); }
 
  private:
   dist::DistReader reader_;
@@ -169,6 +175,7 @@ class UniversalSource final : public CheckpointSource {
   Status VerifyChecksumsPart(int part, int parts) const override {
     return reader_.Verify(part, parts);
   }
+  Status CheckUnchanged() const override { return reader_.CheckSourcesUnchanged(); }
 
  private:
   io::UniversalReader reader_;
@@ -439,6 +446,7 @@ Result<exec::ExecStats> RunShared(const CheckpointSource& src, const convert::Pl
   }
   UCP_RETURN_IF_ERROR(group.Agree(st));
   if (options.verify_source_checksums) {
+    progress::BeginPhase("verify", progress::TreeBytes(src.meta().dir) / group.size());
     UCP_RETURN_IF_ERROR(group.Agree(src.VerifyChecksumsPart(group.rank(), group.size())));
   }
   const Share share = ShareOf(plan, world, universal, group.rank(), group.size());
@@ -504,6 +512,7 @@ Result<exec::ExecStats> RunShared(const CheckpointSource& src, const convert::Pl
     st = Status::Ok();
     for (size_t r = 1; r < parts.size() && st.ok(); ++r) st = writer->AddPart(parts[r]);
   }
+  progress::BeginPhase("commit", 0);
   if (group.is_root() && st.ok()) st = commit(*writer);
   UCP_RETURN_IF_ERROR(group.Agree(st));
   return stats;
@@ -589,7 +598,52 @@ Result<exec::ExecStats> WriteCheckpoint(const CheckpointSource& src, std::string
                                 "universal), got " +
                                 layout::ToString(request.layout));
   }
-  return f->Write(src, dst, request);
+  if (!f->needs_universal_source() || src.meta().format == Format::kUniversal) {
+    return f->Write(src, dst, request);
+  }
+  // The format reads a universal checkpoint from disk: extract one next to dst first.
+  if (request.run.group != nullptr && request.run.group->size() > 1) {
+    return UnimplementedError("--format " + std::string(format) +
+                              " from a source that is not ucp universal runs in one process");
+  }
+  std::error_code ec;
+  if (fs::exists(dst, ec)) {
+    return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
+  }
+  const fs::path parent = dst.parent_path().empty() ? fs::path(".") : dst.parent_path();
+  std::string pattern = (parent / (dst.filename().string() + ".tmp-XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return IoError("cannot create a temporary folder next to " + dst.string() + ": " +
+                   std::strerror(errno));
+  }
+  const fs::path staging = pattern;
+  io::RegisterTempPath(staging);  // an interrupt removes it (io/interrupt.h)
+  auto cleanup = [&] {
+    fs::remove_all(staging, ec);
+    io::UnregisterTempPath(staging);
+  };
+  RunOptions extract = request.run;
+  extract.group = nullptr;
+  Result<exec::ExecStats> stats = Extract(src, staging / "universal", extract);
+  if (!stats.ok()) {
+    cleanup();
+    return stats.status().WithContext("extracting to universal for --format " +
+                                      std::string(format));
+  }
+  Result<std::unique_ptr<CheckpointSource>> universal =
+      CheckpointSource::Open(staging / "universal", UcpDataDir());
+  if (!universal.ok()) {
+    cleanup();
+    return universal.status();
+  }
+  WriteRequest again = request;
+  again.run.verify_source_checksums = false;  // just written and checked by the extraction
+  Result<exec::ExecStats> written = f->Write(**universal, dst, again);
+  universal->reset();
+  cleanup();
+  if (!written.ok()) return written.status();
+  written->bytes_read = stats->bytes_read;
+  return written;
 }
 
 namespace {
@@ -626,6 +680,7 @@ std::unique_ptr<CheckpointFormat> MakeUcpFormat() { return std::make_unique<UcpF
 
 Status Verify(const CheckpointSource& src) {
   const CheckpointMeta& meta = src.meta();
+  progress::BeginPhase("verify", progress::TreeBytes(meta.dir));
   UCP_RETURN_IF_ERROR(src.VerifyChecksums());
   UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> expected,
                        convert::DescribeLayout(meta.model, meta.layout, meta.plan_options()));
@@ -663,7 +718,10 @@ Status Verify(const CheckpointSource& src) {
                   [](const convert::Op& op) { return op.kind != convert::OpKind::kCheckEqual; });
     checks.targets.clear();
     DiscardSink sink;
-    UCP_RETURN_IF_ERROR(exec::ExecutePlan(checks, src, sink).status());
+    progress::BeginPhase("compare replicas", 0);
+    exec::ExecOptions eo;
+    eo.phase.clear();
+    UCP_RETURN_IF_ERROR(exec::ExecutePlan(checks, src, sink, eo).status());
   }
   return Status::Ok();
 }
@@ -755,11 +813,13 @@ Result<DiffResult> Diff(const CheckpointSource& a, const CheckpointSource& b, do
         "parameter \"" + u.param + "\" state \"" + u.state + "\" only in the second checkpoint";
     return result;
   }
-  // Each pair of tensors is built and compared window by window: memory stays a few windows
-  // per thread whatever the tensors' sizes.
+  // Each pair of tensors is built and compared window by window. Each worker holds a window of
+  // each side, so with windows of limit / (4 x workers) the windows in flight stay within half
+  // of --memory-limit whatever the core count and the tensors' sizes (issue 16 #11).
   const exec::PlanIndex ia(pa), ib(pb);
-  const int64_t window_bytes =
-      std::clamp<int64_t>(options.memory_limit_bytes / 8, int64_t{64} << 10, int64_t{16} << 20);
+  const int64_t workers = std::max(1, tbb::this_task_arena::max_concurrency());
+  const int64_t window_bytes = std::clamp<int64_t>(options.memory_limit_bytes / (4 * workers),
+                                                   int64_t{64} << 10, int64_t{16} << 20);
   std::vector<std::string> diffs(pa.targets.size());
   std::vector<Status> errors(pa.targets.size());
   std::atomic<int64_t> done{0};

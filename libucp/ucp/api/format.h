@@ -86,6 +86,24 @@ class CheckpointFormat {
                                         const WriteRequest& request) const;
   /// What the written checkpoint is called in the CLI's report ("DeepSpeed checkpoint").
   virtual std::string_view written_noun() const { return "checkpoint"; }
+
+  /// Whether Write reads its source as a ucp universal checkpoint on disk (deepspeed-universal).
+  /// api::WriteCheckpoint then gives it one: any other source is first extracted into a
+  /// temporary sibling of dst (DST.tmp-XXXXXX, removed afterwards), so every source converts.
+  virtual bool needs_universal_source() const { return false; }
+
+  /// The writing format a conversion of this format's checkpoints produces when no --format is
+  /// given: the source's own family (DeepSpeed in, DeepSpeed out), so that a conversion changes
+  /// what the user asked for and nothing else. Default: this format when it writes, else "ucp".
+  virtual std::string_view default_output_format() const { return writes() ? name() : "ucp"; }
+
+  /// Formats whose checkpoints are tag folders in a root that names the one to load: the
+  /// pointer file's name (DeepSpeed: `latest`; its universal form: `latest_universal`), which
+  /// `--into-root` rewrites atomically after adding a tag. Empty: the format has no root.
+  virtual std::string_view root_pointer_file() const { return {}; }
+  /// For such formats: whether Write makes a whole root (the pointer file and the tag folder it
+  /// names, as DeepSpeed's writer does) rather than the tag folder itself.
+  virtual bool writes_root() const { return false; }
 };
 
 /// The formats known to one program, in detection order.

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +51,13 @@ struct CheckpointMeta {
   std::string framework;
   std::string source_layout;
   std::string source_notes;
+  /// The checkpoint's layout in its own terms where that differs from `layout` (a DeepSpeed
+  /// folder: its real dp and ZeRO stage, tp=2,pp=2,dp=2,zero=1, where `layout` is the view
+  /// dp=1,zero=0); unset for ucp's formats. What the CLI shows, and what a conversion keeps of
+  /// the source for the keys its --layout omits.
+  std::optional<layout::Layout> native_layout;
+  /// native_layout when set, else layout.
+  const layout::Layout& own_layout() const { return native_layout ? *native_layout : layout; }
   /// A JSON object whose members extraction adds to the universal manifest's client_state next
   /// to "ucp_model" ({"deepspeed": {"args": ..., ...}}, {"hf": {"config": ...}}): a foreign
   /// source's, or the client state a ucp checkpoint recorded; empty for none.

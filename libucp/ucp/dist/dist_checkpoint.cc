@@ -14,10 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "ucp/base/progress.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/io/atomic_file.h"
 #include "ucp/io/checksum.h"
 #include "ucp/io/hdf5/h5_file.h"
+#include "ucp/io/interrupt.h"
 #include "ucp/io/raw_file.h"
 #include "ucp/io/streamed_dataset.h"
 
@@ -66,6 +68,7 @@ struct DistWriter::Impl {
       ranks.clear();
       io::RemoveTreeBestEffort(tmp);
     }
+    if (joined) io::UnregisterTempPath(tmp);
   }
 
   // Creates rank r's file with every declared dataset, once.
@@ -162,6 +165,8 @@ Result<DistWriter> DistWriter::Create(const fs::path& dst_in, int64_t world_size
     }
     impl->tmp = options.join_temp;
     impl->joined = true;
+    // Whichever process a signal reaches first removes the shared folder (io/interrupt.h).
+    io::RegisterTempPath(impl->tmp);
     return DistWriter(std::move(impl));
   }
   fs::path parent = dst.parent_path().empty() ? fs::path(".") : dst.parent_path();
@@ -372,7 +377,8 @@ struct DistReader::Impl {
     Result<io::H5File> f = io::H5File::Open(p);
     if (!f.ok()) {
       if (f.status().code() == StatusCode::kNotFound) {
-        return DataLossError("rank file " + p.string() + " is missing");
+        // A missing file is not_found, as a DeepSpeed folder's missing rank file is (exit 4).
+        return NotFoundError("rank file " + p.string() + " is missing");
       }
       return DataLossError("rank file " + p.string() + " is unreadable: " + f.status().message());
     }
@@ -492,7 +498,7 @@ Result<DistReader> DistReader::Open(const fs::path& dir) {
       return IoError("rank file " + (dir / r.file).string() + " is not a regular file");
     }
     if (!fs::is_regular_file(fst)) {
-      return DataLossError("rank file " + (dir / r.file).string() + " is missing (rank " +
+      return NotFoundError("rank file " + (dir / r.file).string() + " is missing (rank " +
                            std::to_string(r.rank) + " of " +
                            std::to_string(impl->manifest.ranks.size()) + ")");
     }
@@ -525,6 +531,7 @@ Result<Tensor> DistReader::ReadTensor(int64_t rank, std::string_view name) const
   UCP_ASSIGN_OR_RETURN(Tensor data, Tensor::Uninitialized(t->dtype, t->shape));
   const int64_t n = data.num_elements();
   if (n > 0) UCP_RETURN_IF_ERROR(impl_->ReadAt(rank, *t, 0, n, data.view().bytes));
+  progress::AddBytes(static_cast<int64_t>(data.view().bytes.size()));
   UCP_RETURN_IF_ERROR(impl_->CheckSum(rank, *t, io::Xxh3_64(data.view().bytes)));
   return data;
 }

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 
+#include "ucp/base/progress.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/tensor/cast.h"
 
@@ -77,6 +78,7 @@ struct Scratch {
   HostBuffer cast;    // cast or packed rows
   HostBuffer accum;   // fp64 sums of an average
   HostBuffer other;   // the second box of a check
+  HostBuffer row;     // a source row cast for a strided destination
 
   static Result<std::span<std::byte>> Get(HostBuffer& b, int64_t bytes) {
     if (b.num_bytes() < bytes) {
@@ -86,6 +88,12 @@ struct Scratch {
     return std::span<std::byte>(b.data(), static_cast<size_t>(bytes));
   }
 };
+
+// n elements of `size` bytes from `from` (packed) to `to` every `stride` elements.
+template <int64_t size>
+void ScatterRow(const std::byte* from, int64_t n, std::byte* to, int64_t stride) {
+  for (int64_t i = 0; i < n; ++i) std::memcpy(to + i * stride * size, from + i * size, size);
+}
 
 // An op, or a part of one: a box of `counts` elements, where it goes and where it comes from.
 struct Box {
@@ -284,10 +292,32 @@ struct Reader {
         }
         return CastElements(t.dtype, {raw, static_cast<size_t>(n * in_size)}, dest.dtype, out, n);
       }
-      for (int64_t i = 0; i < n; ++i) {
-        std::span<std::byte> out(dst_at(dst_off + i * d_inner), static_cast<size_t>(out_size));
-        UCP_RETURN_IF_ERROR(CastElements(t.dtype, {raw + i * in_size, static_cast<size_t>(in_size)},
-                                         dest.dtype, out, 1));
+      // A strided destination (a transposed copy, as HF's Conv1D weights make): the row is cast
+      // in one call, then stored element by element with a fixed-size copy (a per-element cast
+      // call was most of an HF import's CPU time).
+      const std::byte* from = raw;
+      if (!same) {
+        UCP_ASSIGN_OR_RETURN(std::span<std::byte> row, Scratch::Get(scratch.row, n * out_size));
+        UCP_RETURN_IF_ERROR(
+            CastElements(t.dtype, {raw, static_cast<size_t>(n * in_size)}, dest.dtype, row, n));
+        from = row.data();
+      }
+      std::byte* to = dst_at(dst_off);
+      switch (out_size) {
+        case 2:
+          ScatterRow<2>(from, n, to, d_inner);
+          break;
+        case 4:
+          ScatterRow<4>(from, n, to, d_inner);
+          break;
+        case 8:
+          ScatterRow<8>(from, n, to, d_inner);
+          break;
+        default:
+          for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(to + i * d_inner * out_size, from + i * out_size,
+                        static_cast<size_t>(out_size));
+          }
       }
       return Status::Ok();
     };
@@ -667,6 +697,14 @@ Result<ExecStats> ExecutePlan(const Plan& plan, const TensorSource& source, Tens
   Reader reader{plan, source, bytes_read};
   tbb::enumerable_thread_specific<Scratch> scratch;
   const int64_t total = static_cast<int64_t>(selected.size() + checks.size());
+  {
+    int64_t total_bytes = 0;
+    for (int32_t t : selected) {
+      total_bytes +=
+          NumElementsOrDie(plan.targets[t].shape) * DTypeSizeBytes(plan.targets[t].dtype);
+    }
+    if (!options.phase.empty()) progress::BeginPhase(options.phase, total_bytes);
+  }
   tbb::parallel_for(
       size_t{0}, selected.size() + checks.size(),
       [&](size_t i) {
@@ -691,6 +729,7 @@ Result<ExecStats> ExecutePlan(const Plan& plan, const TensorSource& source, Tens
             st = Stream(reader, index, t, window_bytes, s,
                         [&](int64_t a, int64_t e, std::span<const std::byte> data) {
                           bytes_written += static_cast<int64_t>(data.size());
+                          progress::AddBytes(static_cast<int64_t>(data.size()));
                           return sink.WriteRange(info, a, e, data);
                         });
           }

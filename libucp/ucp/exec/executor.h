@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ucp/base/result.h"
@@ -71,6 +72,9 @@ struct ExecOptions {
   bool run_checks = true;
   /// Called after each finished target with (done, total); from any thread.
   std::function<void(int64_t, int64_t)> progress;
+  /// The phase the run announces with its bytes to the progress counters (base/progress.h);
+  /// empty: the caller's phase stays (a run that only compares copies).
+  std::string phase = "convert";
 };
 
 struct ExecStats {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ucp/base/status_macros.h"
+#include "ucp/io/interrupt.h"
 
 namespace ucp::io {
 namespace fs = std::filesystem;
@@ -109,6 +110,8 @@ Status WriteFileAtomic(const fs::path& path, std::span<const std::byte> bytes) {
       (dir / ("." + path.filename().string() + std::string(kTempMarker) + "XXXXXX")).string();
   int raw = ::mkstemp(templ.data());
   if (raw < 0) return ErrnoError("create a temporary file for " + path.string(), errno);
+  // Removed on SIGINT/SIGTERM until it is renamed into place (interrupt.h).
+  RegisterTempPath(templ);
   Fd fd(raw);
   Status st = ChmodToUmask(fd.get(), templ, /*is_dir=*/false);
   if (st.ok()) st = WriteAll(fd.get(), bytes, templ);
@@ -117,10 +120,9 @@ Status WriteFileAtomic(const fs::path& path, std::span<const std::byte> bytes) {
   if (st.ok() && ::rename(templ.c_str(), path.c_str()) != 0) {
     st = ErrnoError("rename " + templ + " to " + path.string(), errno);
   }
-  if (!st.ok()) {
-    ::unlink(templ.c_str());
-    return st;
-  }
+  if (!st.ok()) ::unlink(templ.c_str());
+  UnregisterTempPath(templ);
+  if (!st.ok()) return st;
   return FsyncPath(dir);
 }
 
@@ -203,6 +205,8 @@ Result<fs::path> MakeTempSiblingDir(const fs::path& dst_in) {
   if (::mkdtemp(templ.data()) == nullptr) {
     return ErrnoError("create a temporary folder next to " + dst.string(), errno);
   }
+  // Removed on SIGINT/SIGTERM until it is committed or removed (interrupt.h).
+  RegisterTempPath(templ);
   const int raw = ::open(templ.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   Status st = raw < 0 ? ErrnoError("open " + templ, errno) : Status::Ok();
   if (raw >= 0) {
@@ -211,6 +215,7 @@ Result<fs::path> MakeTempSiblingDir(const fs::path& dst_in) {
   }
   if (!st.ok()) {
     ::rmdir(templ.c_str());
+    UnregisterTempPath(templ);
     return st;
   }
   return fs::path(templ);
@@ -235,12 +240,14 @@ Status RenameNoReplace(const fs::path& from_in, const fs::path& to_in) {
       return ErrnoError("rename " + from.string() + " to " + to.string(), errno);
     }
   }
+  UnregisterTempPath(from);
   return FsyncPath(ParentOf(to));
 }
 
 void RemoveTreeBestEffort(const fs::path& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
+  UnregisterTempPath(path);
 }
 
 }  // namespace ucp::io

@@ -14,6 +14,7 @@
 #include "tests/testutil/temp_dir.h"
 #include "ucp/io/atomic_file.h"
 #include "ucp/io/checksum.h"
+#include "ucp/io/interrupt.h"
 #include "ucp/io/raw_file.h"
 #include "ucp/io/safe_name.h"
 
@@ -169,6 +170,33 @@ TEST(AtomicFile, TrailingSlashNamesTheFolder) {
   EXPECT_FALSE(fs::exists(dst));
   UCP_ASSERT_OK(RenameNoReplace(t, fs::path(dst.string() + "/")));
   EXPECT_TRUE(fs::is_directory(dst));
+}
+
+// What SIGINT/SIGTERM remove (interrupt.h): the live temporaries, never a committed output.
+TEST(Interrupt, RemovesLiveTemporariesOnlyAndTheirContent) {
+  RemoveRegisteredTempPathsForTest();  // what earlier tests left recorded (their folders are gone)
+  TempDir tmp;
+  UCP_ASSERT_OK_AND_ASSIGN(fs::path live, MakeTempSiblingDir(tmp / "live"));
+  fs::create_directories(live / "sub");
+  std::ofstream(live / "sub" / "f.h5") << "data";
+  UCP_ASSERT_OK_AND_ASSIGN(fs::path done, MakeTempSiblingDir(tmp / "done"));
+  UCP_ASSERT_OK(RenameNoReplace(done, tmp / "done"));
+  UCP_ASSERT_OK_AND_ASSIGN(fs::path failed, MakeTempSiblingDir(tmp / "failed"));
+  RemoveTreeBestEffort(failed);
+  UCP_ASSERT_OK(WriteFileAtomic(tmp / "done" / "latest", "tag"));
+  // A folder joined from another process (MPI): registered by name, removed all the same.
+  const fs::path joined = tmp / "joined.tmp-abcdef";
+  fs::create_directories(joined / "x");
+  RegisterTempPath(joined);
+  EXPECT_EQ(RemoveRegisteredTempPathsForTest(), 2);
+  EXPECT_FALSE(fs::exists(live));
+  EXPECT_FALSE(fs::exists(joined));
+  EXPECT_TRUE(fs::exists(tmp / "done" / "latest"));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmp.path())) left.push_back(e.path().filename());
+  EXPECT_THAT(left, ::testing::UnorderedElementsAre("done"));
+  EXPECT_EQ(InterruptExitCode(2), 130);
+  EXPECT_EQ(InterruptExitCode(15), 143);
 }
 
 TEST(OpenFileLimit, RaisesTheSoftLimitUpToTheHardOne) {

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "ucp/base/progress.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::io {
@@ -63,6 +64,7 @@ Result<uint64_t> HashFileRange(const RawFile& file, int64_t offset, int64_t num_
     std::span<std::byte> piece(buf.data(), static_cast<size_t>(n));
     UCP_RETURN_IF_ERROR(file.ReadAt(offset + done, piece));
     h.Update(piece);
+    progress::AddBytes(n);  // the checksum pass's progress (base/progress.h)
     done += n;
   }
   return h.Digest();

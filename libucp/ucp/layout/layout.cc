@@ -62,13 +62,19 @@ Status Validate(const Layout& l) {
   return Status::Ok();
 }
 
-Result<Layout> ParseLayout(std::string_view text) {
-  if (text == "universal") return UniversalLayout();
-  if (text.empty()) return InvalidArgumentError("layout \"\": empty (expected tp=..,pp=..,dp=..)");
-  Layout l;
-  bool seen[6] = {false, false, false, false, false, false};
-  static constexpr std::string_view kKeys[6] = {"tp", "pp", "dp", "sp", "ep", "zero"};
+namespace {
+
+constexpr std::string_view kKeys[6] = {"tp", "pp", "dp", "sp", "ep", "zero"};
+
+int* FieldOf(Layout& l, int k) {
   int* fields[6] = {&l.tp, &l.pp, &l.dp, &l.sp, &l.ep, &l.zero_stage};
+  return fields[k];
+}
+
+// The tokens of a non-universal layout string into `l` (missing keys keep l's values), marking
+// the keys named; each token checked alone, the whole not validated.
+Status ParseTokens(std::string_view text, Layout& l, bool (&seen)[6]) {
+  if (text.empty()) return InvalidArgumentError("layout \"\": empty (expected tp=..,pp=..,dp=..)");
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
@@ -103,10 +109,68 @@ Result<Layout> ParseLayout(std::string_view text) {
     } else if (v < 1) {
       return InvalidArgumentError("layout token " + Q(token) + ": size must be >= 1");
     }
-    *fields[k] = v;
+    *FieldOf(l, k) = v;
     pos = comma + 1;
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Layout> ParseLayout(std::string_view text) {
+  if (text == "universal") return UniversalLayout();
+  Layout l;
+  bool seen[6] = {false, false, false, false, false, false};
+  UCP_RETURN_IF_ERROR(ParseTokens(text, l, seen));
   UCP_RETURN_IF_ERROR(Validate(l));
+  return l;
+}
+
+Result<PartialLayout> ParsePartialLayout(std::string_view text) {
+  PartialLayout p;
+  if (text == "universal") {
+    p.universal = true;
+    return p;
+  }
+  Layout l;
+  UCP_RETURN_IF_ERROR(ParseTokens(text, l, p.given));
+  p.values = l;
+  return p;
+}
+
+std::string PartialLayout::Keys() const {
+  std::string out;
+  if (universal) return "universal";
+  for (int k = 0; k < 6; ++k) {
+    if (given[k]) out += (out.empty() ? "" : ",") + std::string(kKeys[k]);
+  }
+  return out;
+}
+
+Result<Layout> MergeLayout(const Layout& base, const PartialLayout& partial) {
+  if (partial.universal) return UniversalLayout();
+  // A universal base has no sizes to keep: the defaults (1, zero 0) stand in for it.
+  Layout l = base.universal ? Layout{} : base;
+  l.universal = false;
+  Layout values = partial.values;
+  std::string kept;
+  for (int k = 0; k < 6; ++k) {
+    if (partial.given[k]) {
+      *FieldOf(l, k) = *FieldOf(values, k);
+    } else if (!base.universal) {
+      kept +=
+          (kept.empty() ? "" : ",") + std::string(kKeys[k]) + "=" + std::to_string(*FieldOf(l, k));
+    }
+  }
+  // Expert parallelism is carved out of dp: a kept ep that the new dp cannot hold gives way to
+  // it (ep=1) rather than turning `--layout dp=1` into an error about a key the user never named.
+  if (!partial.given[4] && partial.given[2] && l.ep > 1 && l.dp % l.ep != 0) l.ep = 1;
+  Status st = Validate(l);
+  if (!st.ok() && !kept.empty()) {
+    return Status(st.code(), st.message() + " (keys not given keep the source's values: " + kept +
+                                 "; give them to change them)");
+  }
+  UCP_RETURN_IF_ERROR(st);
   return l;
 }
 

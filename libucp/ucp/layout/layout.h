@@ -46,6 +46,27 @@ Layout UniversalLayout();
 /// stage outside 0..3, ep not dividing dp, or an empty string.
 Result<Layout> ParseLayout(std::string_view text);
 
+/// A layout string that may name only some keys (`--layout tp=1`): the keys it names, to be
+/// laid over another layout (MergeLayout), so a conversion keeps what the user did not mention.
+struct PartialLayout {
+  Layout values;  ///< the named keys' values (the others as ParseLayout defaults them)
+  bool given[6] = {false, false, false, false, false, false};  ///< tp, pp, dp, sp, ep, zero
+  bool universal = false;                                      ///< the word `universal`
+  /// The keys named, "tp,zero" (or "universal").
+  std::string Keys() const;
+};
+
+/// Parses what ParseLayout parses, checking each token but not the whole (`ep=2` alone is
+/// valid here: dp may come from the layout it is merged into).
+/// Errors: kInvalidArgument as ParseLayout's token errors.
+Result<PartialLayout> ParsePartialLayout(std::string_view text);
+
+/// `base` with the keys `partial` names replaced; a universal partial gives the universal
+/// layout, a universal base keeps nothing (sizes 1, zero 0). A kept ep that does not divide a
+/// given dp becomes 1 (ep is carved out of dp).
+/// Errors: kInvalidArgument as Validate, saying which keys were kept from `base`.
+Result<Layout> MergeLayout(const Layout& base, const PartialLayout& partial);
+
 /// The canonical form: `tp=2,pp=2,dp=4,sp=1,ep=1,zero=1`, or `universal`.
 std::string ToString(const Layout& layout);
 

@@ -186,3 +186,48 @@ TEST(ParseLayout, BoundsSizesAndWorld) {
 
 }  // namespace
 }  // namespace ucp::layout
+
+namespace ucp::layout {
+namespace {
+
+// Issue 15 #3: `--layout tp=1` over a source at dp=2,zero=1 keeps dp and zero.
+TEST(MergeLayout, KeepsTheKeysNotGiven) {
+  UCP_ASSERT_OK_AND_ASSIGN(Layout base, ParseLayout("tp=2,pp=2,dp=2,zero=1"));
+  UCP_ASSERT_OK_AND_ASSIGN(PartialLayout p, ParsePartialLayout("tp=1"));
+  EXPECT_EQ(p.Keys(), "tp");
+  UCP_ASSERT_OK_AND_ASSIGN(Layout m, MergeLayout(base, p));
+  EXPECT_EQ(ToString(m), "tp=1,pp=2,dp=2,sp=1,ep=1,zero=1");
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("zero=0,dp=4"));
+  UCP_ASSERT_OK_AND_ASSIGN(m, MergeLayout(base, p));
+  EXPECT_EQ(ToString(m), "tp=2,pp=2,dp=4,sp=1,ep=1,zero=0");
+  // A universal base keeps nothing; a universal partial replaces everything.
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("tp=2"));
+  UCP_ASSERT_OK_AND_ASSIGN(m, MergeLayout(UniversalLayout(), p));
+  EXPECT_EQ(ToString(m), "tp=2,pp=1,dp=1,sp=1,ep=1,zero=0");
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("universal"));
+  UCP_ASSERT_OK_AND_ASSIGN(m, MergeLayout(base, p));
+  EXPECT_TRUE(m.universal);
+}
+
+TEST(MergeLayout, ValidatesTheWholeNamingKeptKeys) {
+  UCP_ASSERT_OK_AND_ASSIGN(Layout base, ParseLayout("tp=1,dp=4,ep=4"));
+  // ep=2 alone parses (dp may come from the base) ...
+  UCP_ASSERT_OK_AND_ASSIGN(PartialLayout p, ParsePartialLayout("ep=2"));
+  UCP_ASSERT_OK_AND_ASSIGN(Layout m, MergeLayout(base, p));
+  EXPECT_EQ(m.ep, 2);
+  // ... a kept ep=4 gives way to a given dp=2 ...
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("dp=2"));
+  UCP_ASSERT_OK_AND_ASSIGN(m, MergeLayout(base, p));
+  EXPECT_EQ(ToString(m), "tp=1,pp=1,dp=2,sp=1,ep=1,zero=0");
+  // ... but a given ep=3 under the kept dp=4 is an error naming what was kept.
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("ep=3"));
+  EXPECT_THAT(MergeLayout(base, p).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("ep=3 does not divide dp=4 (ep is carved out of dp) (keys not "
+                                 "given keep the source's values: tp=1,pp=1,dp=4,sp=1,zero=0")));
+  EXPECT_THAT(ParsePartialLayout("tp=1,tp=2").status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("duplicate key")));
+}
+
+}  // namespace
+}  // namespace ucp::layout

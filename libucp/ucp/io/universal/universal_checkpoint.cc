@@ -14,10 +14,12 @@
 #include <unordered_map>
 
 #include "ucp/base/checked_math.h"
+#include "ucp/base/progress.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/io/atomic_file.h"
 #include "ucp/io/checksum.h"
 #include "ucp/io/hdf5/h5_file.h"
+#include "ucp/io/interrupt.h"
 #include "ucp/io/raw_file.h"
 #include "ucp/io/safe_name.h"
 #include "ucp/io/streamed_dataset.h"
@@ -84,6 +86,7 @@ struct UniversalWriter::Impl {
       open.clear();
       RemoveTreeBestEffort(tmp);
     }
+    if (joined()) UnregisterTempPath(tmp);
   }
 
   Status Validate(const UniversalParamInfo& meta, const std::string& what) const {
@@ -166,6 +169,8 @@ Result<UniversalWriter> UniversalWriter::Create(const fs::path& dst_in,
                            " to join has no params/ folder");
     }
     impl->tmp = options.join_temp;
+    // Whichever process a signal reaches first removes the shared folder (io/interrupt.h).
+    RegisterTempPath(impl->tmp);
     return UniversalWriter(std::move(impl));
   }
   UCP_ASSIGN_OR_RETURN(impl->tmp, MakeTempSiblingDir(dst));
@@ -505,6 +510,7 @@ struct UniversalReader::Impl {
       Status st = f.ReadDatasetInto(s.name, out);
       if (!st.ok()) return Err(p, s.name, st.message());
     }
+    progress::AddBytes(static_cast<int64_t>(out.bytes.size()));
     return CheckSum(p, s, Xxh3_64(out.bytes));
   }
 
