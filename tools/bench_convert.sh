@@ -2,7 +2,8 @@
 # Conversion benchmark: gpt2-small at tp=2,pp=2,dp=2 (zero=1, bf16; 2.1 GiB in 8 rank files),
 # then ROUNDS rounds, each timing in turn a durable copy (`cp -r` + `sync`, the baseline: ucp
 # fsyncs what it writes), `ucp extract`, `ucp reshard` of that extract to tp=4,pp=1,dp=2 and
-# `ucp convert` of the source to the same layout, with wall time and peak RSS (/usr/bin/time).
+# `ucp convert` of the source to the same layout, and `ucp diff` of source and converted output
+# (logical content at two layouts), with wall time and peak RSS (/usr/bin/time).
 # On this VM, writing into memory that was freed more than a second or two before costs several
 # times more than into memory freed just now (the hypervisor takes freed pages back), so every
 # measured command, baseline included, runs right after an unmeasured copy of the source is
@@ -41,6 +42,7 @@ for r in $(seq "$rounds"); do
     "${extra[@]}"
   measure convert "$ucp" convert src converted --layout tp=4,pp=1,dp=2,zero=1 --threads "$threads" \
     "${extra[@]}"
+  measure diff "$ucp" diff src converted --threads "$threads"
   if [ "$r" = 1 ]; then
     "$ucp" diff resharded converted >/dev/null && echo "  reshard and convert outputs: equal"
   fi
@@ -49,7 +51,7 @@ done
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 cp_med=$(awk '$1=="cp"{print $2}' .times | median)
 echo "summary over $rounds rounds (median wall, its ratio to the median durable copy, max RSS):"
-for op in cp extract reshard convert; do
+for op in cp extract reshard convert diff; do
   med=$(awk -v o=$op '$1==o{print $2}' .times | median)
   rss=$(awk -v o=$op '$1==o{print $3}' .times | sort -n | tail -1)
   printf '  %-8s %7.2f s  x%.2f  %7.1f MiB\n' "$op" "$med" "$(echo "$med / $cp_med" | bc -l)" \

@@ -14,5 +14,5 @@ cmake -S . -B build-fuzz -G Ninja \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" -DUCP_SANITIZE=address \
   -DUCP_BUILD_FUZZERS=ON -DUCP_FUZZ_SECONDS="$seconds" -DUCP_BUILD_EXAMPLES=OFF \
   -DUCP_BUILD_BENCHMARKS=OFF -DUCP_ENABLE_CUDA=OFF >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target torch_fuzz safetensors_fuzz json_fuzz manifest_fuzz layout_fuzz
+cmake --build build-fuzz -j"$(nproc)" --target torch_fuzz safetensors_fuzz json_fuzz manifest_fuzz layout_fuzz rules_fuzz
 ctest --test-dir build-fuzz -L fuzz --output-on-failure

@@ -11,6 +11,7 @@
 
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
+#include "ucp/api/checkpoint.h"
 #include "ucp/io/raw_file.h"
 #include "ucp/io/torch/torch_file.h"
 #include "ucp/io/universal/universal_checkpoint.h"
@@ -105,6 +106,64 @@ TEST(SourceChange, TorchFileReportsAChange) {
   Touch(file);
   EXPECT_THAT(f.CheckSourceUnchanged(),
               StatusIs(StatusCode::kDataLoss, HasSubstr("expected.pt changed")));
+}
+
+// Moves the mtime of every regular file under `dir` forward.
+void TouchAll(const fs::path& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) Touch(e.path());
+  }
+}
+
+// Runs an extraction of `src_dir` that changes every source file at its first progress report,
+// i.e. after reading began and before the commit: each api source (ucp, DeepSpeed, HF) must
+// forward the executor's pre-commit identity check, so the run fails and nothing is committed.
+void ExpectExtractFailsWhenSourceChanges(const fs::path& src_dir, const fs::path& dst) {
+  UCP_ASSERT_OK_AND_ASSIGN(auto src, api::CheckpointSource::Open(src_dir, api::UcpDataDir()));
+  api::RunOptions options;
+  bool touched = false;
+  options.progress = [&](int64_t, int64_t) {
+    if (!touched) TouchAll(src_dir);
+    touched = true;
+  };
+  EXPECT_THAT(api::Extract(*src, dst, options).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("changed while ucp was reading it")))
+      << src->meta().format;
+  EXPECT_TRUE(touched);
+  EXPECT_FALSE(fs::exists(dst));
+  // The same source, unchanged since it was opened, extracts.
+  UCP_ASSERT_OK_AND_ASSIGN(auto again, api::CheckpointSource::Open(src_dir, api::UcpDataDir()));
+  UCP_EXPECT_OK(api::Extract(*again, dst, {}).status());
+}
+
+TEST(SourceChange, UcpSourceFailsTheRun) {
+  ucp::testing::TempDir tmp;
+  UCP_ASSERT_OK_AND_ASSIGN(auto m, api::LoadResolvedModel(api::UcpDataDir(), "gpt-tiny", ""));
+  UCP_ASSERT_OK_AND_ASSIGN(layout::Layout l, layout::ParseLayout("tp=2,pp=2,dp=1"));
+  UCP_ASSERT_OK(api::Generate(m.first, m.second, l, 1, tmp.path() / "ucp", {}).status());
+  ExpectExtractFailsWhenSourceChanges(tmp.path() / "ucp", tmp.path() / "out");
+}
+
+TEST(SourceChange, DeepSpeedSourceFailsTheRun) {
+  ucp::testing::TempDir tmp;
+  const fs::path ck = tmp.path() / "ds";
+  fs::copy(fs::path(UCP_SOURCE_ROOT_DIR) / "tests/data/deepspeed/megatron_tp2_pp1_dp2_bf16", ck,
+           fs::copy_options::recursive);
+  ExpectExtractFailsWhenSourceChanges(ck, tmp.path() / "out");
+}
+
+TEST(SourceChange, HfSourceFailsTheRun) {
+  ucp::testing::TempDir tmp;
+  UCP_ASSERT_OK_AND_ASSIGN(auto m, api::LoadResolvedModel(api::UcpDataDir(), "llama-tiny", ""));
+  UCP_ASSERT_OK(api::Generate(m.first, m.second, layout::UniversalLayout(), 1,
+                              tmp.path() / "universal", {})
+                    .status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto universal,
+                           api::CheckpointSource::Open(tmp.path() / "universal", api::UcpDataDir()));
+  api::WriteRequest request;
+  request.layout = layout::UniversalLayout();
+  UCP_ASSERT_OK(api::WriteCheckpoint(*universal, "hf", tmp.path() / "hf", request).status());
+  ExpectExtractFailsWhenSourceChanges(tmp.path() / "hf", tmp.path() / "out");
 }
 
 }  // namespace

@@ -81,6 +81,12 @@ Result<FileIdentity> StatFileIdentity(const fs::path& path) {
   return IdentityOf(st);
 }
 
+Result<FileIdentity> FdFileIdentity(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoError("fstat", errno);
+  return IdentityOf(st);
+}
+
 Status CheckFileUnchanged(const fs::path& path, const FileIdentity& seen) {
   const std::string lead = "source file " + path.string() + " changed while ucp was reading it (";
   const std::string tail = "); the output would not match the source it was checked against";

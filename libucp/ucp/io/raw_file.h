@@ -35,6 +35,10 @@ struct FileIdentity {
 /// Errors: kNotFound (no such file), kIoError.
 Result<FileIdentity> StatFileIdentity(const std::filesystem::path& path);
 
+/// The identity of the open file `fd` (fstat: the file actually opened, even if its path has
+/// since been replaced). Errors: kIoError.
+Result<FileIdentity> FdFileIdentity(int fd);
+
 /// Checks that `path` still has identity `seen`.
 /// Errors: kDataLoss naming the file and what changed (replaced, size, mtime) or that it was
 /// removed: the output would no longer match the source's checksums; kIoError (stat failed).

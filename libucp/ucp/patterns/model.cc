@@ -157,8 +157,17 @@ Result<std::vector<std::string>> GetStrings(const json& obj, const char* key,
   return out;
 }
 
+// std::regex compiles and matches recursively: a pattern's length bounds the stack it needs
+// (the rule sets' longest is under 100 characters), so a bad rule file cannot overflow it.
+constexpr size_t kMaxRegexChars = 256;
+
 Result<std::shared_ptr<const std::regex>> CompileRegex(const std::string& pattern,
                                                        const std::string& where) {
+  if (pattern.size() > kMaxRegexChars) {
+    return InvalidArgumentError(where + ": regular expression of " +
+                                std::to_string(pattern.size()) + " characters (at most " +
+                                std::to_string(kMaxRegexChars) + ")");
+  }
   try {
     return std::make_shared<const std::regex>(pattern, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {
