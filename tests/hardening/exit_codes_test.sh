@@ -44,6 +44,18 @@ cp -r src c8
 rm c8/rank_00000.h5 && mkfifo c8/rank_00000.h5
 expect 8 io_error "a FIFO in place of a rank file" -- timeout 20 "$ucp" extract c8 x8
 expect 9 resource_exhausted "ulimit -n 10" -- bash -c "ulimit -n 10; exec '$ucp' extract src x9"
+# Issue 16 #4: under a low open-file limit, readers size their file caches from it (a 52-file
+# universal checkpoint reshards and diffs at ulimit -n 32), a writer raises the soft limit to what
+# it needs or says what it needs (exit 9, never "corrupt").
+"$ucp" generate g52 --model gpt-tiny --layout tp=1,pp=1,dp=1 >/dev/null && "$ucp" extract g52 g52u >/dev/null
+expect 0 "" "reshard of a 52-file universal checkpoint under ulimit -n 32" -- \
+  bash -c "ulimit -n 32; exec '$ucp' reshard g52u x32r --layout tp=2,pp=1,dp=1"
+expect 0 "" "diff of it under ulimit -n 32" -- bash -c "ulimit -n 32; exec '$ucp' diff g52u g52"
+expect 0 "" "extract under a soft ulimit -n 32 (raised to what it needs)" -- \
+  bash -c "ulimit -Sn 32; exec '$ucp' extract g52 x32e"
+expect 9 resource_exhausted "extract under a hard ulimit -n 32 says what it needs" -- \
+  bash -c "ulimit -n 32; exec '$ucp' extract g52 x32h"
+grep -q "raise ulimit -n" err.txt || { echo "FAIL: the limit error does not say what it needs"; fail=1; }
 expect 11 already_exists "existing destination" -- "$ucp" extract src univ
 mkdir full
 if mount -t tmpfs -o size=512k tmpfs full 2>/dev/null; then

@@ -24,6 +24,7 @@
 #include "ucp/dist/dist_checkpoint.h"
 #include "ucp/io/interrupt.h"
 #include "ucp/io/manifest/universal_manifest.h"
+#include "ucp/io/raw_file.h"
 #include "ucp/io/universal/universal_checkpoint.h"
 #include "ucp/json/strict_json.h"
 #include "ucp/tensor/cast.h"
@@ -534,6 +535,10 @@ Result<exec::ExecStats> Extract(const CheckpointSource& src, const fs::path& dst
   header.source_model = meta.spec.family;
   header.source_framework = meta.framework.empty() ? "ucp" : meta.framework;
   UCP_ASSIGN_OR_RETURN(header.client_state_json, ModelJson(meta.spec, meta.client_state_json));
+  // Every parameter file is laid out up front and stays open until its states are complete:
+  // raise the soft open-file limit to what that needs, or say what it needs (issue 16 #4).
+  UCP_RETURN_IF_ERROR(io::EnsureOpenFileLimit(static_cast<int64_t>(meta.model.params.size())),
+                      "universal output " + dst.string());
   return RunShared<io::UniversalWriter, UniversalSink>(
       src, plan, dst, options, /*universal=*/true, 1,
       [&](const fs::path& join, const Share&) {
@@ -563,6 +568,8 @@ Result<exec::ExecStats> ToLayout(const CheckpointSource& src, const layout::Layo
   header.client_state_json = meta.client_state_json;  // carried, as Extract carries it
   for (const auto& p : meta.model.params) header.params.push_back({p.name, p.shape, p.dtype});
   const int64_t world = layout::WorldSize(to);
+  // Each rank file stays open while it is written (as for Extract).
+  UCP_RETURN_IF_ERROR(io::EnsureOpenFileLimit(world), "output " + dst.string());
   return RunShared<dist::DistWriter, DistSink>(
       src, plan, dst, options, /*universal=*/false, world,
       [&](const fs::path& join, const Share& share) {

@@ -380,6 +380,10 @@ struct DistReader::Impl {
         // A missing file is not_found, as a DeepSpeed folder's missing rank file is (exit 4).
         return NotFoundError("rank file " + p.string() + " is missing");
       }
+      if (f.status().code() == StatusCode::kResourceExhausted ||
+          f.status().code() == StatusCode::kIoError) {
+        return Status(f.status().code(), "rank file " + p.string() + ": " + f.status().message());
+      }
       return DataLossError("rank file " + p.string() + " is unreadable: " + f.status().message());
     }
     return f;

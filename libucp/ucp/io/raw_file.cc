@@ -271,13 +271,22 @@ int64_t OpenFileCount() {
 
 }  // namespace
 
+size_t DefaultFileCacheCapacity() {
+  constexpr int64_t kMax = 256, kMin = 4;
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return kMax;
+  const int64_t spare = static_cast<int64_t>(lim.rlim_cur) - OpenFileCount();
+  return static_cast<size_t>(std::clamp<int64_t>(spare / 4, kMin, kMax));
+}
+
 Status EnsureOpenFileLimit(int64_t needed) {
   struct rlimit lim {};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) {
     return ErrnoError("cannot read the open-file limit", errno);
   }
-  // A margin for what the executor, the readers and the libraries open meanwhile.
-  const int64_t want = OpenFileCount() + needed + 64;
+  // A margin for what the executor and the libraries open meanwhile; readers' caches size
+  // themselves from the limit (DefaultFileCacheCapacity), so a small margin is enough.
+  const int64_t want = OpenFileCount() + needed + 16;
   if (lim.rlim_cur != RLIM_INFINITY && static_cast<int64_t>(lim.rlim_cur) >= want) {
     return Status::Ok();
   }

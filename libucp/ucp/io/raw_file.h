@@ -90,13 +90,18 @@ class RawFile {
   FileIdentity identity_;
 };
 
+/// How many files a RawFileCache keeps open by default: 256, or fewer when the soft open-file
+/// limit leaves less (a quarter of what is left beyond the descriptors held now, at least 4),
+/// so that reading a checkpoint of thousands of files works under a low `ulimit -n`.
+size_t DefaultFileCacheCapacity();
+
 /// Files open for reading, shared by the threads of a reader, at most `capacity` at once (the
 /// least recently used is closed first; a reader still holding it keeps it open until done).
 /// Keeps per-read opens out of hot loops without running into the descriptor limit on
 /// checkpoints of thousands of files. Thread-safe.
 class RawFileCache {
  public:
-  explicit RawFileCache(size_t capacity = 256) : capacity_(capacity) {}
+  explicit RawFileCache(size_t capacity = DefaultFileCacheCapacity()) : capacity_(capacity) {}
   /// Errors: as RawFile::OpenForRead; kDataLoss when the file was opened before (and closed
   /// since) and is no longer the same file (CheckFileUnchanged).
   Result<std::shared_ptr<const RawFile>> Get(const std::filesystem::path& path);

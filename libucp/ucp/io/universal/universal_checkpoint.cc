@@ -436,7 +436,12 @@ struct UniversalReader::Impl {
     if (!noted.ok() && noted.code() != StatusCode::kNotFound) return noted;
     auto f = H5File::Open(dir / p.file);
     if (!f.ok()) {
-      return DataLossError("parameter '" + p.name + "' field file: " + f.status().message());
+      // A limit (too many open files) or an OS error is not corruption (issue 16 #4).
+      const StatusCode code = f.status().code();
+      return Status(code == StatusCode::kResourceExhausted || code == StatusCode::kIoError
+                        ? code
+                        : StatusCode::kDataLoss,
+                    "parameter '" + p.name + "' field file: " + f.status().message());
     }
     return f;
   }
