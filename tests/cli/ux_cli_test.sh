@@ -154,7 +154,12 @@ for p in gpt-tiny gpt2-medium gpt2-small llama-tiny llama-tiny-tied mixtral-tiny
   grep -q "$p" gen_help.txt || fail "10: preset $p not in generate --help"
   grep -q "$p" conv_help.txt || fail "10: preset $p not in convert --help"
 done
-echo "10: generate DST, --out alias, 1GB/1G/1GiB, refused options, --data-dir, presets in help: ok"
+q_out=$("$ucp" generate g_quiet --model gpt-tiny --layout tp=1,pp=1,dp=1 --quiet 2>&1) ||
+  fail "10: generate --quiet failed"
+[ -z "$q_out" ] || fail "10: generate --quiet printed: $q_out"
+q_out=$("$ucp" convert g_quiet g_quiet2 --layout tp=2 --quiet 2>&1) || fail "10: convert --quiet failed"
+[ -z "$q_out" ] || fail "10: convert --quiet printed: $q_out"
+echo "10: generate DST, --out alias, 1GB/1G/1GiB, refused options, --data-dir, presets in help, --quiet: ok"
 
 # --- completion ----------------------------------------------------------------------------------
 "$ucp" completion bash >ucp.bash

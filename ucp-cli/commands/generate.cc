@@ -52,6 +52,7 @@ Status RunGenerate(const po::variables_map& vm, CommandIo& io) {
     io.out << j.dump(2) << "\n";
     return Status::Ok();
   }
+  if (setup->quiet) return Status::Ok();  // --quiet: errors only, as for the conversions
   io.out << "generated " << out << ": " << model->first.name << " at " << layout::ToString(l)
          << ", " << stats->targets_written << " tensors, " << Gib(stats->bytes_written) << "\n";
   return Status::Ok();
