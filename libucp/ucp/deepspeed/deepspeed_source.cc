@@ -27,6 +27,31 @@ using torch::TorchFile;
 namespace {
 constexpr const char* kStates[3] = {"fp32", "exp_avg", "exp_avg_sq"};
 
+using Partitions = std::array<TensorRef, 3>;  // fp32, exp_avg, exp_avg_sq
+
+// The fp32, exp_avg and exp_avg_sq partitions of optimizer group `g`: `fp32` is the group's
+// flat fp32 tensor, `state` the torch optimizer's per-group state dict (`state_path` names it
+// in messages). ZeRO-1/2 and ZeRO-3 files keep them alike.
+Result<Partitions> GroupPartitions(const PyValue* fp32, const PyValue* state, size_t g,
+                                   const std::string& where, const std::string& state_path) {
+  const PyValue* st = state->Get(static_cast<int64_t>(g));
+  if (st == nullptr) {
+    return DataLossError(where + " has no " + state_path + "[" + std::to_string(g) + "]");
+  }
+  const std::array<const PyValue*, 3> t = {fp32, st->Get("exp_avg"), st->Get("exp_avg_sq")};
+  Partitions refs;
+  for (int k = 0; k < 3; ++k) {
+    if (t[k] == nullptr || t[k]->kind() != PyKind::kTensor ||
+        t[k]->tensor().dtype != DType::kFp32 || !t[k]->tensor().IsContiguous() ||
+        t[k]->tensor().size.size() != 1) {
+      return DataLossError(where + ": the " + kStates[k] +
+                           " partition is not a contiguous 1-d fp32 tensor");
+    }
+    refs[k] = t[k]->tensor();
+  }
+  return refs;
+}
+
 // The weight `key` (an engine name) in a module state dict: a flat key, or nested dicts whose
 // keys join with '.' to it. Megatron-DeepSpeed saves GPTModel's `module` through
 // state_dict_for_save_checkpoint: language_model -> embedding -> word_embeddings -> weight,
@@ -95,22 +120,9 @@ Status DeepSpeedTensorSource::AddZero3Partitions(
   const int64_t parts = ck.dp_sp();
   for (size_t g = 0; g < fp32->items().size(); ++g) {
     const std::string where = name + ": sub-group " + std::to_string(g);
-    const PyValue* st = state->Get(static_cast<int64_t>(g));
-    if (st == nullptr) {
-      return DataLossError(where + " has no optimizer_state_dict.state[" + std::to_string(g) + "]");
-    }
-    const std::array<const PyValue*, 3> t = {fp32->items()[g], st->Get("exp_avg"),
-                                             st->Get("exp_avg_sq")};
-    std::array<TensorRef, 3> refs;
-    for (int k = 0; k < 3; ++k) {
-      if (t[k] == nullptr || t[k]->kind() != PyKind::kTensor ||
-          t[k]->tensor().dtype != DType::kFp32 || !t[k]->tensor().IsContiguous() ||
-          t[k]->tensor().size.size() != 1) {
-        return DataLossError(where + ": the " + kStates[k] +
-                             " partition is not a contiguous 1-d fp32 tensor");
-      }
-      refs[k] = t[k]->tensor();
-    }
+    UCP_ASSIGN_OR_RETURN(const Partitions refs,
+                         GroupPartitions(fp32->items()[g], state, g, where,
+                                         "optimizer_state_dict.state"));
     const PyValue* group = shapes->items()[g];
     if (group->kind() != PyKind::kDict) {
       return DataLossError(mname + ": param_shapes[" + std::to_string(g) + "] is not a dict");
@@ -211,23 +223,9 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
         std::set<std::string> seen;
         for (size_t g = 0; g < fp32->items().size(); ++g) {
           const std::string where = name + ": param group " + std::to_string(g);
-          const PyValue* st = state->Get(static_cast<int64_t>(g));
-          if (st == nullptr) {
-            return DataLossError(where + " has no base_optimizer_state.state[" + std::to_string(g) +
-                                 "]");
-          }
-          const std::array<const PyValue*, 3> t = {fp32->items()[g], st->Get("exp_avg"),
-                                                   st->Get("exp_avg_sq")};
-          std::array<TensorRef, 3> refs;
-          for (int k = 0; k < 3; ++k) {
-            if (t[k] == nullptr || t[k]->kind() != PyKind::kTensor ||
-                t[k]->tensor().dtype != DType::kFp32 || !t[k]->tensor().IsContiguous() ||
-                t[k]->tensor().size.size() != 1) {
-              return DataLossError(where + ": the " + kStates[k] +
-                                   " partition is not a contiguous 1-d fp32 tensor");
-            }
-            refs[k] = t[k]->tensor();
-          }
+          UCP_ASSIGN_OR_RETURN(const Partitions refs,
+                               GroupPartitions(fp32->items()[g], state, g, where,
+                                               "base_optimizer_state.state"));
           file.groups.push_back(refs);
           const PyValue* m = maps->items()[g];
           if (m->kind() != PyKind::kDict) {
