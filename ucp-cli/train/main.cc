@@ -10,6 +10,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "offload/comm/communicator.h"
 #include "offload/data/token_file.h"
@@ -17,6 +18,7 @@
 #include "offload/train/trainer.h"
 #include "ucp/base/status.h"
 #include "ucp/base/status_macros.h"
+#include "ucp/exec/executor.h"
 #include "ucp/io/interrupt.h"
 
 namespace {
@@ -29,7 +31,8 @@ using ucp::offload::Trainer;
 
 constexpr const char* kUsage = "usage: ucp-train [--model M] [--data D] [--steps N] --out RUN\n"
                                "       ucp-train --resume RUN [--steps N]\n"
-                               "       ucp-train --init CKPT --out RUN [options]";
+                               "       ucp-train --init CKPT --out RUN [options]\n"
+                               "       ucp-train --plan [--device-memory 141G] [options]";
 
 // Options that define the run: recorded in every checkpoint, and on --resume taken from it (an
 // explicit value must then equal the recorded one).
@@ -89,7 +92,8 @@ int main(int argc, char** argv) {
   TrainConfig c;
   RunOptions r;
   std::string out, resume, init, data_dir, corpus_dir, tokenize, tokens_out;
-  bool quiet = false, sync_save = false;
+  std::string device_memory, host_memory;
+  bool quiet = false, sync_save = false, plan = false;
   int64_t kill_at = -1;
   int kill_rank = -1;
   po::options_description run("run definition (recorded in checkpoints)");
@@ -129,6 +133,13 @@ int main(int argc, char** argv) {
     ("corpus-dir", po::value(&corpus_dir), "fortune files for --data fortunes (default "
                                            "/usr/share/games/fortunes)")
     ("quiet,q", po::bool_switch(&quiet), "print errors only")
+    ("plan", po::bool_switch(&plan),
+     "print the memory plan (bytes per tensor class: the CPU engine's, and on a GPU with the "
+     "optimizer offloaded) and exit, allocating nothing")
+    ("device-memory", po::value(&device_memory),
+     "--plan: the GPU's memory (e.g. 141G, 80GiB); decides resident or streamed weights")
+    ("host-memory", po::value(&host_memory),
+     "--plan: host memory for the plan (default: this machine's MemAvailable)")
     ("tokenize", po::value(&tokenize),
      "only turn this UTF-8 text file into a token file (bytes as tokens, llm.c's format) at "
      "--tokens-out, and exit")
@@ -195,7 +206,7 @@ int main(int argc, char** argv) {
     std::cerr << "ucp-train: usage error: --resume and --init exclude each other\n";
     return 2;
   }
-  if (out.empty() && resume.empty()) {
+  if (out.empty() && resume.empty() && !plan) {
     std::cerr << "ucp-train: usage error: --out RUN is required (see ucp-train --help)\n";
     return 2;
   }
@@ -240,6 +251,30 @@ int main(int argc, char** argv) {
                 ? fs::path(resume).parent_path().string()
                 : resume;
     }
+  }
+  if (plan) {
+    // The plan of one process, from the same resolution as a run (a resumed run's recorded
+    // config included), before anything is allocated.
+    ucp::offload::PlanMachine machine = ucp::offload::MeasureHost();
+    for (const auto& [text, field, name] :
+         {std::tuple{&device_memory, &machine.device_bytes, "--device-memory"},
+          std::tuple{&host_memory, &machine.host_bytes, "--host-memory"}}) {
+      if (text->empty()) continue;
+      auto bytes = ucp::exec::ParseByteSize(*text);
+      if (!bytes.ok()) return fail(ucp::Status(bytes.status().code(),
+                                               std::string(name) + ": " +
+                                                   std::string(bytes.status().message())));
+      *field = *bytes;
+    }
+    if (machine.device_bytes > 0) machine.device_reserve_bytes = int64_t{2} << 30;
+    auto p = Trainer::Plan(c, r, machine);
+    if (!p.ok()) return fail(p.status());
+    if (speaks) {
+      std::printf("memory plan of one process: %s, %" PRId64 " parameters, layout %s\n%s",
+                  c.model.c_str(), p->params, c.layout.c_str(),
+                  ucp::offload::FormatPlan(*p).c_str());
+    }
+    return 0;
   }
   r.out = out;
   r.comm = &comm;

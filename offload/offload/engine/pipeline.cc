@@ -309,6 +309,13 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
 const std::vector<Bucket>& Pipeline::buckets() const { return impl_->buckets; }
 PipelineStats Pipeline::last_stats() const { return impl_->stats; }
 
+int64_t Pipeline::host_staging_bytes() const {
+  const Impl& p = *impl_;
+  return static_cast<int64_t>((p.snap_p.size() + p.snap_m.size() + p.snap_v.size() +
+                               p.h_grad.size()) * sizeof(float) +
+                              (p.h_grad16.size() + p.h_out.size()) * sizeof(uint16_t));
+}
+
 Status Pipeline::Begin(int64_t step, float lr, float speculative_grad_scale) {
   Impl& p = *impl_;
   if (p.in_step) return FailedPreconditionError("pipeline: step " + std::to_string(p.step) +

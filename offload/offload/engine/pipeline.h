@@ -148,6 +148,8 @@ class Pipeline {
   Status Cancel();
 
   PipelineStats last_stats() const;
+  /// The bytes of the pipeline's own host buffers (snapshots, gradient and weight staging).
+  int64_t host_staging_bytes() const;
 
  private:
   struct Impl;

@@ -195,10 +195,22 @@ struct Acts {
   void Allocate(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width) {
     rows = max_rows;
     max_t = max_seq;
+    ForEachBuffer(c, max_rows, max_seq, qkv_width,
+                  [](std::vector<T>& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); });
+    if (c.family == Family::kLlama) {
+      ops::ref::RopeTables<T>(rope_cos.data(), rope_sin.data(), max_seq, c.head_dim,
+                              static_cast<double>(c.rope_theta));
+    }
+  }
+
+  // Every buffer with its element count: Allocate sizes them, ActivationBytes (the memory plan)
+  // adds them up, so the two cannot disagree.
+  template <typename Sizer>
+  void ForEachBuffer(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width,
+                     Sizer&& sz) {
     const int64_t L = c.layers, C = c.hidden, N = max_rows;
     const int64_t qkv_dim = (c.heads + 2 * c.kv_heads) * c.head_dim, ah = c.heads * c.head_dim;
     const int64_t F = c.ffn_hidden, F1 = c.family == Family::kGpt ? F : 2 * F;
-    auto sz = [](std::vector<T>& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); };
     sz(encoded, N * C);
     sz(ln1, L * N * C), sz(ln1_mean, L * N), sz(ln1_rstd, L * N);
     sz(qkv, L * N * qkv_width), sz(atty, L * N * ah), sz(lse, L * N * c.heads);
@@ -210,8 +222,6 @@ struct Acts {
     sz(dqkv, N * qkv_dim);
     if (c.family == Family::kLlama) {
       sz(rope_cos, max_seq * c.head_dim / 2), sz(rope_sin, max_seq * c.head_dim / 2);
-      ops::ref::RopeTables<T>(rope_cos.data(), rope_sin.data(), max_seq, c.head_dim,
-                              static_cast<double>(c.rope_theta));
     }
   }
 };
@@ -297,6 +307,14 @@ class Ulysses {
     qkv_.assign(static_cast<size_t>(max_rows * geo_.W), T(0));
     att_.assign(static_cast<size_t>(max_rows * geo_.NH * geo_.hd), T(0));
     dqkv_.assign(static_cast<size_t>(n), T(0));
+  }
+  // What Allocate(max_rows) allocates, in elements (for the memory plan).
+  static int64_t Elements(const UlyssesGeometry& g, int64_t max_rows) {
+    return 3 * max_rows * g.P * g.Wl + max_rows * g.W + max_rows * g.NH * g.hd;
+  }
+  int64_t allocated() const {
+    return static_cast<int64_t>(send_.size() + recv_.size() + qkv_.size() + att_.size() +
+                                dqkv_.size());
   }
   T* qkv_local() { return qkv_.data(); }   // [N, W]: the projection's output, this shard
   T* att_full() { return att_.data(); }    // [B, T, NHl hd]: attention output or its gradient
@@ -869,6 +887,59 @@ static std::vector<GradGroup> BuildGradGroups(const ModelConfig& c, const Layout
   return g;
 }
 
+// The floats of the ops' shared scratch (Parallel::Reserve) for `rows` tokens.
+static size_t ScratchFloats(const ModelConfig& c, int64_t rows, int64_t max_seq_len,
+                            int num_threads) {
+  return std::max(ops::ClassifierScratch(rows, c.vocab, num_threads),
+                  ops::OpsScratch(rows,
+                                  std::max({c.hidden, c.ffn_hidden * 2,
+                                            (c.heads + 2 * c.kv_heads) * c.head_dim}),
+                                  max_seq_len, c.head_dim, num_threads));
+}
+
+Result<ParamTable> ModelParamTable(const ModelConfig& config) {
+  UCP_ASSIGN_OR_RETURN(Layout lay, BuildLayout(config));
+  ParamTable t;
+  t.groups = BuildGradGroups(config, lay);
+  t.params = std::move(lay.params);
+  t.total = lay.total;
+  return t;
+}
+
+Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
+                                int num_threads, int sp) {
+  if (max_batch < 1 || max_seq_len < 1 || num_threads < 1 || sp < 1) {
+    return InvalidArgumentError("ActivationBytes: batch=" + Str(max_batch) + ", seq_len=" +
+                                Str(max_seq_len) + ", threads=" + Str(num_threads) +
+                                ", sp=" + Str(sp) + " must be >= 1");
+  }
+  UCP_RETURN_IF_ERROR(ValidateConfig(config));
+  UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, sp, max_seq_len));
+  const int64_t rows = max_batch * (max_seq_len / sp);
+  int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim, elements = 0;
+  if (sp > 1) {
+    const UlyssesGeometry geo(config, sp, 0);  // every rank's buffers have the same sizes
+    elements += Ulysses<float>::Elements(geo, rows);
+    qkv_width = geo.P * geo.Wl;
+  }
+  Acts<float> counter;  // sizes only: nothing is allocated
+  counter.ForEachBuffer(config, rows, max_seq_len, qkv_width,
+                        [&](std::vector<float>&, int64_t n) { elements += n; });
+  elements += static_cast<int64_t>(ScratchFloats(config, rows, max_seq_len, num_threads));
+  return elements * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t Model::activation_bytes() const {
+  int64_t elements = impl_->sp ? impl_->sp->allocated() : 0;
+  impl_->acts.ForEachBuffer(impl_->config, impl_->acts.rows, impl_->acts.max_t,
+                            1,  // the widths do not matter: only the sizes are read
+                            [&](const std::vector<float>& v, int64_t) {
+                              elements += static_cast<int64_t>(v.size());
+                            });
+  elements += static_cast<int64_t>(impl_->par.scratch_floats());
+  return elements * static_cast<int64_t>(sizeof(float));
+}
+
 Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                             int num_threads, Communicator* sp_comm) {
   UCP_ASSIGN_OR_RETURN(Layout layout, BuildLayout(config));
@@ -903,12 +974,7 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
       qkv_width = impl->sp->qkv_width();
     }
     impl->acts.Allocate(config, rows, max_seq_len, qkv_width);
-    impl->par.Reserve(
-        std::max(ops::ClassifierScratch(rows, config.vocab, num_threads),
-                 ops::OpsScratch(rows,
-                                 std::max({config.hidden, config.ffn_hidden * 2,
-                                           (config.heads + 2 * config.kv_heads) * config.head_dim}),
-                                 max_seq_len, config.head_dim, num_threads)));
+    impl->par.Reserve(ScratchFloats(config, rows, max_seq_len, num_threads));
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("activations for " + Str(max_batch) + " x " + Str(max_seq_len) +
                                   " tokens do not fit in memory");

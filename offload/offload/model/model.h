@@ -104,6 +104,22 @@ struct Batch {
 /// Errors: kInvalidArgument naming the numbers (sp < 1, heads, kv_heads, seq_len).
 Status ValidateSequenceParallel(const ModelConfig& config, int64_t sp, int64_t seq_len);
 
+/// The model's parameter table and grad groups, without creating a model (Model::params() and
+/// grad_groups() of a model of this config). Errors: kInvalidArgument (config).
+struct ParamTable {
+  std::vector<ParamInfo> params;
+  std::vector<GradGroup> groups;
+  int64_t total = 0;  ///< elements of the flat weight / gradient buffers
+};
+Result<ParamTable> ModelParamTable(const ModelConfig& config);
+
+/// The bytes Model::Create(config, max_batch, max_seq_len, num_threads, sp group of `sp`)
+/// allocates for activations, backward scratch and the ops' scratch: a pure function (for the
+/// memory plan, offload/train/memory_plan.h), equal to that model's activation_bytes().
+/// Errors: kInvalidArgument (config, sizes, the sequence-parallel rules).
+Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
+                                int num_threads, int sp = 1);
+
 class Model {
  public:
   /// Allocates activation scratch for micro-batches up to `max_batch` x `max_seq_len`.
@@ -128,6 +144,8 @@ class Model {
   /// The sequence-parallel size P and this rank's shard index (1 and 0 without SP).
   int sp_size() const;
   int sp_rank() const;
+  /// The bytes this model holds for activations and scratch (what ActivationBytes predicts).
+  int64_t activation_bytes() const;
 
   /// Sum over the batch of the per-token cross-entropy (natural log) of tokens with target >= 0,
   /// in double (under SP: over this shard's tokens). Writes nothing but scratch.

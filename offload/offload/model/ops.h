@@ -64,6 +64,8 @@ class Parallel {
   /// (allocates) only when a larger size is asked for; Reserve() it up front to avoid that.
   float* Scratch(size_t count);
   void Reserve(size_t count) { Scratch(count); }
+  /// The floats the scratch holds now (the memory plan's check of its figures).
+  size_t scratch_floats() const { return scratch_.size(); }
 
  private:
   void Run(int64_t n, void (*fn)(void*, int, int64_t, int64_t), void* ctx);

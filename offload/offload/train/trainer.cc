@@ -291,6 +291,8 @@ struct Trainer::Impl {
   std::unique_ptr<TraceRecorder> trace;  // --trace (before the pipeline, which points at it)
   std::unique_ptr<Pipeline> pipeline;    // --pipeline overlap
   Status SetUpPipeline(const AdamConfig& ac);
+  Status ResolveRun(const RunOptions& opts, fs::path& start_ckpt,
+                    std::unique_ptr<api::CheckpointSource>& start_src, ModelConfig& mc);
   // --pipeline overlap with several processes: the main thread serves the funnel (every
   // communicator call of the step) while a worker runs forward and backward.
   std::unique_ptr<CommFunnel> funnel;
@@ -1121,6 +1123,138 @@ int64_t Trainer::step() const { return impl_->step; }
 int Trainer::rank() const { return impl_->rank; }
 int64_t Trainer::num_params() const { return impl_->net->num_params(); }
 
+// The run's model, dtype, sequence length and micro-batch from the config (and the checkpoint it
+// resumes or starts from, which `start_src` keeps open): what Create builds and Plan sizes.
+Status Trainer::Impl::ResolveRun(const RunOptions& opts, fs::path& start_ckpt,
+                                 std::unique_ptr<api::CheckpointSource>& start_src,
+                                 ModelConfig& mc) {
+  Impl& t = *this;
+  TrainConfig& c = t.cfg;
+  // The model: from the checkpoint when resuming or initialising from one (it records its own
+  // description), else from the preset.
+  if (!opts.resume.empty()) {
+    UCP_ASSIGN_OR_RETURN(start_ckpt, FindResumeCheckpoint(opts.resume));
+  } else if (!opts.init.empty()) {
+    start_ckpt = opts.init;
+  }
+  if (!start_ckpt.empty()) {
+    UCP_ASSIGN_OR_RETURN(start_src, api::CheckpointSource::Open(start_ckpt, t.data_dir),
+                         opts.resume.empty() ? "--init" : "--resume");
+    t.spec = start_src->meta().spec;
+    t.model = start_src->meta().model;
+    if (!c.dtype.empty()) {
+      UCP_ASSIGN_OR_RETURN(DType d, DTypeFromName(c.dtype), "--dtype");
+      t.spec.dtype = d;
+      t.model.spec.dtype = d;
+      for (auto& p : t.model.params) p.dtype = d;
+    }
+  } else {
+    UCP_ASSIGN_OR_RETURN(auto m, api::LoadResolvedModel(t.data_dir, c.model, c.dtype), "--model");
+    t.spec = std::move(m.first);
+    t.model = std::move(m.second);
+  }
+  t.dtype = t.spec.dtype;
+  if (t.dtype != DType::kBf16 && t.dtype != DType::kFp16 && t.dtype != DType::kFp32) {
+    return InvalidArgumentError("--dtype " + std::string(DTypeName(t.dtype)) +
+                                ": the engine trains in bf16, fp16 or fp32");
+  }
+  c.model = t.spec.name;
+  c.dtype = std::string(DTypeName(t.dtype));
+  UCP_ASSIGN_OR_RETURN(mc, ModelConfig::FromSpec(t.spec), "model " + t.spec.name);
+
+  if (c.seq_len == 0) c.seq_len = std::min<int64_t>(mc.max_positions > 0 ? mc.max_positions : 256, 256);
+  if (c.seq_len < 1) return InvalidArgumentError("--seq-len must be >= 1");
+  // The micro-batch is a per-process choice: it is checked against this layout's share of the
+  // global batch, and (0) defaults to that share.
+  {
+    UCP_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(c.layout), "--layout");
+    if (l.universal || l.dp < 1 || c.global_batch % l.dp != 0) {
+      return InvalidArgumentError("--layout " + c.layout + ": the global batch of " +
+                                  std::to_string(c.global_batch) +
+                                  " samples does not divide by dp=" + std::to_string(l.dp) +
+                                  " (" + std::to_string(c.global_batch) + " = " +
+                                  std::to_string(l.dp) + " x " +
+                                  std::to_string(c.global_batch / std::max(1, l.dp)) + " + " +
+                                  std::to_string(c.global_batch % std::max(1, l.dp)) + ")");
+    }
+    // The recorded value stays the user's (0: the whole share); what runs is t.micro_batch.
+    // A resume at another dp keeps the largest micro-batch up to the recorded one that divides
+    // the new share: it changes memory use and summation order, never which samples a step sees.
+    const int64_t share = c.global_batch / l.dp;
+    int64_t mb = c.micro_batch == 0 ? share : std::min(c.micro_batch, share);
+    if (mb < 1) return InvalidArgumentError("--micro-batch must be >= 0");
+    if (share % mb != 0) {
+      if (opts.resume.empty()) {
+        return InvalidArgumentError("--micro-batch " + std::to_string(mb) +
+                                    " does not divide the global batch's share of " +
+                                    std::to_string(share) + " samples per data-parallel rank");
+      }
+      while (share % mb != 0) --mb;
+    }
+    t.micro_batch = mb;
+  }
+  const int64_t total_samples = c.steps * c.global_batch;
+  if (c.warmup_samples < 0) c.warmup_samples = total_samples / 20;
+  if (c.decay_samples < 0) c.decay_samples = total_samples;
+  t.seq_len = c.seq_len;
+  return Status::Ok();
+}
+
+Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& opts,
+                                 const PlanMachine& machine) {
+  Impl t;
+  t.cfg = config;
+  t.threads = opts.threads > 0    ? opts.threads
+              : config.threads > 0 ? config.threads
+                                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  t.cfg.threads = t.threads;
+  t.data_dir = opts.data_dir.empty() ? api::UcpDataDir() : opts.data_dir;
+  if (!opts.resume.empty() && !opts.init.empty()) {
+    return InvalidArgumentError("--resume and --init exclude each other");
+  }
+  if (t.cfg.global_batch < 1) return InvalidArgumentError("--global-batch must be >= 1");
+  fs::path start_ckpt;
+  std::unique_ptr<api::CheckpointSource> start_src;
+  ModelConfig mc;
+  UCP_RETURN_IF_ERROR(t.ResolveRun(opts, start_ckpt, start_src, mc));
+  UCP_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(t.cfg.layout), "--layout");
+  if (l.tp != 1 || l.pp != 1 || l.ep != 1) {
+    return UnimplementedError("--layout " + layout::ToString(l) +
+                              ": the engine runs dp x sp layouts (tp = pp = ep = 1)");
+  }
+  PlanInput in;
+  in.config = mc;
+  for (const auto& p : t.model.params) in.optimizer_group.push_back(p.optimizer_group);
+  in.dtype = t.lowp() ? (t.dtype == DType::kFp16 ? LowpDType::kFp16 : LowpDType::kBf16)
+                      : LowpDType::kFp32;
+  in.micro_batch = t.micro_batch;
+  in.seq_len = t.seq_len;
+  in.dp = l.dp;
+  in.sp = l.sp;
+  in.zero_stage = l.zero_stage;
+  in.threads = t.threads;
+  in.overlap = opts.pipeline == "overlap";
+  return PlanMemory(in, machine);
+}
+
+std::vector<int64_t> Trainer::MemoryInUse() const {
+  const Impl& t = *impl_;
+  std::vector<int64_t> b(static_cast<size_t>(MemClass::kCount), 0);
+  auto at = [&](MemClass c) -> int64_t& { return b[static_cast<size_t>(c)]; };
+  auto f = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
+  at(MemClass::kWeights) = static_cast<int64_t>(t.w_lp.size() * 2);
+  at(MemClass::kComputeCopy) = f(t.w32);
+  at(MemClass::kGradients) = f(t.grads);
+  at(MemClass::kOptimizer) = f(t.master) + f(t.exp_avg) + f(t.exp_avg_sq);
+  at(MemClass::kZeroScratch) = f(t.gblock) + f(t.flat);
+  at(MemClass::kActivations) = t.net->activation_bytes();
+  at(MemClass::kPipelineStaging) = t.pipeline ? t.pipeline->host_staging_bytes() : 0;
+  at(MemClass::kSaveStaging) = static_cast<int64_t>(t.staging.weights.size()) +
+                               f(t.staging.master) + f(t.staging.exp_avg) +
+                               f(t.staging.exp_avg_sq);
+  return b;
+}
+
 Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opts) {
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
@@ -1161,77 +1295,12 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
     return InvalidArgumentError("--keep and --save-every must be >= 0");
   }
 
-  // The model: from the checkpoint when resuming or initialising from one (it records its own
-  // description), else from the preset.
   fs::path start_ckpt;
   // Opened once: its model, then its tensors and client state (a DeepSpeed folder's open parses
   // every model-states pickle, so a second open would double the start-up cost).
   std::unique_ptr<api::CheckpointSource> start_src;
-  if (!opts.resume.empty()) {
-    UCP_ASSIGN_OR_RETURN(start_ckpt, FindResumeCheckpoint(opts.resume));
-  } else if (!opts.init.empty()) {
-    start_ckpt = opts.init;
-  }
-  if (!start_ckpt.empty()) {
-    UCP_ASSIGN_OR_RETURN(start_src, api::CheckpointSource::Open(start_ckpt, t.data_dir),
-                         opts.resume.empty() ? "--init" : "--resume");
-    t.spec = start_src->meta().spec;
-    t.model = start_src->meta().model;
-    if (!c.dtype.empty()) {
-      UCP_ASSIGN_OR_RETURN(DType d, DTypeFromName(c.dtype), "--dtype");
-      t.spec.dtype = d;
-      t.model.spec.dtype = d;
-      for (auto& p : t.model.params) p.dtype = d;
-    }
-  } else {
-    UCP_ASSIGN_OR_RETURN(auto m, api::LoadResolvedModel(t.data_dir, c.model, c.dtype), "--model");
-    t.spec = std::move(m.first);
-    t.model = std::move(m.second);
-  }
-  t.dtype = t.spec.dtype;
-  if (t.dtype != DType::kBf16 && t.dtype != DType::kFp16 && t.dtype != DType::kFp32) {
-    return InvalidArgumentError("--dtype " + std::string(DTypeName(t.dtype)) +
-                                ": the engine trains in bf16, fp16 or fp32");
-  }
-  c.model = t.spec.name;
-  c.dtype = std::string(DTypeName(t.dtype));
-  UCP_ASSIGN_OR_RETURN(ModelConfig mc, ModelConfig::FromSpec(t.spec), "model " + t.spec.name);
-
-  if (c.seq_len == 0) c.seq_len = std::min<int64_t>(mc.max_positions > 0 ? mc.max_positions : 256, 256);
-  if (c.seq_len < 1) return InvalidArgumentError("--seq-len must be >= 1");
-  // The micro-batch is a per-process choice: it is checked against this layout's share of the
-  // global batch, and (0) defaults to that share.
-  {
-    UCP_ASSIGN_OR_RETURN(layout::Layout l, layout::ParseLayout(c.layout), "--layout");
-    if (l.universal || l.dp < 1 || c.global_batch % l.dp != 0) {
-      return InvalidArgumentError("--layout " + c.layout + ": the global batch of " +
-                                  std::to_string(c.global_batch) +
-                                  " samples does not divide by dp=" + std::to_string(l.dp) +
-                                  " (" + std::to_string(c.global_batch) + " = " +
-                                  std::to_string(l.dp) + " x " +
-                                  std::to_string(c.global_batch / std::max(1, l.dp)) + " + " +
-                                  std::to_string(c.global_batch % std::max(1, l.dp)) + ")");
-    }
-    // The recorded value stays the user's (0: the whole share); what runs is t.micro_batch.
-    // A resume at another dp keeps the largest micro-batch up to the recorded one that divides
-    // the new share: it changes memory use and summation order, never which samples a step sees.
-    const int64_t share = c.global_batch / l.dp;
-    int64_t mb = c.micro_batch == 0 ? share : std::min(c.micro_batch, share);
-    if (mb < 1) return InvalidArgumentError("--micro-batch must be >= 0");
-    if (share % mb != 0) {
-      if (opts.resume.empty()) {
-        return InvalidArgumentError("--micro-batch " + std::to_string(mb) +
-                                    " does not divide the global batch's share of " +
-                                    std::to_string(share) + " samples per data-parallel rank");
-      }
-      while (share % mb != 0) --mb;
-    }
-    t.micro_batch = mb;
-  }
-  const int64_t total_samples = c.steps * c.global_batch;
-  if (c.warmup_samples < 0) c.warmup_samples = total_samples / 20;
-  if (c.decay_samples < 0) c.decay_samples = total_samples;
-  t.seq_len = c.seq_len;
+  ModelConfig mc;
+  UCP_RETURN_IF_ERROR(t.ResolveRun(opts, start_ckpt, start_src, mc));
 
   // Ulysses: the sp ranks of one dp rank share its samples, each a contiguous shard of the
   // positions; the model swaps sequence shards for head shards around attention.

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/train/memory_plan.h"
 #include "offload/train/schedule.h"
 #include "ucp/base/result.h"
 
@@ -112,6 +113,12 @@ class Trainer {
   /// checkpoint), kFailedPrecondition (a checkpoint of another model, a layout this engine does
   /// not run), and the restore's errors.
   static Result<Trainer> Create(const TrainConfig& config, const RunOptions& opts);
+  /// The memory plan of one process of this run (memory_plan.h), allocating nothing: the model,
+  /// dtype, sequence length, micro-batch and layout resolved as Create resolves them (from the
+  /// checkpoint with opts.resume / opts.init). opts.out is not needed.
+  /// Errors: as Create's resolution, and PlanMemory's.
+  static Result<MemoryPlan> Plan(const TrainConfig& config, const RunOptions& opts,
+                                 const PlanMachine& machine);
   Trainer(Trainer&&) noexcept;
   Trainer& operator=(Trainer&&) noexcept;
   ~Trainer();
@@ -122,6 +129,9 @@ class Trainer {
   bool is_root() const { return rank() == 0; }
   int64_t num_params() const;
   std::string Describe() const;  ///< one paragraph: model, params, layout, data, schedule
+  /// The bytes this process's buffers hold now, by the plan's tensor classes (what Plan's
+  /// cpu_bytes predicts; save staging once a save has run). Tokens and the data are not counted.
+  std::vector<int64_t> MemoryInUse() const;
 
   /// One optimizer step on the global batch of step() + 1.
   Result<StepRecord> Step();

@@ -1,0 +1,287 @@
+#include "offload/train/memory_plan.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ucp/base/status.h"
+#include "ucp/base/status_macros.h"
+#include "ucp/layout/layout.h"
+#include "ucp/tensor/float_bits.h"
+
+namespace ucp::offload {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+std::string Bytes(int64_t b) {
+  char buf[32];
+  const double d = static_cast<double>(b);
+  if (b >= (int64_t{1} << 30)) {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", d / static_cast<double>(int64_t{1} << 30));
+  } else if (b >= (int64_t{1} << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", d / static_cast<double>(int64_t{1} << 20));
+  } else if (b >= 1024) {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", d / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%" PRId64 " B", b);
+  }
+  return buf;
+}
+
+// This rank's optimizer-state elements: the trainer's ZeRO block (Trainer::Impl::SetUpLayout
+// cuts the same partitions; memory_plan_test compares the two).
+Result<int64_t> BlockElements(const ParamTable& table, const std::vector<int>& groups,
+                              const layout::Layout& lay) {
+  if (lay.zero_stage == 0) return table.total;
+  const int blocks = layout::NumZeroFragments(lay, false);
+  if (lay.zero_stage <= 2) {
+    std::vector<int64_t> numels[2];
+    for (size_t i = 0; i < table.params.size(); ++i) {
+      numels[groups[i] == 0 ? 0 : 1].push_back(table.params[i].numel);
+    }
+    int64_t block = 0;
+    for (const auto& n : numels) {
+      UCP_ASSIGN_OR_RETURN(layout::ZeroPartition p, layout::PartitionFlat(n, blocks));
+      block += p.fragment_size;
+    }
+    return block;
+  }
+  int64_t block = 0;
+  for (const ParamInfo& p : table.params) {
+    UCP_ASSIGN_OR_RETURN(layout::ZeroPartition z, layout::PartitionParam(p.numel, blocks));
+    block += z.fragment_size;
+  }
+  return block;
+}
+
+int64_t MemAvailable() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+CastChoice ChooseCastSide(const PlanMachine& m, int64_t elements) {
+  CastChoice c;
+  c.elements = elements;
+  c.side = CastSide::kHost;
+  if (!(m.link_bytes_per_s > 0) || !(m.host_cast_per_s > 0) || !(m.device_cast_per_s > 0)) {
+    return c;
+  }
+  const double e = static_cast<double>(elements);
+  c.measured = true;
+  c.device_seconds = 4.0 * e / m.link_bytes_per_s + e / m.device_cast_per_s;
+  c.host_seconds = 2.0 * e / m.link_bytes_per_s + e / m.host_cast_per_s;
+  c.side = c.device_seconds < c.host_seconds ? CastSide::kDevice : CastSide::kHost;
+  return c;
+}
+
+Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
+  if (in.micro_batch < 1 || in.seq_len < 1 || in.threads < 1) {
+    return InvalidArgumentError("memory plan: micro_batch=" + Str(in.micro_batch) +
+                                ", seq_len=" + Str(in.seq_len) + ", threads=" + Str(in.threads) +
+                                " must be >= 1");
+  }
+  if (in.dp < 1 || in.sp < 1 || in.zero_stage < 0 || in.zero_stage > 3) {
+    return InvalidArgumentError("memory plan: dp=" + Str(in.dp) + ", sp=" + Str(in.sp) +
+                                ", zero=" + Str(in.zero_stage) + " out of range");
+  }
+  UCP_ASSIGN_OR_RETURN(ParamTable table, ModelParamTable(in.config));
+  if (in.optimizer_group.size() != table.params.size()) {
+    return InvalidArgumentError("memory plan: " + Str(static_cast<int64_t>(in.optimizer_group.size())) +
+                                " optimizer groups for " +
+                                Str(static_cast<int64_t>(table.params.size())) + " parameters");
+  }
+  if (in.seq_len % in.sp != 0) {
+    return InvalidArgumentError("memory plan: seq_len=" + Str(in.seq_len) +
+                                " does not divide by sp=" + Str(in.sp));
+  }
+  UCP_ASSIGN_OR_RETURN(int64_t act, ActivationBytes(in.config, in.micro_batch, in.seq_len,
+                                                    in.threads, in.sp));
+  layout::Layout lay;
+  lay.dp = in.dp;
+  lay.sp = in.sp;
+  lay.zero_stage = in.zero_stage;
+  UCP_ASSIGN_OR_RETURN(int64_t block, BlockElements(table, in.optimizer_group, lay));
+  const int blocks = in.zero_stage == 0 ? 1 : layout::NumZeroFragments(lay, false);
+  const int world = in.dp * in.sp;
+
+  const int64_t n = table.total;
+  const bool lowp = in.dtype != LowpDType::kFp32;
+  const int64_t wb = lowp ? 2 : 4;  // training-dtype bytes per element
+  // The largest grad group (a layer, the head or the embeddings): one window of streaming.
+  int64_t window = 0;
+  for (const GradGroup& g : table.groups) {
+    int64_t e = 0;
+    for (int64_t i = g.first_param; i < g.end_param; ++i) e += table.params[i].numel;
+    window = std::max(window, e);
+  }
+
+  MemoryPlan plan;
+  plan.machine = machine;
+  plan.params = n;
+  plan.block = block;
+  // Rows with the RESIDENT placement's device/host figures; streaming adjusts two of them.
+  auto& rows = plan.rows;
+  rows.push_back({MemClass::kWeights, "weights (" + std::string(LowpDTypeName(in.dtype)) + ")", lowp ? n * 2 : 0,
+                  n * wb, 0,
+                  lowp ? "the training copy the optimizer writes"
+                       : "fp32 training: the compute copy below is the weights"});
+  rows.push_back({MemClass::kComputeCopy, "weights, fp32 compute copy", n * 4, 0, 0,
+                  lowp ? "CPU engine only (its GEMMs read fp32); the GPU's read the weights"
+                       : "CPU engine; on the GPU the weights row holds them"});
+  rows.push_back({MemClass::kGradients, "gradients (fp32)", n * 4, n * 4, 0, "accumulated over micro-batches"});
+  rows.push_back({MemClass::kOptimizer, "master + exp_avg + exp_avg_sq (fp32)", 3 * block * 4, 0, 3 * block * 4,
+                  "this rank's ZeRO block of " + Str(block) + " elements" +
+                      (blocks > 1 ? " (1/" + Str(blocks) + ")" : "")});
+  const int64_t zero_scratch = blocks > 1 ? (1 + static_cast<int64_t>(blocks)) * block * 4 : 0;
+  rows.push_back({MemClass::kZeroScratch, "ZeRO reduce-scatter buffers", zero_scratch, blocks > 1 ? block * 4 : 0,
+                  blocks > 1 ? block * 4 : 0,
+                  blocks > 1 ? "the reduced block, and the CPU engine's exchange scratch"
+                             : "none at one fragment"});
+  rows.push_back({MemClass::kActivations, "activations + scratch", act, act, 0,
+                  "micro-batch " + Str(in.micro_batch) + " x " + Str(in.seq_len) + " tokens" +
+                      (in.sp > 1 ? " (1/" + Str(in.sp) + " of the positions)" : "") +
+                      ", fp32"});
+  int64_t staging = 0;
+  if (in.overlap) {
+    staging = 3 * block * 4 + (world == 1 ? block * 4 : 0) + (lowp ? block * 2 : 0);
+  }
+  rows.push_back({MemClass::kPipelineStaging, "optimizer pipeline staging", staging, 0, staging,
+                  in.overlap ? "snapshots for speculation, gradients as they cross, weights out"
+                             : "none with --pipeline sync"});
+  const int64_t save = n * wb + 3 * block * 4;
+  rows.push_back({MemClass::kSaveStaging, "checkpoint staging (during a save)", save, 0, save,
+                  "a copy of what the checkpoint holds, so training goes on"});
+
+  auto sum = [&](int64_t MemoryRow::*field) {
+    int64_t s = 0;
+    for (const MemoryRow& r : rows) s += r.*field;
+    return s;
+  };
+  const int64_t usable = machine.device_bytes > 0
+                             ? std::max<int64_t>(0, machine.device_bytes -
+                                                        machine.device_reserve_bytes)
+                             : 0;
+  if (machine.device_bytes > 0 && sum(&MemoryRow::device_bytes) > usable) {
+    // Streamed: two windows of weights and of gradients on the device, all weights pinned on
+    // the host (the gradients leave bucket by bucket as backward completes them).
+    plan.placement = WeightPlacement::kStreamed;
+    rows[0].device_bytes = 2 * window * wb;
+    rows[0].host_bytes = n * wb;
+    rows[0].note = "streamed: 2 layer windows on the device, all of them pinned on the host";
+    rows[2].device_bytes = 2 * window * 4;
+    rows[2].host_bytes = (blocks > 1 || in.overlap) ? 0 : block * 4;
+    rows[2].note = "streamed: 2 bucket windows on the device; each leaves as backward ends it";
+  }
+  plan.cpu_total = sum(&MemoryRow::cpu_bytes);
+  plan.device_total = sum(&MemoryRow::device_bytes);
+  plan.host_total = sum(&MemoryRow::host_bytes);
+  plan.device_fits = machine.device_bytes <= 0 || plan.device_total <= usable;
+  plan.host_fits = machine.host_bytes <= 0 || plan.host_total <= machine.host_bytes;
+  plan.cpu_fits = machine.host_bytes <= 0 || plan.cpu_total <= machine.host_bytes;
+  plan.cast = ChooseCastSide(machine, block);
+
+  std::string v;
+  if (machine.device_bytes <= 0) {
+    v = "GPU: no device capacity given (--device-memory), weights resident";
+  } else if (!plan.device_fits) {
+    v = "GPU: does not fit: streamed it needs " + Bytes(plan.device_total) + " of the " +
+        Bytes(usable) + " usable (" + Bytes(machine.device_bytes) + " less a " +
+        Bytes(machine.device_reserve_bytes) +
+        " reserve); lower --micro-batch or --seq-len, or shard the sequence (sp)";
+  } else {
+    v = std::string("GPU: fits with weights ") +
+        (plan.placement == WeightPlacement::kResident ? "resident" : "streamed per layer") +
+        " (" + Bytes(plan.device_total) + " of " + Bytes(usable) + " usable)";
+  }
+  if (machine.host_bytes > 0) {
+    v += plan.host_fits ? "; host side fits (" + Bytes(plan.host_total) + " of " +
+                              Bytes(machine.host_bytes) + ")"
+                        : "; host side does NOT fit (" + Bytes(plan.host_total) + " of " +
+                              Bytes(machine.host_bytes) + ")";
+    v += plan.cpu_fits ? "; the CPU engine fits (" + Bytes(plan.cpu_total) + ")"
+                       : "; the CPU engine does NOT fit (" + Bytes(plan.cpu_total) + ")";
+  }
+  plan.verdict = v;
+  return plan;
+}
+
+PlanMachine MeasureHost() {
+  PlanMachine m;
+  m.host_bytes = MemAvailable();
+  m.device_bytes = 0;
+  m.device_reserve_bytes = 0;
+  constexpr size_t kN = size_t{8} << 20;  // 32 MiB of fp32: beyond the caches
+  std::vector<float> a(kN), b(kN);
+  std::vector<uint16_t> h(kN);
+  for (size_t i = 0; i < kN; ++i) a[i] = static_cast<float>(i) * 1e-3f;
+  using Clock = std::chrono::steady_clock;
+  auto best = [](auto&& fn) {
+    double t = std::numeric_limits<double>::infinity();
+    for (int k = 0; k < 3; ++k) {
+      const auto t0 = Clock::now();
+      fn();
+      t = std::min(t, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return t;
+  };
+  const double copy = best([&] { std::memcpy(b.data(), a.data(), kN * sizeof(float)); });
+  const double cast = best([&] {
+    for (size_t i = 0; i < kN; ++i) h[i] = Bf16FromFloat(a[i]);
+  });
+  // Keep the results observable so the loops are not optimised away.
+  volatile uint16_t sink = static_cast<uint16_t>(h[kN / 2] ^ static_cast<uint16_t>(b[kN / 3]));
+  (void)sink;
+  m.link_bytes_per_s = static_cast<double>(kN * sizeof(float)) / std::max(copy, 1e-9);
+  m.host_cast_per_s = static_cast<double>(kN) / std::max(cast, 1e-9);
+  m.device_cast_per_s = m.host_cast_per_s;
+  return m;
+}
+
+std::string FormatPlan(const MemoryPlan& p) {
+  std::ostringstream o;
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-38s %12s %12s %12s  %s\n", "tensor class", "CPU engine",
+                "GPU device", "GPU host", "");
+  o << line;
+  for (const MemoryRow& r : p.rows) {
+    std::snprintf(line, sizeof(line), "%-38s %12s %12s %12s  %s\n", r.name.c_str(),
+                  Bytes(r.cpu_bytes).c_str(), Bytes(r.device_bytes).c_str(),
+                  Bytes(r.host_bytes).c_str(), r.note.c_str());
+    o << line;
+  }
+  std::snprintf(line, sizeof(line), "%-38s %12s %12s %12s\n", "total",
+                Bytes(p.cpu_total).c_str(), Bytes(p.device_total).c_str(),
+                Bytes(p.host_total).c_str());
+  o << line;
+  o << p.verdict << "\n";
+  if (p.cast.measured) {
+    std::snprintf(line, sizeof(line),
+                  "cast: %s (%" PRId64 " weights per step: fp32 over the link + device cast "
+                  "%.3f ms, host cast + bf16 over the link %.3f ms)\n",
+                  p.cast.side == CastSide::kDevice ? "on the device" : "on the host",
+                  p.cast.elements, p.cast.device_seconds * 1e3, p.cast.host_seconds * 1e3);
+  } else {
+    std::snprintf(line, sizeof(line),
+                  "cast: on the host (no link or cast rates: bf16 crosses, half the bytes)\n");
+  }
+  o << line;
+  return o.str();
+}
+
+}  // namespace ucp::offload

@@ -1,0 +1,121 @@
+// The memory plan (issue 12, "adaptive weight placement" and "casting where it is cheapest";
+// docs/offload.md, "The memory plan"): what one process of a run holds, by tensor class, and
+// where each class lives on a GPU with the optimizer offloaded. `ucp-train --plan` prints it
+// before anything is allocated, so a user learns whether a model fits, and how, without trying.
+//
+// Two columns:
+//   * "CPU engine": the bytes the CPU engine allocates for the run (its "device" is host memory).
+//     Every figure is computed by the same functions that size the buffers (ActivationBytes, the
+//     ZeRO partition of libucp's layout), and memory_plan_test checks each row against a live
+//     Trainer's buffers.
+//   * "GPU" device / host: the offloaded design of docs/offload.md — training-dtype weights,
+//     fp32 gradients and activations on the device; fp32 masters, exp_avg and exp_avg_sq, the
+//     pipeline's staging and a save's staging in (pinned) host memory. The weights are RESIDENT
+//     when everything fits in the device's capacity (less a reserve for the CUDA context and
+//     library workspaces); otherwise STREAMED per layer: the device holds two layer windows of
+//     weights and of gradients (one in use, one in flight) and the host a pinned copy of all
+//     weights. If even that does not fit, the plan says by how much.
+// The cast placement compares moving the updated weights device-ward as fp32 and casting on the
+// device, with casting on the host (fused into Adam's copy-out) and moving bf16: both give the
+// same bits (round to nearest even either side), so the choice is only about time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "offload/model/model.h"
+#include "offload/optim/adam.h"
+#include "ucp/base/result.h"
+
+namespace ucp::offload {
+
+/// What decides the memory of one process.
+struct PlanInput {
+  ModelConfig config;
+  /// Per parameter, in canonical order: 0 for matrices, 1 for biases and norms (the rule set's
+  /// optimizer groups, which ZeRO-1/2 partition as two flat buffers).
+  std::vector<int> optimizer_group;
+  LowpDType dtype = LowpDType::kBf16;  ///< training dtype
+  int64_t micro_batch = 1;
+  int64_t seq_len = 1;  ///< whole sample (sequence parallelism shards it)
+  int dp = 1, sp = 1, zero_stage = 1;
+  int threads = 1;       ///< the model's thread count (its scratch grows with it)
+  bool overlap = false;  ///< --pipeline overlap: the pipeline's host staging
+};
+
+/// The machine the plan is for. Zero capacities: unknown (no fit verdict for that side).
+struct PlanMachine {
+  int64_t device_bytes = 0;
+  int64_t host_bytes = 0;
+  /// Device memory kept free for the CUDA context, cuBLASLt / cuDNN workspaces and NCCL.
+  int64_t device_reserve_bytes = int64_t{2} << 30;
+  double link_bytes_per_s = 0;    ///< host <-> device copy bandwidth
+  double host_cast_per_s = 0;     ///< fp32 -> bf16 elements per second on the host
+  double device_cast_per_s = 0;   ///< fp32 -> bf16 elements per second on the device
+};
+
+/// The tensor classes of a plan, in the order of MemoryPlan::rows.
+enum class MemClass : uint8_t {
+  kWeights,          ///< the training-dtype weights
+  kComputeCopy,      ///< the CPU engine's fp32 compute copy of the weights
+  kGradients,        ///< fp32 gradients
+  kOptimizer,        ///< fp32 master, exp_avg, exp_avg_sq: this rank's ZeRO block
+  kZeroScratch,      ///< the reduced block and the reduce-scatter scratch (ZeRO >= 1, > 1 rank)
+  kActivations,      ///< activations, backward and ops scratch (ActivationBytes)
+  kPipelineStaging,  ///< --pipeline overlap: snapshots, gradients crossing, weights out
+  kSaveStaging,      ///< a save's copy of the checkpoint's tensors
+  kCount
+};
+
+struct MemoryRow {
+  MemClass cls = MemClass::kWeights;
+  std::string name;          ///< tensor class, for people
+  int64_t cpu_bytes = 0;     ///< the CPU engine's allocation
+  int64_t device_bytes = 0;  ///< on the GPU, under the plan's placement
+  int64_t host_bytes = 0;    ///< in host memory, under the plan's placement
+  std::string note;
+};
+
+enum class WeightPlacement : uint8_t { kResident, kStreamed };
+enum class CastSide : uint8_t { kDevice, kHost };
+
+struct CastChoice {
+  CastSide side = CastSide::kHost;
+  int64_t elements = 0;         ///< weights moved device-ward per step (this rank's block)
+  double device_seconds = 0;    ///< fp32 over the link, cast on the device
+  double host_seconds = 0;      ///< cast on the host, bf16 over the link
+  bool measured = false;        ///< false: no link or cast rates were given
+};
+
+struct MemoryPlan {
+  std::vector<MemoryRow> rows;
+  int64_t cpu_total = 0, device_total = 0, host_total = 0;
+  WeightPlacement placement = WeightPlacement::kResident;
+  bool device_fits = true;  ///< with the placement chosen (true when the capacity is unknown)
+  bool host_fits = true;    ///< the GPU plan's host side (true when unknown)
+  bool cpu_fits = true;     ///< the CPU engine in host memory (true when unknown)
+  std::string verdict;      ///< one sentence: what fits and how
+  CastChoice cast;
+  PlanMachine machine;
+  int64_t params = 0;       ///< parameters of the model
+  int64_t block = 0;        ///< this rank's optimizer-state elements (its ZeRO block)
+};
+
+/// Errors: kInvalidArgument (config, sizes, a layout the engine does not run: the
+/// sequence-parallel rules, dp or zero out of range, optimizer_group of the wrong length).
+Result<MemoryPlan> PlanMemory(const PlanInput& input, const PlanMachine& machine);
+
+/// The faster side to cast the updated weights (see the file comment). Without rates, kHost
+/// (the CPU Adam writes bf16 in the same pass, and half the bytes cross the link).
+CastChoice ChooseCastSide(const PlanMachine& machine, int64_t elements);
+
+/// This host's figures for the CPU engine, measured now (about 0.2 s): the link is a host
+/// memcpy (the CPU twin's copy stream), the host cast fp32 -> bf16 on one thread, the "device"
+/// cast the same (the CPU twin's device is the host). Capacity: MemAvailable of /proc/meminfo.
+PlanMachine MeasureHost();
+
+/// The plan as an aligned table with totals, the verdict and the cast choice.
+std::string FormatPlan(const MemoryPlan& plan);
+
+}  // namespace ucp::offload

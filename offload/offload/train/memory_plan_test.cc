@@ -1,0 +1,198 @@
+// The memory plan against the buffers a live trainer allocates (every tensor class, every byte),
+// ActivationBytes against a created model, and the placement and cast decisions.
+#include "offload/train/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "offload/train/trainer.h"
+#include "tests/testutil/status_matchers.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace ucp::offload {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+fs::path WriteText(const fs::path& dir) {
+  const fs::path p = dir / "text.txt";
+  std::ofstream f(p);
+  for (int i = 0; i < 80; ++i) {
+    f << "All that glitters is not gold; all who wander are not lost. " << i << "\n";
+  }
+  return p;
+}
+
+ModelConfig Llama() {
+  ModelConfig c;
+  c.family = Family::kLlama;
+  c.vocab = 100;
+  c.padded_vocab = 128;
+  c.hidden = 64;
+  c.layers = 2;
+  c.heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 8;
+  c.ffn_hidden = 96;
+  c.max_positions = 64;
+  c.tied_embeddings = false;
+  return c;
+}
+
+// ActivationBytes is the allocation of Model::Create, with and without sequence parallelism's
+// buffers (those need a communicator, so only the formula's sp > 1 refusal is checked here).
+TEST(ActivationBytes, EqualsWhatTheModelAllocates) {
+  for (int threads : {1, 3}) {
+    for (int64_t batch : {1, 4}) {
+      UCP_ASSERT_OK_AND_ASSIGN(Model m, Model::Create(Llama(), batch, 32, threads));
+      UCP_ASSERT_OK_AND_ASSIGN(int64_t predicted, ActivationBytes(Llama(), batch, 32, threads));
+      EXPECT_EQ(m.activation_bytes(), predicted) << "batch " << batch << " threads " << threads;
+      EXPECT_GT(predicted, 0);
+    }
+  }
+  EXPECT_FALSE(ActivationBytes(Llama(), 1, 32, 1, /*sp=*/3).ok());  // heads % 3 != 0
+  EXPECT_FALSE(ActivationBytes(Llama(), 0, 32, 1).ok());
+}
+
+// Every class of the plan equals what a trainer of the same config holds after a step and a save.
+class PlanMatchesTrainer
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string, std::string>> {};
+
+TEST_P(PlanMatchesTrainer, EveryClassEveryByte) {
+  const auto& [model, dtype, layout, pipeline] = GetParam();
+  ucp::testing::TempDir tmp;
+  TrainConfig c;
+  c.model = model;
+  c.dtype = dtype;
+  c.data = WriteText(tmp.path()).string();
+  c.seq_len = 32;
+  c.global_batch = 4;
+  c.micro_batch = 2;
+  c.steps = 2;
+  c.layout = layout;
+  RunOptions o;
+  o.out = tmp.path() / "run";
+  o.threads = 2;
+  o.async_save = false;
+  o.pipeline = pipeline;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, Trainer::Plan(c, o, PlanMachine{}));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
+  ASSERT_TRUE(t.Step().ok());
+  ASSERT_TRUE(t.Save().ok());
+  ASSERT_TRUE(t.Wait().ok());
+  const std::vector<int64_t> used = t.MemoryInUse();
+  ASSERT_EQ(plan.rows.size(), used.size());
+  int64_t total = 0;
+  for (size_t k = 0; k < used.size(); ++k) {
+    EXPECT_EQ(static_cast<size_t>(plan.rows[k].cls), k);
+    EXPECT_EQ(plan.rows[k].cpu_bytes, used[k]) << plan.rows[k].name;
+    total += used[k];
+  }
+  EXPECT_EQ(plan.cpu_total, total);
+  EXPECT_EQ(plan.params, t.num_params());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, PlanMatchesTrainer,
+    ::testing::Values(std::make_tuple("gpt-tiny", "bf16", "dp=1,zero=1", "sync"),
+                      std::make_tuple("gpt-tiny", "fp32", "dp=1,zero=0", "overlap"),
+                      std::make_tuple("llama-tiny", "fp16", "dp=1,zero=3", "overlap"),
+                      std::make_tuple("llama-tiny", "bf16", "dp=1,zero=2", "overlap")));
+
+PlanInput Input(int64_t micro_batch) {
+  PlanInput in;
+  in.config = Llama();
+  Result<ParamTable> t = ModelParamTable(in.config);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  if (t.ok()) {
+    for (const ParamInfo& p : t->params) in.optimizer_group.push_back(p.shape.size() >= 2 ? 0 : 1);
+  }
+  in.micro_batch = micro_batch;
+  in.seq_len = 64;
+  return in;
+}
+
+// Weights resident while they fit; streamed per layer once the activations need the space; and
+// a verdict naming the shortfall when even streaming does not fit.
+TEST(PlanPlacement, ResidentThenStreamedThenTooSmall) {
+  PlanMachine m;
+  m.device_reserve_bytes = 0;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan unbounded, PlanMemory(Input(1), m));
+  EXPECT_EQ(unbounded.placement, WeightPlacement::kResident);
+  EXPECT_THAT(unbounded.verdict, HasSubstr("no device capacity"));
+
+  m.device_bytes = unbounded.device_total;  // exactly enough
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan fits, PlanMemory(Input(1), m));
+  EXPECT_EQ(fits.placement, WeightPlacement::kResident);
+  EXPECT_TRUE(fits.device_fits);
+
+  // A longer micro-batch: its activations push the weights out to the host.
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan big_unbounded, PlanMemory(Input(8), PlanMachine{}));
+  m.device_bytes = big_unbounded.device_total - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan streamed, PlanMemory(Input(8), m));
+  EXPECT_EQ(streamed.placement, WeightPlacement::kStreamed);
+  EXPECT_TRUE(streamed.device_fits) << streamed.verdict;
+  EXPECT_LT(streamed.device_total, big_unbounded.device_total);
+  EXPECT_EQ(streamed.rows[0].host_bytes, streamed.params * 2);  // all weights pinned on the host
+  EXPECT_THAT(streamed.verdict, HasSubstr("streamed per layer"));
+
+  m.device_bytes = 1 << 20;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan small, PlanMemory(Input(8), m));
+  EXPECT_FALSE(small.device_fits);
+  EXPECT_THAT(small.verdict, HasSubstr("does not fit"));
+}
+
+TEST(PlanCast, FollowsTheLinkAndTheCastRates) {
+  PlanMachine m;
+  EXPECT_EQ(ChooseCastSide(m, 1000).side, CastSide::kHost);  // no rates: half the bytes cross
+  EXPECT_FALSE(ChooseCastSide(m, 1000).measured);
+  m.host_cast_per_s = 1e9;
+  m.device_cast_per_s = 1e12;
+  m.link_bytes_per_s = 1e9;  // slow link: bf16 crossing wins despite the host's slower cast
+  EXPECT_EQ(ChooseCastSide(m, 1 << 20).side, CastSide::kHost);
+  m.link_bytes_per_s = 1e12;  // fast link: fp32 crosses, the device casts
+  const CastChoice fast = ChooseCastSide(m, 1 << 20);
+  EXPECT_EQ(fast.side, CastSide::kDevice);
+  EXPECT_LT(fast.device_seconds, fast.host_seconds);
+  EXPECT_TRUE(fast.measured);
+}
+
+TEST(PlanMemory, RefusesWhatTheEngineDoesNotRun) {
+  PlanInput in = Input(1);
+  in.optimizer_group.pop_back();
+  EXPECT_FALSE(PlanMemory(in, PlanMachine{}).ok());
+  in = Input(1);
+  in.sp = 3;
+  EXPECT_FALSE(PlanMemory(in, PlanMachine{}).ok());
+  in = Input(1);
+  in.zero_stage = 4;
+  EXPECT_FALSE(PlanMemory(in, PlanMachine{}).ok());
+}
+
+TEST(PlanMemory, ZeroShrinksTheHostSideByTheRanks) {
+  PlanInput in = Input(1);
+  in.zero_stage = 0;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan one, PlanMemory(in, PlanMachine{}));
+  in.dp = 4;
+  in.zero_stage = 3;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan four, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(one.block, one.params);
+  EXPECT_LE(four.block * 4, one.block + 4 * 64);  // a quarter, up to per-parameter padding
+  EXPECT_LT(four.rows[3].host_bytes, one.rows[3].host_bytes);
+}
+
+TEST(MeasureHost, GivesPositiveRates) {
+  const PlanMachine m = MeasureHost();
+  EXPECT_GT(m.link_bytes_per_s, 0);
+  EXPECT_GT(m.host_cast_per_s, 0);
+  EXPECT_GT(m.host_bytes, 0);
+  EXPECT_EQ(m.device_bytes, 0);
+}
+
+}  // namespace
+}  // namespace ucp::offload
