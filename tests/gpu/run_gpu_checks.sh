@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The one short script for a machine with a GPU: builds with CUDA (sm_90 by default) and runs the
-# `gpu`-labelled tests, which compare the device kernels with the CPU reference bitwise.
+# `gpu`-labelled tests: the casts bitwise against the host's, and every model op
+# (offload/cuda/cuda_ops.h) against the CPU reference twin within its stated tolerance.
 # Usage: tests/gpu/run_gpu_checks.sh [cuda arch, default 90]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DUCP_ENABLE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${1:-90}" >/dev/null
-cmake --build build-gpu -j"$(nproc)" --target offload_cuda_cast_test
+cmake --build build-gpu -j"$(nproc)" --target offload_cuda_cast_test offload_cuda_ops_test
 ctest --test-dir build-gpu -L gpu --output-on-failure

@@ -1,0 +1,733 @@
+// The model's ops on the GPU; see cuda_ops.h for the contracts. Written llm.c style: one kernel
+// (or cuBLAS call) per op, the indexing of ops_ref.cc, comments only where the GPU differs.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "offload/cuda/cuda_ops.h"
+#include "ucp/base/status_macros.h"
+
+namespace ucp::offload::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+
+cudaStream_t S(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+int Grid(int64_t n, int per_block = kThreads) {
+  const int64_t g = (n + per_block - 1) / per_block;
+  return static_cast<int>(g < 65535 * 16 ? (g > 0 ? g : 1) : 65535 * 16);
+}
+
+Status Launched(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return DeviceError(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
+                       cudaGetErrorString(err) + ")");
+  }
+  return Status::Ok();
+}
+
+Status Blased(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    return DeviceError(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(st)));
+  }
+  return Launched(what);
+}
+
+Status Positive(const char* what, std::initializer_list<int64_t> sizes) {
+  for (int64_t s : sizes) {
+    if (s < 0) return InvalidArgumentError(std::string(what) + ": negative size " + std::to_string(s));
+  }
+  return Status::Ok();
+}
+
+__device__ inline float WarpSum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ inline float BlockSum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = WarpSum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  float s = lane < warps ? partial[lane] : 0.0f;
+  return WarpSum(s);
+}
+
+// Fused-QKV row offsets (ops_ref.cc's QkvLayout): group g holds [q of its hpg heads | k | v].
+struct Qkv {
+  int64_t hpg, hd, row;
+  __device__ int64_t Q(int64_t h) const { return (h / hpg) * (hpg + 2) * hd + (h % hpg) * hd; }
+  __device__ int64_t K(int64_t g) const { return g * (hpg + 2) * hd + hpg * hd; }
+  __device__ int64_t V(int64_t g) const { return K(g) + hd; }
+};
+
+// ---- encoder
+
+__global__ void EncoderForwardKernel(float* out, const int32_t* tokens, const float* wte,
+                                     const float* wpe, int64_t B, int64_t T, int64_t C) {
+  const int64_t n = B * T * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bt = i / C, c = i % C, t = bt % T;
+    out[i] = wte[int64_t{tokens[bt]} * C + c] + (wpe ? wpe[t * C + c] : 0.0f);
+  }
+}
+
+// One thread per channel: walks every token in order, so repeated tokens add deterministically.
+__global__ void EncoderBackwardKernel(float* dwte, float* dwpe, const float* dout,
+                                      const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float d = dout[(b * T + t) * C + c];
+      dwte[int64_t{tokens[b * T + t]} * C + c] += d;
+    }
+  }
+  if (dwpe) {
+    for (int64_t t = 0; t < T; ++t) {
+      float s = 0.0f;
+      for (int64_t b = 0; b < B; ++b) s += dout[(b * T + t) * C + c];
+      dwpe[t * C + c] += s;
+    }
+  }
+}
+
+// ---- norms: a block per row; the weight/bias gradients a thread per column over the rows
+
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* w, const float* b, int64_t C, float eps) {
+  const int64_t n = blockIdx.x;
+  const float* x = inp + n * C;
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+  const float m = BlockSum(s) / static_cast<float>(C);
+  float v = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) v += (x[c] - m) * (x[c] - m);
+  const float r = 1.0f / sqrtf(BlockSum(v) / static_cast<float>(C) + eps);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = (x[c] - m) * r * w[c] + b[c];
+  if (threadIdx.x == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+__global__ void LayerNormBackwardRowKernel(float* dinp, const float* dout, const float* inp,
+                                           const float* w, const float* mean, const float* rstd,
+                                           int64_t C) {
+  const int64_t n = blockIdx.x;
+  const float* x = inp + n * C;
+  const float* d = dout + n * C;
+  const float m = mean[n], r = rstd[n];
+  float a = 0.0f, bsum = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float norm = (x[c] - m) * r, dnorm = w[c] * d[c];
+    a += dnorm;
+    bsum += dnorm * norm;
+  }
+  const float dnorm_mean = BlockSum(a) / static_cast<float>(C);
+  const float dnorm_norm_mean = BlockSum(bsum) / static_cast<float>(C);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float norm = (x[c] - m) * r, dnorm = w[c] * d[c];
+    dinp[n * C + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+  }
+}
+
+// dweight[c] += sum_n norm * dout, dbias[c] += sum_n dout (norm from mean/rstd, or x rstd when
+// mean is null: RMSNorm).
+__global__ void NormParamGradKernel(float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const float* mean, const float* rstd,
+                                    int64_t N, int64_t C) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int64_t n = 0; n < N; ++n) {
+    const float d = dout[n * C + c];
+    const float norm = (inp[n * C + c] - (mean ? mean[n] : 0.0f)) * rstd[n];
+    dw += norm * d;
+    db += d;
+  }
+  dweight[c] += dw;
+  if (dbias) dbias[c] += db;
+}
+
+__global__ void RmsNormForwardKernel(float* out, float* rstd, const float* inp, const float* w,
+                                     int64_t C, float eps) {
+  const int64_t n = blockIdx.x;
+  const float* x = inp + n * C;
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += x[c] * x[c];
+  const float r = 1.0f / sqrtf(BlockSum(s) / static_cast<float>(C) + eps);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = x[c] * r * w[c];
+  if (threadIdx.x == 0) rstd[n] = r;
+}
+
+__global__ void RmsNormBackwardRowKernel(float* dinp, const float* dout, const float* inp,
+                                         const float* w, const float* rstd, int64_t C) {
+  const int64_t n = blockIdx.x;
+  const float* x = inp + n * C;
+  const float* d = dout + n * C;
+  const float r = rstd[n];
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += w[c] * d[c] * (x[c] * r);
+  const float mean = BlockSum(s) / static_cast<float>(C);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    dinp[n * C + c] += (w[c] * d[c] - x[c] * r * mean) * r;
+  }
+}
+
+// ---- matmul helpers
+
+__global__ void BroadcastRowsKernel(float* out, const float* bias, int64_t N, int64_t OC) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * OC;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = bias[i % OC];
+  }
+}
+
+__global__ void ColumnSumAddKernel(float* dst, const float* m, int64_t N, int64_t OC) {
+  const int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (o >= OC) return;
+  float s = 0.0f;
+  for (int64_t n = 0; n < N; ++n) s += m[n * OC + o];
+  dst[o] += s;
+}
+
+// ---- attention: a warp per (b, h, t) query; lanes split the head dimension
+
+constexpr int kMaxHdPerLane = 8;  // hd <= 256
+
+__global__ void AttentionForwardKernel(float* out, float* lse, const float* qkv, int64_t B,
+                                       int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t query = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (query >= B * NH * T) return;
+  const int64_t t = query % T, h = (query / T) % NH, b = query / (T * NH);
+  const Qkv L{NH / KV, hd, (NH + 2 * KV) * hd};
+  const int64_t g = h / L.hpg;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const float* q = qkv + (b * T + t) * L.row + L.Q(h);
+  float acc[kMaxHdPerLane] = {0};
+  float m = -INFINITY, sum = 0.0f;
+  for (int64_t j = 0; j <= t; ++j) {
+    const float* k = qkv + (b * T + j) * L.row + L.K(g);
+    float s = 0.0f;
+    for (int64_t i = lane; i < hd; i += kWarp) s += q[i] * k[i];
+    s = WarpSum(s) * scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), p = expf(s - m_new);
+    sum = sum * corr + p;
+    const float* v = qkv + (b * T + j) * L.row + L.V(g);
+    for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) acc[r] = acc[r] * corr + p * v[i];
+    m = m_new;
+  }
+  float* o = out + (b * T + t) * NH * hd + h * hd;
+  for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) o[i] = acc[r] / sum;
+  if (lane == 0) lse[(b * NH + h) * T + t] = m + logf(sum);
+}
+
+// Per query: D = sum_j p_j dp_j (into scratch) and dq += scale sum_j ds_j k_j.
+__global__ void AttentionBackwardQueryKernel(float* dqkv, float* dsum_out, const float* dout,
+                                             const float* qkv, const float* lse, int64_t B,
+                                             int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t query = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (query >= B * NH * T) return;
+  const int64_t t = query % T, h = (query / T) % NH, b = query / (T * NH);
+  const Qkv L{NH / KV, hd, (NH + 2 * KV) * hd};
+  const int64_t g = h / L.hpg;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const float* q = qkv + (b * T + t) * L.row + L.Q(h);
+  const float* d = dout + (b * T + t) * NH * hd + h * hd;
+  const float l = lse[(b * NH + h) * T + t];
+  float dsum = 0.0f;
+  for (int64_t j = 0; j <= t; ++j) {
+    const float* k = qkv + (b * T + j) * L.row + L.K(g);
+    const float* v = qkv + (b * T + j) * L.row + L.V(g);
+    float s = 0.0f, dp = 0.0f;
+    for (int64_t i = lane; i < hd; i += kWarp) {
+      s += q[i] * k[i];
+      dp += d[i] * v[i];
+    }
+    s = WarpSum(s);
+    dp = WarpSum(dp);
+    dsum += expf(s * scale - l) * dp;
+  }
+  float dq[kMaxHdPerLane] = {0};
+  for (int64_t j = 0; j <= t; ++j) {
+    const float* k = qkv + (b * T + j) * L.row + L.K(g);
+    const float* v = qkv + (b * T + j) * L.row + L.V(g);
+    float s = 0.0f, dp = 0.0f;
+    for (int64_t i = lane; i < hd; i += kWarp) {
+      s += q[i] * k[i];
+      dp += d[i] * v[i];
+    }
+    s = WarpSum(s);
+    dp = WarpSum(dp);
+    const float ds = expf(s * scale - l) * (dp - dsum) * scale;
+    for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) dq[r] += ds * k[i];
+  }
+  float* dqp = dqkv + (b * T + t) * L.row + L.Q(h);
+  for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) dqp[i] += dq[r];
+  if (lane == 0) dsum_out[(b * NH + h) * T + t] = dsum;
+}
+
+// Per key (b, g, j): dk_j += sum over the group's heads and queries t >= j of ds q_t, dv_j +=
+// sum p dout_t, in a fixed order (no atomics).
+__global__ void AttentionBackwardKeyKernel(float* dqkv, const float* dsum_in, const float* dout,
+                                           const float* qkv, const float* lse, int64_t B,
+                                           int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t key = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (key >= B * KV * T) return;
+  const int64_t j = key % T, g = (key / T) % KV, b = key / (T * KV);
+  const Qkv L{NH / KV, hd, (NH + 2 * KV) * hd};
+  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const float* k = qkv + (b * T + j) * L.row + L.K(g);
+  const float* v = qkv + (b * T + j) * L.row + L.V(g);
+  float dk[kMaxHdPerLane] = {0}, dv[kMaxHdPerLane] = {0};
+  for (int64_t h = g * L.hpg; h < (g + 1) * L.hpg; ++h) {
+    for (int64_t t = j; t < T; ++t) {
+      const float* q = qkv + (b * T + t) * L.row + L.Q(h);
+      const float* d = dout + (b * T + t) * NH * hd + h * hd;
+      float s = 0.0f, dp = 0.0f;
+      for (int64_t i = lane; i < hd; i += kWarp) {
+        s += q[i] * k[i];
+        dp += d[i] * v[i];
+      }
+      s = WarpSum(s);
+      dp = WarpSum(dp);
+      const int64_t row = (b * NH + h) * T + t;
+      const float p = expf(s * scale - lse[row]);
+      const float ds = p * (dp - dsum_in[row]) * scale;
+      for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) {
+        dk[r] += ds * q[i];
+        dv[r] += p * d[i];
+      }
+    }
+  }
+  float* dkp = dqkv + (b * T + j) * L.row + L.K(g);
+  float* dvp = dqkv + (b * T + j) * L.row + L.V(g);
+  for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) {
+    dkp[i] += dk[r];
+    dvp[i] += dv[r];
+  }
+}
+
+// ---- rotary: a thread per (b, t, group, head of the group's first hpg + 1, i < hd / 2)
+
+__global__ void RopeKernel(float* qkv, const float* cos_t, const float* sin_t, int64_t B,
+                           int64_t T, int64_t NH, int64_t KV, int64_t hd, float sign) {
+  const int64_t hpg = NH / KV, half = hd / 2, row = (NH + 2 * KV) * hd;
+  const int64_t n = B * T * KV * (hpg + 1) * half;
+  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = idx % half;
+    int64_t rest = idx / half;
+    const int64_t h = rest % (hpg + 1);
+    rest /= hpg + 1;
+    const int64_t g = rest % KV;
+    const int64_t bt = rest / KV, t = bt % T;
+    float* x = qkv + bt * row + g * (hpg + 2) * hd + h * hd;
+    const float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
+    const float x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * c - x2 * s;
+    x[i + half] = x2 * c + x1 * s;
+  }
+}
+
+// ---- element-wise
+
+__global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
+  const float k = sqrtf(2.0f / static_cast<float>(M_PI));
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+  }
+}
+
+__global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* dout, int64_t n) {
+  const float k = sqrtf(2.0f / static_cast<float>(M_PI));
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = inp[i];
+    const float th = tanhf(k * (x + 0.044715f * x * x * x));
+    const float grad = 0.5f * (1.0f + th) +
+                       0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+__global__ void SwigluForwardKernel(float* out, const float* inp, int64_t N, int64_t F) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * F;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / F, f = i % F;
+    const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+__global__ void SwigluBackwardKernel(float* dinp, const float* inp, const float* dout, int64_t N,
+                                     int64_t F) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * F;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / F, f = i % F;
+    const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
+    const float sig = 1.0f / (1.0f + expf(-g)), d = dout[i];
+    dinp[n * 2 * F + f] += d * u * sig * (1.0f + g * (1.0f - sig));
+    dinp[n * 2 * F + F + f] += d * g * sig;
+  }
+}
+
+__global__ void ResidualForwardKernel(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
+__global__ void ResidualBackwardKernel(float* da, float* db, const float* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+// ---- classifier: a block per row; softmax sums in double as the reference does
+
+__global__ void CrossEntropyKernel(float* logits, double* row_loss, int* bad_target,
+                                   const int32_t* targets, int64_t V, float grad_scale,
+                                   bool backward) {
+  const int64_t n = blockIdx.x;
+  float* l = logits + n * V;
+  const int32_t target = targets[n];
+  if (target < 0 || target >= V) {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) l[v] = 0.0f;
+    if (threadIdx.x == 0) {
+      row_loss[n] = 0.0;
+      if (target >= V) atomicExch(bad_target, 1);  // a flag, not a sum: order does not matter
+    }
+    return;
+  }
+  __shared__ float smax[32];
+  __shared__ double ssum[32];
+  float m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, l[v]);
+  for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  if (lane == 0) smax[warp] = m;
+  __syncthreads();
+  m = lane < warps ? smax[lane] : -INFINITY;
+  for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  double s = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += static_cast<double>(expf(l[v] - m));
+  for (int o = kWarp / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) ssum[warp] = s;
+  __syncthreads();
+  s = lane < warps ? ssum[lane] : 0.0;
+  for (int o = kWarp / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x == 0) {
+    row_loss[n] = log(s) + static_cast<double>(m) - static_cast<double>(l[target]);
+  }
+  __syncthreads();  // l[target] is read above before any thread overwrites it
+  if (!backward) return;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float prob = static_cast<float>(static_cast<double>(expf(l[v] - m)) / s);
+    l[v] = grad_scale * (prob - (v == target ? 1.0f : 0.0f));
+  }
+}
+
+}  // namespace
+
+// ---- Blas
+
+struct Blas::Impl {
+  cublasHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+  ~Impl() {
+    if (handle) cublasDestroy(handle);
+  }
+};
+
+Result<Blas> Blas::Create(void* stream) {
+  auto impl = std::make_unique<Impl>();
+  const cublasStatus_t st = cublasCreate(&impl->handle);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    impl->handle = nullptr;
+    return DeviceError("cublasCreate: status " + std::to_string(static_cast<int>(st)));
+  }
+  impl->stream = S(stream);
+  if (cublasSetStream(impl->handle, impl->stream) != CUBLAS_STATUS_SUCCESS) {
+    return DeviceError("cublasSetStream failed");
+  }
+  // Tensor-core fp32 emulation (TF32) would change results beyond the stated tolerances.
+  cublasSetMathMode(impl->handle, CUBLAS_PEDANTIC_MATH);
+  return Blas(std::move(impl));
+}
+
+Blas::Blas(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Blas::Blas(Blas&&) noexcept = default;
+Blas& Blas::operator=(Blas&&) noexcept = default;
+Blas::~Blas() = default;
+void* Blas::stream() const { return impl_->stream; }
+void* Blas::handle() const { return impl_->handle; }
+
+// ---- launchers
+
+Status EncoderForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                      int64_t B, int64_t T, int64_t C, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("encoder forward", {B, T, C}));
+  EncoderForwardKernel<<<Grid(B * T * C), kThreads, 0, S(stream)>>>(out, tokens, wte, wpe, B, T, C);
+  return Launched("encoder forward");
+}
+
+Status EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                       int64_t B, int64_t T, int64_t C, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("encoder backward", {B, T, C}));
+  EncoderBackwardKernel<<<Grid(C), kThreads, 0, S(stream)>>>(dwte, dwpe, dout, tokens, B, T, C);
+  return Launched("encoder backward");
+}
+
+Status LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int64_t N, int64_t C, float eps,
+                        void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("layernorm forward", {N, C}));
+  if (N == 0) return Status::Ok();
+  LayerNormForwardKernel<<<static_cast<unsigned>(N), kThreads, 0, S(stream)>>>(
+      out, mean, rstd, inp, weight, bias, C, eps);
+  return Launched("layernorm forward");
+}
+
+Status LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("layernorm backward", {N, C}));
+  if (N == 0) return Status::Ok();
+  LayerNormBackwardRowKernel<<<static_cast<unsigned>(N), kThreads, 0, S(stream)>>>(
+      dinp, dout, inp, weight, mean, rstd, C);
+  NormParamGradKernel<<<Grid(C), kThreads, 0, S(stream)>>>(dweight, dbias, dout, inp, mean, rstd,
+                                                           N, C);
+  return Launched("layernorm backward");
+}
+
+Status RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                      int64_t C, float eps, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("rmsnorm forward", {N, C}));
+  if (N == 0) return Status::Ok();
+  RmsNormForwardKernel<<<static_cast<unsigned>(N), kThreads, 0, S(stream)>>>(out, rstd, inp,
+                                                                             weight, C, eps);
+  return Launched("rmsnorm forward");
+}
+
+Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int64_t N, int64_t C,
+                       void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("rmsnorm backward", {N, C}));
+  if (N == 0) return Status::Ok();
+  RmsNormBackwardRowKernel<<<static_cast<unsigned>(N), kThreads, 0, S(stream)>>>(
+      dinp, dout, inp, weight, rstd, C);
+  NormParamGradKernel<<<Grid(C), kThreads, 0, S(stream)>>>(dweight, nullptr, dout, inp, nullptr,
+                                                           rstd, N, C);
+  return Launched("rmsnorm backward");
+}
+
+Status MatmulForward(const Blas& blas, float* out, const float* inp, const float* weight,
+                     const float* bias, int64_t N, int64_t C, int64_t OC) {
+  UCP_RETURN_IF_ERROR(Positive("matmul forward", {N, C, OC}));
+  float beta = 0.0f;
+  if (bias) {
+    BroadcastRowsKernel<<<Grid(N * OC), kThreads, 0, S(blas.stream())>>>(out, bias, N, OC);
+    UCP_RETURN_IF_ERROR(Launched("matmul forward bias"));
+    beta = 1.0f;
+  }
+  const float alpha = 1.0f;
+  // Row-major out[N, OC] is column-major out^T[OC, N] = W (row-major [OC, C] read transposed)
+  // times inp^T (column-major [C, N]).
+  return Blased(cublasSgemm(static_cast<cublasHandle_t>(blas.handle()), CUBLAS_OP_T, CUBLAS_OP_N,
+                            static_cast<int>(OC), static_cast<int>(N), static_cast<int>(C), &alpha,
+                            weight, static_cast<int>(C), inp, static_cast<int>(C), &beta, out,
+                            static_cast<int>(OC)),
+                "matmul forward");
+}
+
+Status MatmulBackward(const Blas& blas, float* dinp, float* dweight, float* dbias,
+                      const float* dout, const float* inp, const float* weight, int64_t N,
+                      int64_t C, int64_t OC) {
+  UCP_RETURN_IF_ERROR(Positive("matmul backward", {N, C, OC}));
+  auto h = static_cast<cublasHandle_t>(blas.handle());
+  const float one = 1.0f;
+  if (dinp) {
+    // dinp^T[C, N] += W^T[C, OC] dout^T[OC, N]
+    UCP_RETURN_IF_ERROR(Blased(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(C),
+                                           static_cast<int>(N), static_cast<int>(OC), &one, weight,
+                                           static_cast<int>(C), dout, static_cast<int>(OC), &one,
+                                           dinp, static_cast<int>(C)),
+                               "matmul backward (input)"));
+  }
+  // dweight^T[C, OC] += inp^T[C, N] dout[N, OC]
+  UCP_RETURN_IF_ERROR(Blased(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(C),
+                                         static_cast<int>(OC), static_cast<int>(N), &one, inp,
+                                         static_cast<int>(C), dout, static_cast<int>(OC), &one,
+                                         dweight, static_cast<int>(C)),
+                             "matmul backward (weight)"));
+  if (dbias) {
+    ColumnSumAddKernel<<<Grid(OC), kThreads, 0, S(blas.stream())>>>(dbias, dout, N, OC);
+    return Launched("matmul backward (bias)");
+  }
+  return Status::Ok();
+}
+
+Status MatmulForwardBf16(const Blas& blas, float* out, const uint16_t* inp,
+                         const uint16_t* weight, int64_t N, int64_t C, int64_t OC) {
+  UCP_RETURN_IF_ERROR(Positive("bf16 matmul forward", {N, C, OC}));
+  const float alpha = 1.0f, beta = 0.0f;
+  return Blased(cublasGemmEx(static_cast<cublasHandle_t>(blas.handle()), CUBLAS_OP_T, CUBLAS_OP_N,
+                             static_cast<int>(OC), static_cast<int>(N), static_cast<int>(C),
+                             &alpha, weight, CUDA_R_16BF, static_cast<int>(C), inp, CUDA_R_16BF,
+                             static_cast<int>(C), &beta, out, CUDA_R_32F, static_cast<int>(OC),
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "bf16 matmul forward");
+}
+
+Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                        int64_t NH, int64_t KV, int64_t hd, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("attention forward", {B, T, NH, KV, hd}));
+  if (KV < 1 || NH % KV != 0 || hd > kWarp * kMaxHdPerLane) {
+    return InvalidArgumentError("attention forward: heads=" + std::to_string(NH) +
+                                ", kv_heads=" + std::to_string(KV) + ", head_dim=" +
+                                std::to_string(hd) + " (kv_heads must divide heads, head_dim <= " +
+                                std::to_string(kWarp * kMaxHdPerLane) + ")");
+  }
+  AttentionForwardKernel<<<Grid(B * NH * T * kWarp), kThreads, 0, S(stream)>>>(out, lse, qkv, B, T,
+                                                                               NH, KV, hd);
+  return Launched("attention forward");
+}
+
+int64_t AttentionBackwardScratch(int64_t B, int64_t T, int64_t NH) { return B * NH * T; }
+
+Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                         float* scratch, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                         int64_t hd, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("attention backward", {B, T, NH, KV, hd}));
+  if (KV < 1 || NH % KV != 0 || hd > kWarp * kMaxHdPerLane) {
+    return InvalidArgumentError("attention backward: heads=" + std::to_string(NH) +
+                                ", kv_heads=" + std::to_string(KV) + ", head_dim=" +
+                                std::to_string(hd));
+  }
+  AttentionBackwardQueryKernel<<<Grid(B * NH * T * kWarp), kThreads, 0, S(stream)>>>(
+      dqkv, scratch, dout, qkv, lse, B, T, NH, KV, hd);
+  UCP_RETURN_IF_ERROR(Launched("attention backward (queries)"));
+  AttentionBackwardKeyKernel<<<Grid(B * KV * T * kWarp), kThreads, 0, S(stream)>>>(
+      dqkv, scratch, dout, qkv, lse, B, T, NH, KV, hd);
+  return Launched("attention backward (keys)");
+}
+
+Status RopeForward(float* qkv, const float* cos_table, const float* sin_table, int64_t B,
+                   int64_t T, int64_t NH, int64_t KV, int64_t hd, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("rope forward", {B, T, NH, KV, hd}));
+  if (KV < 1 || NH % KV != 0 || hd % 2 != 0) return InvalidArgumentError("rope: heads/kv/hd");
+  RopeKernel<<<Grid(B * T * NH * hd), kThreads, 0, S(stream)>>>(qkv, cos_table, sin_table, B, T, NH,
+                                                                KV, hd, 1.0f);
+  return Launched("rope forward");
+}
+
+Status RopeBackward(float* dqkv, const float* cos_table, const float* sin_table, int64_t B,
+                    int64_t T, int64_t NH, int64_t KV, int64_t hd, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("rope backward", {B, T, NH, KV, hd}));
+  if (KV < 1 || NH % KV != 0 || hd % 2 != 0) return InvalidArgumentError("rope: heads/kv/hd");
+  RopeKernel<<<Grid(B * T * NH * hd), kThreads, 0, S(stream)>>>(dqkv, cos_table, sin_table, B, T,
+                                                                NH, KV, hd, -1.0f);
+  return Launched("rope backward");
+}
+
+Status GeluForward(float* out, const float* inp, int64_t n, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("gelu forward", {n}));
+  GeluForwardKernel<<<Grid(n), kThreads, 0, S(stream)>>>(out, inp, n);
+  return Launched("gelu forward");
+}
+
+Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("gelu backward", {n}));
+  GeluBackwardKernel<<<Grid(n), kThreads, 0, S(stream)>>>(dinp, inp, dout, n);
+  return Launched("gelu backward");
+}
+
+Status SwigluForward(float* out, const float* inp, int64_t N, int64_t F, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("swiglu forward", {N, F}));
+  SwigluForwardKernel<<<Grid(N * F), kThreads, 0, S(stream)>>>(out, inp, N, F);
+  return Launched("swiglu forward");
+}
+
+Status SwigluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t F,
+                      void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("swiglu backward", {N, F}));
+  SwigluBackwardKernel<<<Grid(N * F), kThreads, 0, S(stream)>>>(dinp, inp, dout, N, F);
+  return Launched("swiglu backward");
+}
+
+Status ResidualForward(float* out, const float* a, const float* b, int64_t n, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("residual forward", {n}));
+  ResidualForwardKernel<<<Grid(n), kThreads, 0, S(stream)>>>(out, a, b, n);
+  return Launched("residual forward");
+}
+
+Status ResidualBackward(float* da, float* db, const float* dout, int64_t n, void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("residual backward", {n}));
+  ResidualBackwardKernel<<<Grid(n), kThreads, 0, S(stream)>>>(da, db, dout, n);
+  return Launched("residual backward");
+}
+
+int64_t ClassifierScratch(int64_t N, int64_t V) {
+  // logits, then N doubles (2 floats each, 8-byte aligned), then the bad-target flag.
+  return ((N * V + 1) / 2) * 2 + 2 * N + 2;
+}
+
+Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw, const float* x,
+                                         const float* w, const int32_t* targets, float* scratch,
+                                         int64_t N, int64_t C, int64_t V, float grad_scale) {
+  UCP_RETURN_IF_ERROR(Positive("classifier", {N, C, V}));
+  if (N == 0) return 0.0;
+  float* logits = scratch;
+  double* row_loss = reinterpret_cast<double*>(scratch + ((N * V + 1) / 2) * 2);
+  int* bad = reinterpret_cast<int*>(row_loss + N);
+  cudaStream_t st = S(blas.stream());
+  if (cudaMemsetAsync(bad, 0, sizeof(int), st) != cudaSuccess) return Launched("classifier flag");
+  UCP_RETURN_IF_ERROR(MatmulForward(blas, logits, x, w, nullptr, N, C, V));
+  CrossEntropyKernel<<<static_cast<unsigned>(N), kThreads, 0, st>>>(logits, row_loss, bad, targets,
+                                                                    V, grad_scale, dx != nullptr);
+  UCP_RETURN_IF_ERROR(Launched("classifier cross-entropy"));
+  std::vector<double> losses(static_cast<size_t>(N));
+  int bad_host = 0;
+  if (cudaMemcpyAsync(losses.data(), row_loss, sizeof(double) * N, cudaMemcpyDeviceToHost, st) !=
+          cudaSuccess ||
+      cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+      cudaStreamSynchronize(st) != cudaSuccess) {
+    return Launched("classifier loss copy");
+  }
+  if (bad_host != 0) {
+    return InvalidArgumentError("classifier: a target >= the vocabulary of " + std::to_string(V));
+  }
+  double loss = 0.0;
+  for (double l : losses) loss += l;  // row order, as the CPU reference
+  if (dx != nullptr) {
+    UCP_RETURN_IF_ERROR(MatmulBackward(blas, dx, dw, nullptr, logits, x, w, N, C, V));
+  }
+  return loss;
+}
+
+}  // namespace ucp::offload::cuda

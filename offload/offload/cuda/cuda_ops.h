@@ -1,0 +1,114 @@
+// The model's ops on the GPU (issue 12): the contracts of offload/model/ops.h (same shapes, same
+// layouts — the fused QKV row in Megatron's interleaved query groups, [gate | up] for SwiGLU —
+// and backward ADDS into its outputs), so each kernel is checked against the CPU reference twin
+// (ops::ref) by cuda_ops_test (label gpu, run by tests/gpu/run_gpu_checks.sh on a machine with a
+// GPU). This header is plain C++: pointers are device pointers, the stream is a void*
+// (cudaStream_t), so host code includes it without CUDA headers.
+//
+// Determinism: no atomics. Every sum over rows (dweight, dbias, the embedding gradient) and over
+// queries (attention's dk, dv) runs in a fixed order, so the same inputs give the same bits run
+// after run. They are not the CPU ops' bits (other summation orders; the GPU's expf/tanhf), so
+// the checks use the tolerances stated in cuda_ops_test.cc.
+//
+// Attention is one fused kernel per direction (a warp per query, online softmax forward; the
+// backward recomputes the probabilities from the saved log-sum-exp, FlashAttention's recipe),
+// written for correctness first; GEMMs go through cuBLAS (fp32, or bf16 inputs with fp32
+// accumulation and output).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "ucp/base/result.h"
+#include "ucp/base/status.h"
+
+namespace ucp::offload::cuda {
+
+/// A cuBLAS handle bound to one stream. Create it on the device that runs the ops.
+class Blas {
+ public:
+  /// Errors: kDeviceError (no device, cuBLAS initialisation).
+  static Result<Blas> Create(void* stream = nullptr);
+  Blas(Blas&&) noexcept;
+  Blas& operator=(Blas&&) noexcept;
+  ~Blas();
+  void* stream() const;
+  void* handle() const;
+
+ private:
+  struct Impl;
+  explicit Blas(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Every function launches on `stream` (Blas's for the GEMMs) and returns the launch's Status:
+// kInvalidArgument for sizes, kDeviceError for a CUDA or cuBLAS failure (with its name).
+
+Status EncoderForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                      int64_t B, int64_t T, int64_t C, void* stream);
+/// dwte[tokens] += dout; dwpe[t] += sum_b dout[b, t] (when dwpe). One thread per channel walks
+/// the tokens in order: deterministic where tokens repeat.
+Status EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                       int64_t B, int64_t T, int64_t C, void* stream);
+
+Status LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int64_t N, int64_t C, float eps,
+                        void* stream);
+Status LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C, void* stream);
+Status RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                      int64_t C, float eps, void* stream);
+Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int64_t N, int64_t C,
+                       void* stream);
+
+/// out[N, OC] = inp[N, C] @ weight[OC, C]^T (+ bias[OC]).
+Status MatmulForward(const Blas& blas, float* out, const float* inp, const float* weight,
+                     const float* bias, int64_t N, int64_t C, int64_t OC);
+/// dinp += dout @ weight (when dinp), dweight += dout^T @ inp, dbias += column sums of dout.
+Status MatmulBackward(const Blas& blas, float* dinp, float* dweight, float* dbias,
+                      const float* dout, const float* inp, const float* weight, int64_t N,
+                      int64_t C, int64_t OC);
+/// The bf16 GEMM of training: out[N, OC] (fp32) = inp @ weight^T with bf16 inputs (bit
+/// patterns) and fp32 accumulation (cuBLAS COMPUTE_32F), no bias.
+Status MatmulForwardBf16(const Blas& blas, float* out, const uint16_t* inp,
+                         const uint16_t* weight, int64_t N, int64_t C, int64_t OC);
+
+/// Causal attention over the fused qkv[B, T, (NH + 2 KV) hd]: out[B, T, NH hd], lse[B, NH, T].
+Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                        int64_t NH, int64_t KV, int64_t hd, void* stream);
+/// The floats of scratch AttentionBackward needs: B NH T (each query's sum_j p_j dp_j).
+int64_t AttentionBackwardScratch(int64_t B, int64_t T, int64_t NH);
+/// dqkv += the gradient of AttentionForward. `scratch`: AttentionBackwardScratch floats.
+Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                         float* scratch, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                         int64_t hd, void* stream);
+
+/// Rotates the q and k heads of qkv in place (half-split rotary); the tables are ops::RopeTables'
+/// [T, hd / 2] (computed on the host, copied once). Backward rotates by the opposite angle.
+Status RopeForward(float* qkv, const float* cos_table, const float* sin_table, int64_t B,
+                   int64_t T, int64_t NH, int64_t KV, int64_t hd, void* stream);
+Status RopeBackward(float* dqkv, const float* cos_table, const float* sin_table, int64_t B,
+                    int64_t T, int64_t NH, int64_t KV, int64_t hd, void* stream);
+
+Status GeluForward(float* out, const float* inp, int64_t n, void* stream);
+Status GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n, void* stream);
+Status SwigluForward(float* out, const float* inp, int64_t N, int64_t F, void* stream);
+Status SwigluBackward(float* dinp, const float* inp, const float* dout, int64_t N, int64_t F,
+                      void* stream);
+Status ResidualForward(float* out, const float* a, const float* b, int64_t n, void* stream);
+Status ResidualBackward(float* da, float* db, const float* dout, int64_t n, void* stream);
+
+/// The floats of scratch ClassifierForwardBackward needs: the N x V logits, and N doubles of
+/// per-row losses.
+int64_t ClassifierScratch(int64_t N, int64_t V);
+/// The fused classifier: logits = x @ w[:V]^T, the summed cross-entropy of rows with a target
+/// >= 0 (returned, summed on the host in row order in double), and — when dx is not null — the
+/// gradient of grad_scale x that sum: dx += dlogits @ w, dw += dlogits^T @ x. Synchronises the
+/// stream (the loss is needed on the host). Errors: also kInvalidArgument for a target >= V.
+Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw, const float* x,
+                                         const float* w, const int32_t* targets, float* scratch,
+                                         int64_t N, int64_t C, int64_t V, float grad_scale);
+
+}  // namespace ucp::offload::cuda

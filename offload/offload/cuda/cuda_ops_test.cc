@@ -1,0 +1,290 @@
+// GPU check (label gpu): every op of cuda_ops.h against the CPU reference twin (ops::ref, run in
+// double on the same fp32 inputs), on shapes that are not multiples of the warp or block sizes,
+// with GQA groups. Skips where no CUDA device exists; tests/gpu/run_gpu_checks.sh runs it on one.
+//
+// Tolerance: max |gpu - ref| <= tol x max(1, max |ref|), tol 2e-5 for the element-wise ops,
+// norms and fp32 GEMMs (cuBLAS in pedantic math: no TF32), 1e-4 for attention and the
+// classifier (exp/log in float over up to T terms), 1e-5 for the bf16 GEMM against the double
+// reference of the same bf16 values (exact inputs, fp32 accumulation).
+#include "offload/cuda/cuda_ops.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "offload/cuda/cuda_cast.h"
+#include "offload/model/ops.h"
+#include "tests/testutil/status_matchers.h"
+#include "ucp/tensor/float_bits.h"
+
+namespace ucp::offload::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+using ::ucp::testing::StatusIs;
+
+// A device copy of a host vector, freed at scope end.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : n(h.size()) {
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  explicit Dev(size_t count) : Dev(std::vector<T>(count, T(0))) {}
+  ~Dev() { cudaFree(p); }
+  std::vector<T> Get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double tol,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 1.0, err = 0.0;
+  size_t worst = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(e <= err)) {
+      err = e;
+      worst = i;
+    }
+  }
+  EXPECT_LE(err, tol * scale) << what << ": worst element " << worst << " got " << got[worst]
+                              << " want " << want[worst];
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST(CudaOpsArgs, CheckedWithoutADevice) {
+  EXPECT_THAT(GeluForward(nullptr, nullptr, -1, nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("negative size")));
+  EXPECT_THAT(AttentionForward(nullptr, nullptr, nullptr, 1, 1, 6, 4, 8, nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("kv_heads must divide heads")));
+  EXPECT_THAT(AttentionForward(nullptr, nullptr, nullptr, 1, 1, 4, 2, 512, nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("head_dim")));
+}
+
+TEST_F(CudaOps, ElementWise) {
+  const int64_t N = 37, F = 291, n = N * F;
+  const auto x = Random(2 * n, 1, 2.0f), d = Random(2 * n, 2);
+  {  // GeLU forward and backward (backward adds into a non-zero dinp)
+    Dev<float> dx(x), dout(d), dy(static_cast<size_t>(2 * n)), ddx(Random(2 * n, 3));
+    std::vector<double> y(2 * n), g = D(Random(2 * n, 3));
+    UCP_ASSERT_OK(GeluForward(dy.p, dx.p, 2 * n, nullptr));
+    UCP_ASSERT_OK(GeluBackward(ddx.p, dx.p, dout.p, 2 * n, nullptr));
+    ops::ref::GeluForward<double>(y.data(), D(x).data(), 2 * n);
+    ops::ref::GeluBackward<double>(g.data(), D(x).data(), D(d).data(), 2 * n);
+    ExpectClose(dy.Get(), y, 2e-5, "gelu forward");
+    ExpectClose(ddx.Get(), g, 2e-5, "gelu backward");
+  }
+  {  // SwiGLU over [gate | up]
+    Dev<float> dx(x), dout(d), dy(static_cast<size_t>(n)), ddx(static_cast<size_t>(2 * n));
+    std::vector<double> y(n), g(2 * n, 0.0);
+    UCP_ASSERT_OK(SwigluForward(dy.p, dx.p, N, F, nullptr));
+    UCP_ASSERT_OK(SwigluBackward(ddx.p, dx.p, dout.p, N, F, nullptr));
+    ops::ref::SwigluForward<double>(y.data(), D(x).data(), N, F);
+    ops::ref::SwigluBackward<double>(g.data(), D(x).data(), D(d).data(), N, F);
+    ExpectClose(dy.Get(), y, 2e-5, "swiglu forward");
+    ExpectClose(ddx.Get(), g, 2e-5, "swiglu backward");
+  }
+  {  // residual
+    const auto b = Random(n, 4);
+    Dev<float> da(x), db(b), dout(d), dy(static_cast<size_t>(n)), ga(static_cast<size_t>(n)),
+        gb(static_cast<size_t>(n));
+    UCP_ASSERT_OK(ResidualForward(dy.p, da.p, db.p, n, nullptr));
+    UCP_ASSERT_OK(ResidualBackward(ga.p, gb.p, dout.p, n, nullptr));
+    std::vector<double> y(n), ra(n, 0.0), rb(n, 0.0);
+    ops::ref::ResidualForward<double>(y.data(), D(x).data(), D(b).data(), n);
+    ops::ref::ResidualBackward<double>(ra.data(), rb.data(), D(d).data(), n);
+    ExpectClose(dy.Get(), y, 1e-7, "residual forward");
+    ExpectClose(ga.Get(), ra, 0.0, "residual backward a");
+    ExpectClose(gb.Get(), rb, 0.0, "residual backward b");
+  }
+}
+
+TEST_F(CudaOps, Norms) {
+  const int64_t N = 45, C = 333;
+  const auto x = Random(N * C, 5, 3.0f), w = Random(C, 6), b = Random(C, 7), d = Random(N * C, 8);
+  Dev<float> dx(x), dw(w), db(b), dd(d);
+  {
+    Dev<float> y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)),
+        rstd(static_cast<size_t>(N)), gx(static_cast<size_t>(N * C)), gw(static_cast<size_t>(C)),
+        gb(static_cast<size_t>(C));
+    UCP_ASSERT_OK(LayerNormForward(y.p, mean.p, rstd.p, dx.p, dw.p, db.p, N, C, 1e-5f, nullptr));
+    UCP_ASSERT_OK(LayerNormBackward(gx.p, gw.p, gb.p, dd.p, dx.p, dw.p, mean.p, rstd.p, N, C,
+                                    nullptr));
+    std::vector<double> ry(N * C), rm(N), rr(N), rgx(N * C, 0.0), rgw(C, 0.0), rgb(C, 0.0);
+    ops::ref::LayerNormForward<double>(ry.data(), rm.data(), rr.data(), D(x).data(), D(w).data(),
+                                       D(b).data(), N, C, 1e-5);
+    ops::ref::LayerNormBackward<double>(rgx.data(), rgw.data(), rgb.data(), D(d).data(),
+                                        D(x).data(), D(w).data(), rm.data(), rr.data(), N, C);
+    ExpectClose(y.Get(), ry, 2e-5, "layernorm forward");
+    ExpectClose(rstd.Get(), rr, 2e-5, "layernorm rstd");
+    ExpectClose(gx.Get(), rgx, 2e-5, "layernorm dinp");
+    ExpectClose(gw.Get(), rgw, 2e-5, "layernorm dweight");
+    ExpectClose(gb.Get(), rgb, 2e-5, "layernorm dbias");
+  }
+  {
+    Dev<float> y(static_cast<size_t>(N * C)), rstd(static_cast<size_t>(N)),
+        gx(static_cast<size_t>(N * C)), gw(static_cast<size_t>(C));
+    UCP_ASSERT_OK(RmsNormForward(y.p, rstd.p, dx.p, dw.p, N, C, 1e-5f, nullptr));
+    UCP_ASSERT_OK(RmsNormBackward(gx.p, gw.p, dd.p, dx.p, dw.p, rstd.p, N, C, nullptr));
+    std::vector<double> ry(N * C), rr(N), rgx(N * C, 0.0), rgw(C, 0.0);
+    ops::ref::RmsNormForward<double>(ry.data(), rr.data(), D(x).data(), D(w).data(), N, C, 1e-5);
+    ops::ref::RmsNormBackward<double>(rgx.data(), rgw.data(), D(d).data(), D(x).data(),
+                                      D(w).data(), rr.data(), N, C);
+    ExpectClose(y.Get(), ry, 2e-5, "rmsnorm forward");
+    ExpectClose(gx.Get(), rgx, 2e-5, "rmsnorm dinp");
+    ExpectClose(gw.Get(), rgw, 2e-5, "rmsnorm dweight");
+  }
+}
+
+TEST_F(CudaOps, MatmulFp32AndBf16) {
+  const int64_t N = 67, C = 129, OC = 95;
+  const auto x = Random(N * C, 9), w = Random(OC * C, 10, 0.1f), b = Random(OC, 11),
+             d = Random(N * OC, 12);
+  UCP_ASSERT_OK_AND_ASSIGN(Blas blas, Blas::Create());
+  Dev<float> dx(x), dw(w), db(b), dd(d), y(static_cast<size_t>(N * OC)),
+      gx(Random(N * C, 13)), gw(static_cast<size_t>(OC * C)), gb(static_cast<size_t>(OC));
+  UCP_ASSERT_OK(MatmulForward(blas, y.p, dx.p, dw.p, db.p, N, C, OC));
+  UCP_ASSERT_OK(MatmulBackward(blas, gx.p, gw.p, gb.p, dd.p, dx.p, dw.p, N, C, OC));
+  std::vector<double> ry(N * OC), rgx = D(Random(N * C, 13)), rgw(OC * C, 0.0), rgb(OC, 0.0);
+  ops::ref::MatmulForward<double>(ry.data(), D(x).data(), D(w).data(), D(b).data(), N, C, OC);
+  ops::ref::MatmulBackward<double>(rgx.data(), rgw.data(), rgb.data(), D(d).data(), D(x).data(),
+                                   D(w).data(), N, C, OC);
+  ExpectClose(y.Get(), ry, 2e-5, "matmul forward");
+  ExpectClose(gx.Get(), rgx, 2e-5, "matmul dinp");
+  ExpectClose(gw.Get(), rgw, 2e-5, "matmul dweight");
+  ExpectClose(gb.Get(), rgb, 2e-5, "matmul dbias");
+
+  // bf16 inputs, fp32 accumulation: against the double reference of the same bf16 values.
+  std::vector<uint16_t> xb(x.size()), wb(w.size());
+  std::vector<float> xr(x.size()), wr(w.size());
+  for (size_t i = 0; i < x.size(); ++i) xr[i] = FloatFromBf16(xb[i] = Bf16FromFloat(x[i]));
+  for (size_t i = 0; i < w.size(); ++i) wr[i] = FloatFromBf16(wb[i] = Bf16FromFloat(w[i]));
+  Dev<uint16_t> dxb(xb), dwb(wb);
+  Dev<float> yb(static_cast<size_t>(N * OC));
+  UCP_ASSERT_OK(MatmulForwardBf16(blas, yb.p, dxb.p, dwb.p, N, C, OC));
+  std::vector<double> ryb(N * OC);
+  ops::ref::MatmulForward<double>(ryb.data(), D(xr).data(), D(wr).data(), nullptr, N, C, OC);
+  ExpectClose(yb.Get(), ryb, 1e-5, "bf16 matmul forward");
+}
+
+TEST_F(CudaOps, AttentionAndRopeWithGqa) {
+  const int64_t B = 2, T = 37, NH = 6, KV = 2, hd = 40, row = (NH + 2 * KV) * hd;
+  const auto qkv = Random(B * T * row, 14), d = Random(B * T * NH * hd, 15);
+  Dev<float> dq(qkv), dd(d), out(static_cast<size_t>(B * T * NH * hd)),
+      lse(static_cast<size_t>(B * NH * T)), g(Random(B * T * row, 16)),
+      scratch(static_cast<size_t>(AttentionBackwardScratch(B, T, NH)));
+  UCP_ASSERT_OK(AttentionForward(out.p, lse.p, dq.p, B, T, NH, KV, hd, nullptr));
+  UCP_ASSERT_OK(AttentionBackward(g.p, dd.p, dq.p, lse.p, scratch.p, B, T, NH, KV, hd, nullptr));
+  std::vector<double> rout(B * T * NH * hd), rlse(B * NH * T), rg = D(Random(B * T * row, 16));
+  ops::ref::AttentionForward<double>(rout.data(), rlse.data(), D(qkv).data(), B, T, NH, KV, hd);
+  ops::ref::AttentionBackward<double>(rg.data(), D(d).data(), D(qkv).data(), rlse.data(), B, T,
+                                      NH, KV, hd);
+  ExpectClose(out.Get(), rout, 1e-4, "attention forward");
+  ExpectClose(lse.Get(), rlse, 1e-4, "attention lse");
+  ExpectClose(g.Get(), rg, 1e-4, "attention backward");
+
+  std::vector<float> cos_t(T * hd / 2), sin_t(T * hd / 2);
+  ops::RopeTables(cos_t.data(), sin_t.data(), T, hd, 10000.0);
+  Dev<float> dc(cos_t), ds(sin_t), rq(qkv);
+  UCP_ASSERT_OK(RopeForward(rq.p, dc.p, ds.p, B, T, NH, KV, hd, nullptr));
+  std::vector<double> rr = D(qkv);
+  ops::ref::RopeForward<double>(rr.data(), D(cos_t).data(), D(sin_t).data(), B, T, NH, KV, hd);
+  ExpectClose(rq.Get(), rr, 2e-6, "rope forward");
+  UCP_ASSERT_OK(RopeBackward(rq.p, dc.p, ds.p, B, T, NH, KV, hd, nullptr));
+  ExpectClose(rq.Get(), D(qkv), 2e-6, "rope backward undoes forward");
+}
+
+TEST_F(CudaOps, EncoderAndClassifier) {
+  const int64_t B = 3, T = 29, C = 70, V = 203, N = B * T;
+  std::vector<int32_t> tokens(N), targets(N);
+  std::mt19937 rng(17);
+  for (int64_t i = 0; i < N; ++i) {
+    tokens[i] = static_cast<int32_t>(rng() % 7);  // repeated tokens: the gradient adds up
+    targets[i] = i % 11 == 0 ? -1 : static_cast<int32_t>(rng() % V);
+  }
+  const auto wte = Random(V * C, 18), wpe = Random(T * C, 19), d = Random(N * C, 20);
+  Dev<int32_t> dt(tokens), dtg(targets);
+  Dev<float> dwte(wte), dwpe(wpe), dd(d), out(static_cast<size_t>(N * C)),
+      gwte(static_cast<size_t>(V * C)), gwpe(static_cast<size_t>(T * C));
+  UCP_ASSERT_OK(EncoderForward(out.p, dt.p, dwte.p, dwpe.p, B, T, C, nullptr));
+  UCP_ASSERT_OK(EncoderBackward(gwte.p, gwpe.p, dd.p, dt.p, B, T, C, nullptr));
+  std::vector<double> rout(N * C), rgwte(V * C, 0.0), rgwpe(T * C, 0.0);
+  ops::ref::EncoderForward<double>(rout.data(), tokens.data(), D(wte).data(), D(wpe).data(), B, T,
+                                   C);
+  ops::ref::EncoderBackward<double>(rgwte.data(), rgwpe.data(), D(d).data(), tokens.data(), B, T,
+                                    C);
+  ExpectClose(out.Get(), rout, 1e-7, "encoder forward");
+  ExpectClose(gwte.Get(), rgwte, 2e-5, "encoder dwte");
+  ExpectClose(gwpe.Get(), rgwpe, 2e-5, "encoder dwpe");
+
+  UCP_ASSERT_OK_AND_ASSIGN(Blas blas, Blas::Create());
+  const auto x = Random(N * C, 21);
+  Dev<float> dx(x), gx(static_cast<size_t>(N * C)), gw(static_cast<size_t>(V * C)),
+      scratch(static_cast<size_t>(ClassifierScratch(N, V)));
+  UCP_ASSERT_OK_AND_ASSIGN(double loss, ClassifierForwardBackward(blas, gx.p, gw.p, dx.p, dwte.p,
+                                                                  dtg.p, scratch.p, N, C, V,
+                                                                  0.01f));
+  std::vector<double> rgx(N * C, 0.0), rgw(V * C, 0.0), logits(N * V);
+  const double rloss = ops::ref::ClassifierForwardBackward<double>(
+      rgx.data(), rgw.data(), logits.data(), D(x).data(), D(wte).data(), targets.data(), N, C, V,
+      0.01);
+  EXPECT_NEAR(loss, rloss, 1e-4 * std::abs(rloss));
+  ExpectClose(gx.Get(), rgx, 1e-4, "classifier dx");
+  ExpectClose(gw.Get(), rgw, 1e-4, "classifier dw");
+
+  targets[3] = static_cast<int32_t>(V);  // out of the vocabulary: refused, not read past
+  Dev<int32_t> bad(targets);
+  EXPECT_THAT(ClassifierForwardBackward(blas, nullptr, nullptr, dx.p, dwte.p, bad.p, scratch.p, N,
+                                        C, V, 1.0f),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("vocabulary")));
+}
+
+// The same inputs give the same bits (no atomics in any sum).
+TEST_F(CudaOps, AttentionBackwardIsDeterministic) {
+  const int64_t B = 1, T = 64, NH = 8, KV = 2, hd = 64, row = (NH + 2 * KV) * hd;
+  const auto qkv = Random(B * T * row, 22), d = Random(B * T * NH * hd, 23);
+  Dev<float> dq(qkv), dd(d), out(static_cast<size_t>(B * T * NH * hd)),
+      lse(static_cast<size_t>(B * NH * T)),
+      scratch(static_cast<size_t>(AttentionBackwardScratch(B, T, NH)));
+  UCP_ASSERT_OK(AttentionForward(out.p, lse.p, dq.p, B, T, NH, KV, hd, nullptr));
+  std::vector<float> first;
+  for (int run = 0; run < 3; ++run) {
+    Dev<float> g(static_cast<size_t>(B * T * row));
+    UCP_ASSERT_OK(AttentionBackward(g.p, dd.p, dq.p, lse.p, scratch.p, B, T, NH, KV, hd, nullptr));
+    const auto got = g.Get();
+    if (run == 0) first = got;
+    ASSERT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << "run " << run;
+  }
+}
+
+}  // namespace
+}  // namespace ucp::offload::cuda
