@@ -36,6 +36,17 @@ __global__ void CastBf16ToFp32Kernel(const uint16_t* __restrict__ src, float* __
   }
 }
 
+__global__ void FlagNonFiniteKernel(const float* __restrict__ src, int64_t n, bool fp16_range,
+                                    int* flag) {
+  bool bad = false;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = src[i];
+    bad = bad || !isfinite(v) || (fp16_range && fabsf(v) > 65504.0f);
+  }
+  if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) *flag = 1;  // a flag: no race on order
+}
+
 // --- launchers
 
 constexpr int kThreads = 256;
@@ -86,6 +97,14 @@ Status CastBf16ToFp32(const uint16_t* d_src, float* d_dst, int64_t n, void* stre
   if (!s.ok() || n == 0) return s;
   CastBf16ToFp32Kernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(d_src, d_dst, n);
   return LaunchStatus("bf16 -> fp32 cast kernel");
+}
+
+Status FlagNonFinite(const float* d_src, int64_t n, bool fp16_range, int* d_flag, void* stream) {
+  Status s = CheckArgs(d_src, d_flag, n, "finite check");
+  if (!s.ok() || n == 0) return s;
+  FlagNonFiniteKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      d_src, n, fp16_range, d_flag);
+  return LaunchStatus("finite check");
 }
 
 }  // namespace ucp::offload::cuda

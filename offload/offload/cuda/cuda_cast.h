@@ -24,4 +24,11 @@ Status CastFp32ToBf16(const float* d_src, uint16_t* d_dst, int64_t n, void* stre
 /// Errors: as CastFp32ToBf16.
 Status CastBf16ToFp32(const uint16_t* d_src, float* d_dst, int64_t n, void* stream = nullptr);
 
+/// Sets *d_flag to 1 (leaves it otherwise) when some d_src[i], i < n, is not finite, or, with
+/// fp16_range, exceeds 65504 in magnitude: the pipeline's overflow check, on the device, before
+/// any cast (the CPU twin checks the same fp32 values).
+/// Errors: as CastFp32ToBf16.
+Status FlagNonFinite(const float* d_src, int64_t n, bool fp16_range, int* d_flag,
+                     void* stream = nullptr);
+
 }  // namespace ucp::offload::cuda

@@ -23,8 +23,9 @@ using Clock = TraceRecorder::Clock;
 
 class CpuBackend final : public PipelineBackend {
  public:
-  bool GradToHost(const Bucket& bucket, std::span<const float> d_grad, std::span<float> h_grad,
-                  std::span<uint16_t> h_grad16, bool fp16_range) override {
+  Result<bool> GradToHost(const Bucket& bucket, std::span<const float> d_grad,
+                          std::span<float> h_grad, std::span<uint16_t> h_grad16,
+                          bool fp16_range) override {
     bool ok = true;
     for (const BucketPiece& pc : bucket.pieces) {
       const float* src = d_grad.data() + pc.grad_offset;
@@ -45,12 +46,13 @@ class CpuBackend final : public PipelineBackend {
     }
     return ok;
   }
-  void WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
-                       std::span<uint16_t> d_weights) override {
+  Status WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
+                         std::span<uint16_t> d_weights) override {
     for (const BucketPiece& pc : bucket.pieces) {
       std::memcpy(d_weights.data() + pc.grad_offset, h_out.data() + pc.state_offset,
                   static_cast<size_t>(pc.n) * 2);
     }
+    return Status::Ok();
   }
 };
 
@@ -137,12 +139,18 @@ struct Pipeline::Impl {
         copy_q.pop_front();
       }
       const auto t0 = Clock::now();
-      const bool ok = backend->GradToHost(buckets[k], mem.d_grad, h_grad, h_grad16,
-                                          opt.fp16_range_check);
+      const Result<bool> ok = backend->GradToHost(buckets[k], mem.d_grad, h_grad, h_grad16,
+                                                  opt.fp16_range_check);
       Trace("grad->host " + buckets[k].name, "transfer", TraceTrack::kTransfer, t0);
       {
         std::lock_guard<std::mutex> lock(mu);
-        finite[k] = ok;
+        // A failed transfer is never stepped; Drain reports it (the Adam stage still counts the
+        // bucket, so the step's accounting completes).
+        finite[k] = ok.ok() && *ok;
+        if (!ok.ok() && error.ok()) {
+          error = Status(ok.status().code(), "gradient of bucket " + buckets[k].name +
+                                                 " to the host: " + std::string(ok.status().message()));
+        }
         adam_q.push_back(k);
       }
       cv.notify_all();
@@ -278,6 +286,16 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
   p.buckets = std::move(buckets);
   p.mem = memory;
   p.backend = std::move(backend);
+  if (p.backend && !p.backend->host_addressable()) {
+    if (options.gpu_tail_buckets != 0) {
+      return UnimplementedError("pipeline: tail buckets on a real device need a GPU Adam "
+                                "(not built); gpu_tail_buckets must be 0");
+    }
+    if (!lowp) {
+      return UnimplementedError("pipeline: fp32 training on a real device (the device weights "
+                                "would be the host masters); train in bf16 or fp16");
+    }
+  }
   p.num_cpu = nb - options.gpu_tail_buckets;
   UCP_ASSIGN_OR_RETURN(CpuAdam adam, CpuAdam::Create(options.adam, options.adam_threads),
                        "pipeline adam");
@@ -456,7 +474,10 @@ Status Pipeline::Finish(const Validation& v) {
   UCP_RETURN_IF_ERROR(st, "pipeline step " + std::to_string(p.step));
   if (p.opt.weights != LowpDType::kFp32) {
     const auto t0 = Clock::now();
-    for (const Bucket& bk : p.buckets) p.backend->WeightsToDevice(bk, p.h_out, p.mem.d_weights);
+    for (const Bucket& bk : p.buckets) {
+      UCP_RETURN_IF_ERROR(p.backend->WeightsToDevice(bk, p.h_out, p.mem.d_weights),
+                          "weights of bucket " + bk.name + " to the device");
+    }
     p.Trace("weights->device", "transfer", TraceTrack::kTransfer, t0);
   }
   return Status::Ok();

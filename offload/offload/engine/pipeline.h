@@ -92,19 +92,24 @@ struct PipelineStats {
 };
 
 /// The data movement of the stages. Each call handles one bucket and returns when it is done (on
-/// a GPU: when the copy stream has finished it).
+/// a GPU: when the copy stream has finished it). A failed transfer (a CUDA error) is an error of
+/// the step: Finish returns it, and the bucket is never stepped.
 class PipelineBackend {
  public:
   virtual ~PipelineBackend() = default;
   /// Gradient device -> host: the bucket's pieces of `d_grad` into `h_grad` (fp32) or `h_grad16`
   /// (bf16 bits, RNE) at their state offsets. Returns whether every value is finite (and, with
   /// `fp16_range`, at most 65504 in magnitude).
-  virtual bool GradToHost(const Bucket& bucket, std::span<const float> d_grad,
-                          std::span<float> h_grad, std::span<uint16_t> h_grad16,
-                          bool fp16_range) = 0;
+  virtual Result<bool> GradToHost(const Bucket& bucket, std::span<const float> d_grad,
+                                  std::span<float> h_grad, std::span<uint16_t> h_grad16,
+                                  bool fp16_range) = 0;
   /// Weights host -> device: the bucket's pieces of `h_out` (state order) into `d_weights`.
-  virtual void WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
-                               std::span<uint16_t> d_weights) = 0;
+  virtual Status WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
+                                 std::span<uint16_t> d_weights) = 0;
+  /// Whether the host can read and write the "device" spans (the CPU twin). When not, the tail
+  /// buckets (stepped by the CPU Adam in place, standing in for a GPU Adam) and fp32 training
+  /// (whose device weights are the host masters) are refused by Pipeline::Create.
+  virtual bool host_addressable() const { return true; }
 };
 
 /// The CPU twin's backend: plain copies between host buffers.

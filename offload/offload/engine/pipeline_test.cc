@@ -159,6 +159,66 @@ TEST(Pipeline, RefusesBadOptionsAndUnfinishedSteps) {
   EXPECT_TRUE(w.SameState(before));  // the speculative step of bucket 0 was undone
 }
 
+// A backend standing for a device the host cannot address, whose transfers can be made to fail.
+class FlakyBackend final : public PipelineBackend {
+ public:
+  explicit FlakyBackend(int fail_bucket) : fail_(fail_bucket), cpu_(CpuPipelineBackend()) {}
+  Result<bool> GradToHost(const Bucket& b, std::span<const float> d, std::span<float> h,
+                          std::span<uint16_t> h16, bool fp16) override {
+    if (b.name == kNames[fail_]) return DeviceError("cudaErrorLaunchFailure (injected)");
+    return cpu_->GradToHost(b, d, h, h16, fp16);
+  }
+  Status WeightsToDevice(const Bucket& b, std::span<const uint16_t> h,
+                         std::span<uint16_t> d) override {
+    return cpu_->WeightsToDevice(b, h, d);
+  }
+  bool host_addressable() const override { return false; }
+
+ private:
+  static constexpr const char* kNames[] = {"layers.1", "layers.0", "embedding", "none"};
+  int fail_;
+  std::unique_ptr<PipelineBackend> cpu_;
+};
+
+// A transfer that fails is the step's error: Finish returns it, every speculative step is undone
+// bitwise, and the next step (transfers healthy again) is as if the failed one never happened.
+TEST(Pipeline, AFailedTransferFailsTheStepAndUndoesIt) {
+  World w(13), direct(13);
+  PipelineOptions o;
+  o.adam = World::Config();
+  o.adam_threads = 2;
+  auto bad = Pipeline::Create(o, w.buckets, w.Memory(), std::make_unique<FlakyBackend>(1));
+  UCP_ASSERT_OK(bad.status());
+  World before = w;
+  UCP_ASSERT_OK((*bad)->Begin(1, 1e-3f, 1.0f));
+  for (int k = 0; k < 3; ++k) (*bad)->BucketReady(k);
+  EXPECT_THAT((*bad)->Finish({false, 1.0f}),
+              StatusIs(StatusCode::kDeviceError, HasSubstr("layers.0")));
+  EXPECT_TRUE(w.SameState(before));
+  auto good = Pipeline::Create(o, w.buckets, w.Memory(), std::make_unique<FlakyBackend>(3));
+  UCP_ASSERT_OK(good.status());
+  RunStep(**good, 1, 1e-3f, 1.0f, {false, 1.0f});
+  direct.DirectStep(1, 1e-3f, 1.0f);
+  EXPECT_TRUE(w.SameState(direct));
+}
+
+// A device the host cannot address has no stand-in for a GPU Adam (tail buckets) or for fp32
+// training's shared weights.
+TEST(Pipeline, ARealDeviceRefusesTailBucketsAndFp32) {
+  World w(15);
+  PipelineOptions o;
+  o.adam = World::Config();
+  o.gpu_tail_buckets = 1;
+  EXPECT_THAT(Pipeline::Create(o, w.buckets, w.Memory(), std::make_unique<FlakyBackend>(3)).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("GPU Adam")));
+  o.gpu_tail_buckets = 0;
+  o.weights = LowpDType::kFp32;
+  PipelineMemory m = w.Memory();
+  m.d_weights = {};
+  EXPECT_THAT(Pipeline::Create(o, w.buckets, m, std::make_unique<FlakyBackend>(3)).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("fp32")));
+}
+
 TEST(Pipeline, TraceIsChromeJsonWithEveryStage) {
   World w(11);
   TraceRecorder trace;
