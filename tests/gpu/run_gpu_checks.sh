@@ -9,5 +9,5 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DUCP_ENABLE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${1:-90}" >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target offload_cuda_cast_test offload_cuda_ops_test \
-  offload_cuda_pipeline_test
+  offload_cuda_pipeline_test offload_cuda_model_test
 ctest --test-dir build-gpu -L gpu --output-on-failure

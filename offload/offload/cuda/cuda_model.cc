@@ -1,0 +1,221 @@
+// The model on the GPU; see cuda_model.h. RunGraph (model_graph.h) drives the ops policy below,
+// whose calls launch the kernels of cuda_ops.h on one stream.
+#include "offload/cuda/cuda_model.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "offload/cuda/cuda_cast.h"
+#include "offload/cuda/cuda_ops.h"
+#include "offload/model/model_graph.h"
+#include "ucp/base/status_macros.h"
+
+namespace ucp::offload::cuda {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+// Managed memory: RunGraph's activation vectors, filled once on the host (the RoPE tables) and
+// then used by the kernels only.
+template <typename T>
+struct ManagedAllocator {
+  using value_type = T;
+  ManagedAllocator() = default;
+  template <typename U>
+  ManagedAllocator(const ManagedAllocator<U>&) {}  // NOLINT: allocators convert implicitly
+  T* allocate(size_t n) {
+    void* p = nullptr;
+    if (cudaMallocManaged(&p, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { cudaFree(p); }
+  template <typename U>
+  bool operator==(const ManagedAllocator<U>&) const { return true; }
+};
+
+using DeviceActs = graph::Acts<float, ManagedAllocator>;
+
+// The ops policy of RunGraph: each call launches; the first failure is kept and returned after
+// the graph (RunGraph's ops calls return nothing).
+struct CudaOps {
+  Blas* blas = nullptr;
+  void* stream = nullptr;
+  float* attn_scratch = nullptr;
+  float* cls_scratch = nullptr;
+  Status status;
+
+  void Keep(Status s) {
+    if (status.ok() && !s.ok()) status = std::move(s);
+  }
+  void Zero(float* p, int64_t n) {
+    if (cudaMemsetAsync(p, 0, static_cast<size_t>(n) * 4, static_cast<cudaStream_t>(stream)) !=
+        cudaSuccess) {
+      Keep(DeviceError(std::string("memset: ") + cudaGetErrorName(cudaGetLastError())));
+    }
+  }
+  // clang-format off
+  template <typename... A> void EncoderForward(A... a) { Keep(cuda::EncoderForward(a..., stream)); }
+  template <typename... A> void EncoderBackward(A... a) { Keep(cuda::EncoderBackward(a..., stream)); }
+  template <typename... A> void LayerNormForward(A... a) { Keep(cuda::LayerNormForward(a..., stream)); }
+  template <typename... A> void LayerNormBackward(A... a) { Keep(cuda::LayerNormBackward(a..., stream)); }
+  template <typename... A> void RmsNormForward(A... a) { Keep(cuda::RmsNormForward(a..., stream)); }
+  template <typename... A> void RmsNormBackward(A... a) { Keep(cuda::RmsNormBackward(a..., stream)); }
+  template <typename... A> void MatmulForward(A... a) { Keep(cuda::MatmulForward(*blas, a...)); }
+  template <typename... A> void MatmulBackward(A... a) { Keep(cuda::MatmulBackward(*blas, a...)); }
+  template <typename... A> void AttentionForward(A... a) { Keep(cuda::AttentionForward(a..., stream)); }
+  template <typename... A> void RopeForward(A... a) { Keep(cuda::RopeForward(a..., stream)); }
+  template <typename... A> void RopeBackward(A... a) { Keep(cuda::RopeBackward(a..., stream)); }
+  template <typename... A> void GeluForward(A... a) { Keep(cuda::GeluForward(a..., stream)); }
+  template <typename... A> void GeluBackward(A... a) { Keep(cuda::GeluBackward(a..., stream)); }
+  template <typename... A> void SwigluForward(A... a) { Keep(cuda::SwigluForward(a..., stream)); }
+  template <typename... A> void SwigluBackward(A... a) { Keep(cuda::SwigluBackward(a..., stream)); }
+  template <typename... A> void ResidualForward(A... a) { Keep(cuda::ResidualForward(a..., stream)); }
+  // clang-format on
+  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                         int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+    Keep(cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV, hd, stream));
+  }
+  double Classifier(float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
+                    int64_t N, int64_t C, int64_t V, float grad_scale) {
+    Result<double> r = cuda::ClassifierForwardBackward(*blas, dx, dw, x, w, targets, cls_scratch,
+                                                       N, C, V, grad_scale);
+    if (!r.ok()) {
+      Keep(r.status());
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    return *r;
+  }
+};
+
+// Sequence parallelism is not run on the GPU yet: RunGraph's sp pointer is always null.
+struct NoSequenceParallel {
+  struct Geo {
+    int64_t P = 1, NHl = 0, KVl = 0;
+  };
+  const Geo& geo() const { return geo_; }
+  float* qkv_local() { return nullptr; }
+  float* att_full() { return nullptr; }
+  float* dqkv_full() { return nullptr; }
+  int64_t qkv_width() const { return 0; }
+  template <typename... A> Status QkvToHeads(A...) { return Unsupported(); }
+  template <typename... A> Status HeadsToSeq(A...) { return Unsupported(); }
+  template <typename... A> Status SeqToHeads(A...) { return Unsupported(); }
+  template <typename... A> Status HeadsToQkv(A...) { return Unsupported(); }
+  static Status Unsupported() { return UnimplementedError("sequence parallelism on the GPU"); }
+  Geo geo_;
+};
+
+}  // namespace
+
+struct CudaModel::Impl {
+  ModelConfig config;
+  graph::Layout layout;
+  int64_t max_batch = 0, max_seq_len = 0;
+  std::unique_ptr<Blas> blas;
+  cudaStream_t stream = nullptr;
+  DeviceActs acts;
+  std::vector<int32_t, ManagedAllocator<int32_t>> inputs, targets;
+  std::vector<float, ManagedAllocator<float>> attn_scratch, cls_scratch;
+
+  ~Impl() {
+    blas.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  Result<double> Run(const float* w, float* g, const Batch& b, float grad_scale) {
+    if (b.batch < 1 || b.batch > max_batch || b.seq_len < 1 ||
+        b.position_offset < 0 || b.position_offset + b.seq_len > max_seq_len) {
+      return InvalidArgumentError("batch " + Str(b.batch) + " x " + Str(b.seq_len) + " at " +
+                                  Str(b.position_offset) + " does not fit " + Str(max_batch) +
+                                  " x " + Str(max_seq_len));
+    }
+    const size_t n = static_cast<size_t>(b.batch * b.seq_len);
+    if (b.inputs.size() != n || b.targets.size() != n) {
+      return InvalidArgumentError("batch tokens: " + Str(static_cast<int64_t>(b.inputs.size())) +
+                                  " inputs, " + Str(static_cast<int64_t>(b.targets.size())) +
+                                  " targets for " + Str(static_cast<int64_t>(n)));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (b.inputs[i] < 0 || b.inputs[i] >= config.vocab || b.targets[i] >= config.vocab) {
+        return InvalidArgumentError("token " + Str(i) + " outside the vocabulary of " +
+                                    Str(config.vocab));
+      }
+      inputs[i] = b.inputs[i];
+      targets[i] = b.targets[i];
+    }
+    CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok()};
+    Result<double> loss = graph::RunGraph<float>(
+        ops, config, layout, acts, w, g, inputs.data(), targets.data(), b.batch, b.seq_len,
+        b.position_offset, grad_scale, static_cast<NoSequenceParallel*>(nullptr));
+    const cudaError_t sync = cudaStreamSynchronize(stream);
+    UCP_RETURN_IF_ERROR(ops.status);
+    if (sync != cudaSuccess) {
+      return DeviceError(std::string("model step: ") + cudaGetErrorName(sync));
+    }
+    return loss;
+  }
+};
+
+Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch,
+                                    int64_t max_seq_len) {
+  if (DeviceCount() == 0) return DeviceError("CUDA model: no CUDA device");
+  if (max_batch < 1 || max_seq_len < 1) {
+    return InvalidArgumentError("CUDA model: max_batch and max_seq_len must be >= 1");
+  }
+  if (config.family == Family::kGpt && max_seq_len > config.max_positions) {
+    return InvalidArgumentError("max_seq_len=" + Str(max_seq_len) + " > max_positions=" +
+                                Str(config.max_positions));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  UCP_ASSIGN_OR_RETURN(impl->layout, graph::BuildLayout(config));
+  impl->max_batch = max_batch;
+  impl->max_seq_len = max_seq_len;
+  if (cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking) != cudaSuccess) {
+    return DeviceError("CUDA model: stream");
+  }
+  UCP_ASSIGN_OR_RETURN(Blas blas, Blas::Create(impl->stream));
+  impl->blas = std::make_unique<Blas>(std::move(blas));
+  const int64_t rows = max_batch * max_seq_len;
+  try {
+    impl->acts.Allocate(config, rows, max_seq_len,
+                        (config.heads + 2 * config.kv_heads) * config.head_dim);
+    impl->inputs.assign(static_cast<size_t>(rows), 0);
+    impl->targets.assign(static_cast<size_t>(rows), 0);
+    impl->attn_scratch.assign(
+        static_cast<size_t>(AttentionBackwardScratch(max_batch, max_seq_len, config.heads)), 0.f);
+    impl->cls_scratch.assign(static_cast<size_t>(ClassifierScratch(rows, config.vocab)), 0.f);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("CUDA model: activations for " + Str(max_batch) + " x " +
+                                  Str(max_seq_len) + " tokens do not fit in device memory");
+  }
+  return CudaModel(std::move(impl));
+}
+
+CudaModel::CudaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaModel::CudaModel(CudaModel&&) noexcept = default;
+CudaModel& CudaModel::operator=(CudaModel&&) noexcept = default;
+CudaModel::~CudaModel() = default;
+
+const ModelConfig& CudaModel::config() const { return impl_->config; }
+const std::vector<ParamInfo>& CudaModel::params() const { return impl_->layout.params; }
+int64_t CudaModel::num_params() const { return impl_->layout.total; }
+
+Result<double> CudaModel::Forward(const float* weights, const Batch& batch) {
+  return impl_->Run(weights, nullptr, batch, 0.0f);
+}
+
+Result<double> CudaModel::ForwardBackward(const float* weights, float* grads, const Batch& batch,
+                                          float grad_scale) {
+  if (grads == nullptr) return InvalidArgumentError("CUDA model: null gradient buffer");
+  return impl_->Run(weights, grads, batch, grad_scale);
+}
+
+}  // namespace ucp::offload::cuda

@@ -1,0 +1,48 @@
+// The model on the GPU (issue 12): the CPU model's graph (offload/model/model_graph.h, the same
+// RunGraph) over the CUDA ops (cuda_ops.h), fp32 activations in CUDA managed memory. Checked
+// against the CPU model on the same weights and batch by cuda_model_test (label gpu).
+//
+// Not yet: bf16 weights and GEMMs in the graph (the ops exist: MatmulForwardBf16), sequence
+// parallelism (NCCL all-to-alls), and the trainer on top (the offloaded pipeline's CUDA backend is
+// cuda_pipeline.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "offload/model/model.h"
+#include "ucp/base/result.h"
+
+namespace ucp::offload::cuda {
+
+class CudaModel {
+ public:
+  /// Activations for micro-batches up to max_batch x max_seq_len on the current device.
+  /// Errors: kInvalidArgument (config, sizes), kDeviceError (no device, allocation, cuBLAS).
+  static Result<CudaModel> Create(const ModelConfig& config, int64_t max_batch,
+                                  int64_t max_seq_len);
+  CudaModel(CudaModel&&) noexcept;
+  CudaModel& operator=(CudaModel&&) noexcept;
+  ~CudaModel();
+
+  const ModelConfig& config() const;
+  /// The CPU model's parameter table: the same flat layout.
+  const std::vector<ParamInfo>& params() const;
+  int64_t num_params() const;
+
+  /// `weights` and `grads`: device (or managed) pointers to num_params() floats; the batch's
+  /// tokens are host memory (copied in). As Model::Forward / ForwardBackward (backward adds into
+  /// grads), synchronised at the end (the loss is returned to the host).
+  /// Errors: kInvalidArgument (batch sizes, a token >= vocab), kDeviceError.
+  Result<double> Forward(const float* weights, const Batch& batch);
+  Result<double> ForwardBackward(const float* weights, float* grads, const Batch& batch,
+                                 float grad_scale);
+
+ private:
+  struct Impl;
+  explicit CudaModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ucp::offload::cuda

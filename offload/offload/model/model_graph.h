@@ -1,0 +1,227 @@
+// The model's graph, shared by the CPU model (model.cc) and the CUDA model (offload/cuda/
+// cuda_model.h): the flat parameter layout, the activation buffers and RunGraph, the forward
+// and backward written once over an ops policy (the CPU's fast ops, the scalar reference in
+// double, or the GPU's kernels), so every backend runs the same graph in the same order.
+// Internal to the engine: not part of the model's API (model.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "offload/model/model.h"
+#include "offload/model/ops.h"
+#include "ucp/base/result.h"
+#include "ucp/base/status_macros.h"
+
+namespace ucp::offload::graph {
+
+// Offsets (elements) of one layer's parameters in the flat buffer; -1 where the family has none.
+struct LayerOffsets {
+  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  int64_t ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fc2_w = -1, fc2_b = -1;
+};
+
+struct Layout {
+  std::vector<ParamInfo> params;
+  int64_t wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1, out = -1;
+  std::vector<LayerOffsets> layers;
+  int64_t total = 0;
+};
+
+// The canonical parameter list (model.cc).
+Result<Layout> BuildLayout(const ModelConfig& c);
+
+// Activations and backward scratch for up to `rows` = max_batch * max_seq_len tokens.
+template <typename T, template <typename> class Alloc = std::allocator>
+struct Acts {
+  using Vec = std::vector<T, Alloc<T>>;
+  int64_t rows = 0, max_t = 0;
+  Vec encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean,
+      ln2_rstd, fch, fch_act, resid_out, lnf, lnf_mean, lnf_rstd, tmp;
+  Vec dres, dln, dfch_act, dfch, datty, dqkv;
+  Vec rope_cos, rope_sin;  // [max_t, head_dim/2]
+
+  // max_rows: tokens of the largest batch (this shard's under SP); max_seq: the largest position
+  // + 1 (the RoPE tables); qkv_width: values per row of the saved qkv, (NH + 2 KV) hd, or under SP
+  // P (NH/P + 2 KV_r) hd (the gathered heads of UlyssesGeometry, per local row).
+  void Allocate(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width) {
+    rows = max_rows;
+    max_t = max_seq;
+    ForEachBuffer(c, max_rows, max_seq, qkv_width,
+                  [](Vec& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); });
+    if (c.family == Family::kLlama) {
+      ops::ref::RopeTables<T>(rope_cos.data(), rope_sin.data(), max_seq, c.head_dim,
+                              static_cast<double>(c.rope_theta));
+    }
+  }
+
+  // Every buffer with its element count: Allocate sizes them, ActivationBytes (the memory plan)
+  // adds them up, so the two cannot disagree.
+  template <typename Sizer>
+  void ForEachBuffer(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width,
+                     Sizer&& sz) {
+    const int64_t L = c.layers, C = c.hidden, N = max_rows;
+    const int64_t qkv_dim = (c.heads + 2 * c.kv_heads) * c.head_dim, ah = c.heads * c.head_dim;
+    const int64_t F = c.ffn_hidden, F1 = c.family == Family::kGpt ? F : 2 * F;
+    sz(encoded, N * C);
+    sz(ln1, L * N * C), sz(ln1_mean, L * N), sz(ln1_rstd, L * N);
+    sz(qkv, L * N * qkv_width), sz(atty, L * N * ah), sz(lse, L * N * c.heads);
+    sz(resid_mid, L * N * C);
+    sz(ln2, L * N * C), sz(ln2_mean, L * N), sz(ln2_rstd, L * N);
+    sz(fch, L * N * F1), sz(fch_act, L * N * F), sz(resid_out, L * N * C);
+    sz(lnf, N * C), sz(lnf_mean, N), sz(lnf_rstd, N), sz(tmp, N * C);
+    sz(dres, N * C), sz(dln, N * C), sz(dfch_act, N * F), sz(dfch, N * F1), sz(datty, N * ah);
+    sz(dqkv, N * qkv_dim);
+    if (c.family == Family::kLlama) {
+      sz(rope_cos, max_seq * c.head_dim / 2), sz(rope_sin, max_seq * c.head_dim / 2);
+    }
+  }
+};
+
+// Forward (and backward when g != nullptr) of the whole model; returns the loss sum. Tn tokens
+// per sequence at positions [pos0, pos0 + Tn); sp: null, or this rank's Ulysses exchange, the
+// batch then being this rank's shard (fails only when the communicator does).
+template <typename T, typename Ops, typename ActsT, typename SP>
+Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, ActsT& a, const T* w,
+                        T* g, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t Tn,
+                        int64_t pos0, T grad_scale, SP* sp, const BackwardHook* hook = nullptr) {
+  auto Str = [](int64_t v) { return std::to_string(v); };
+  const bool gpt = cfg.family == Family::kGpt;
+  const int64_t C = cfg.hidden, NH = cfg.heads, KV = cfg.kv_heads, hd = cfg.head_dim;
+  const int64_t qkv_dim = (NH + 2 * KV) * hd, ah = NH * hd, F = cfg.ffn_hidden;
+  const int64_t F1 = gpt ? F : 2 * F, N = B * Tn, R = a.rows, V = cfg.vocab;
+  const T eps = static_cast<T>(cfg.norm_eps);
+  // The saved qkv: [N, qkv_dim], or under SP the gathered heads [B, P Tn, Wl].
+  const int64_t qkv_width = sp ? sp->qkv_width() : qkv_dim;
+  auto P = [&](int64_t off) -> const T* { return off < 0 ? nullptr : w + off; };
+  auto G = [&](int64_t off) -> T* { return off < 0 ? nullptr : g + off; };
+  const T* wpe = gpt ? P(lay.wpe) + pos0 * C : nullptr;
+  const T* rope_cos = gpt ? nullptr : a.rope_cos.data() + pos0 * (hd / 2);
+  const T* rope_sin = gpt ? nullptr : a.rope_sin.data() + pos0 * (hd / 2);
+  // Layer l's slice of a per-layer activation of `dim` values per row.
+  auto At = [&](auto& v, int64_t l, int64_t dim) { return v.data() + l * R * dim; };
+  auto Norm = [&](T* out, T* mean, T* rstd, const T* x, int64_t w_off, int64_t b_off) {
+    if (gpt) {
+      ops.LayerNormForward(out, mean, rstd, x, P(w_off), P(b_off), N, C, eps);
+    } else {
+      ops.RmsNormForward(out, rstd, x, P(w_off), N, C, eps);
+    }
+  };
+  auto NormBackward = [&](T* dx, const T* dout, const T* x, const T* mean, const T* rstd,
+                          int64_t w_off, int64_t b_off) {
+    if (gpt) {
+      ops.LayerNormBackward(dx, G(w_off), G(b_off), dout, x, P(w_off), mean, rstd, N, C);
+    } else {
+      ops.RmsNormBackward(dx, G(w_off), dout, x, P(w_off), rstd, N, C);
+    }
+  };
+
+  // ---- forward
+  ops.EncoderForward(a.encoded.data(), inputs, P(lay.wte), wpe, B, Tn, C);
+  const T* x = a.encoded.data();
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    const LayerOffsets& o = lay.layers[l];
+    T* ln1 = At(a.ln1, l, C);
+    T* qkv = At(a.qkv, l, qkv_width);
+    T* atty = At(a.atty, l, ah);
+    T* resid_mid = At(a.resid_mid, l, C);
+    T* ln2 = At(a.ln2, l, C);
+    T* fch = At(a.fch, l, F1);
+    T* fch_act = At(a.fch_act, l, F);
+    T* resid_out = At(a.resid_out, l, C);
+    Norm(ln1, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), x, o.ln1_w, o.ln1_b);
+    T* qkv_shard = sp ? sp->qkv_local() : qkv;  // [N, qkv_dim], this batch's positions
+    ops.MatmulForward(qkv_shard, ln1, P(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
+    if (!gpt) ops.RopeForward(qkv_shard, rope_cos, rope_sin, B, Tn, NH, KV, hd);
+    if (sp == nullptr) {
+      ops.AttentionForward(atty, At(a.lse, l, NH), qkv, B, Tn, NH, KV, hd);
+    } else {
+      const auto& u = sp->geo();
+      UCP_RETURN_IF_ERROR(sp->QkvToHeads(qkv_shard, qkv, B, Tn), "in layer " + Str(l));
+      ops.AttentionForward(sp->att_full(), At(a.lse, l, NH), qkv, B, u.P * Tn, u.NHl, u.KVl, hd);
+      UCP_RETURN_IF_ERROR(sp->HeadsToSeq(sp->att_full(), atty, B, Tn), "in layer " + Str(l));
+    }
+    ops.MatmulForward(a.tmp.data(), atty, P(o.proj_w), P(o.proj_b), N, ah, C);
+    ops.ResidualForward(resid_mid, x, a.tmp.data(), N * C);
+    Norm(ln2, At(a.ln2_mean, l, 1), At(a.ln2_rstd, l, 1), resid_mid, o.ln2_w, o.ln2_b);
+    ops.MatmulForward(fch, ln2, P(o.fc_w), P(o.fc_b), N, C, F1);
+    if (gpt) {
+      ops.GeluForward(fch_act, fch, N * F);
+    } else {
+      ops.SwigluForward(fch_act, fch, N, F);
+    }
+    ops.MatmulForward(a.tmp.data(), fch_act, P(o.fc2_w), P(o.fc2_b), N, F, C);
+    ops.ResidualForward(resid_out, resid_mid, a.tmp.data(), N * C);
+    x = resid_out;
+  }
+  Norm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, lay.lnf_w, lay.lnf_b);
+  const int64_t head = cfg.tied_embeddings ? lay.wte : lay.out;
+  T* dlnf = a.dln.data();
+  if (g) ops.Zero(dlnf, N * C);
+  const double loss = ops.Classifier(g ? dlnf : nullptr, G(head), a.lnf.data(), P(head), targets, N,
+                                     C, V, grad_scale);
+  if (!g) return loss;
+
+  // ---- backward: dres is the gradient of the residual stream, flowing down the layers.
+  T* dres = a.dres.data();
+  ops.Zero(dres, N * C);
+  // Grad groups (Model::grad_groups): 0 the head, 1 + (L-1-l) layer l, L+1 the embeddings.
+  auto GroupDone = [&](int64_t k) {
+    if (hook != nullptr && hook->on_group_done) hook->on_group_done(static_cast<int>(k));
+  };
+  if (hook != nullptr && hook->on_backward_begin) hook->on_backward_begin();
+  NormBackward(dres, dlnf, x, a.lnf_mean.data(), a.lnf_rstd.data(), lay.lnf_w, lay.lnf_b);
+  GroupDone(0);
+  for (int64_t l = cfg.layers - 1; l >= 0; --l) {
+    const LayerOffsets& o = lay.layers[l];
+    const T* x_in = l == 0 ? a.encoded.data() : At(a.resid_out, l - 1, C);
+    T* qkv = At(a.qkv, l, qkv_width);
+    // MLP branch.
+    ops.Zero(a.dfch_act.data(), N * F);
+    ops.MatmulBackward(a.dfch_act.data(), G(o.fc2_w), G(o.fc2_b), dres, At(a.fch_act, l, F),
+                       P(o.fc2_w), N, F, C);
+    ops.Zero(a.dfch.data(), N * F1);
+    if (gpt) {
+      ops.GeluBackward(a.dfch.data(), At(a.fch, l, F1), a.dfch_act.data(), N * F);
+    } else {
+      ops.SwigluBackward(a.dfch.data(), At(a.fch, l, F1), a.dfch_act.data(), N, F);
+    }
+    ops.Zero(a.dln.data(), N * C);
+    ops.MatmulBackward(a.dln.data(), G(o.fc_w), G(o.fc_b), a.dfch.data(), At(a.ln2, l, C),
+                       P(o.fc_w), N, C, F1);
+    NormBackward(dres, a.dln.data(), At(a.resid_mid, l, C), At(a.ln2_mean, l, 1),
+                 At(a.ln2_rstd, l, 1), o.ln2_w, o.ln2_b);
+    // Attention branch.
+    ops.Zero(a.datty.data(), N * ah);
+    ops.MatmulBackward(a.datty.data(), G(o.proj_w), G(o.proj_b), dres, At(a.atty, l, ah),
+                       P(o.proj_w), N, ah, C);
+    ops.Zero(a.dqkv.data(), N * qkv_dim);
+    if (sp == nullptr) {
+      ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH, KV,
+                            hd);
+    } else {
+      const auto& u = sp->geo();
+      UCP_RETURN_IF_ERROR(sp->SeqToHeads(a.datty.data(), sp->att_full(), B, Tn),
+                          "in the backward of layer " + Str(l));
+      ops.Zero(sp->dqkv_full(), N * qkv_width);
+      ops.AttentionBackward(sp->dqkv_full(), sp->att_full(), qkv, At(a.lse, l, NH), B, u.P * Tn,
+                            u.NHl, u.KVl, hd);
+      UCP_RETURN_IF_ERROR(sp->HeadsToQkv(sp->dqkv_full(), a.dqkv.data(), B, Tn),
+                          "in the backward of layer " + Str(l));
+    }
+    if (!gpt) ops.RopeBackward(a.dqkv.data(), rope_cos, rope_sin, B, Tn, NH, KV, hd);
+    ops.Zero(a.dln.data(), N * C);
+    ops.MatmulBackward(a.dln.data(), G(o.qkv_w), G(o.qkv_b), a.dqkv.data(), At(a.ln1, l, C),
+                       P(o.qkv_w), N, C, qkv_dim);
+    NormBackward(dres, a.dln.data(), x_in, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), o.ln1_w,
+                 o.ln1_b);
+    GroupDone(1 + (cfg.layers - 1 - l));
+  }
+  ops.EncoderBackward(G(lay.wte), gpt ? G(lay.wpe) + pos0 * C : nullptr, dres, inputs, B, Tn, C);
+  GroupDone(cfg.layers + 1);
+  return loss;
+}
+
+}  // namespace ucp::offload::graph
