@@ -50,6 +50,13 @@ expect_exit 3 "$train" --plan --device-memory lots
 grep -q -- "--device-memory" "$work/err.txt" || fail "--device-memory error names the option"
 expect_exit 7 "$train" --plan --layout tp=2
 
+# ucp-bench model: the model step's rate on the CPU (the GPU side runs in tests/gpu).
+if [ -x "$bin/ucp-bench" ]; then
+  expect_exit 0 "$bin/ucp-bench" model --model llama-tiny --seq-len 16 --batch 2 --steps 1
+  grep -q "^cpu .*tokens/s .*MFU" "$work/out.txt" || fail "ucp-bench model: $(cat "$work/out.txt")"
+  expect_exit 3 "$bin/ucp-bench" model --model llama-tiny --device tpu
+fi
+
 # A small text corpus; the uninterrupted reference run.
 python3 - "$work/text.txt" <<'PY'
 import sys
