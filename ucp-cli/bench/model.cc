@@ -1,9 +1,8 @@
 // `ucp-bench model`: forward + backward of one micro-batch of the engine's model, tokens/s and
 // model TFLOP/s, on the CPU (the fast ops) and — where CUDA was built and a device exists — on
 // the GPU (offload/cuda/cuda_model.h), in the same run, with the GPU's loss checked against the
-// CPU's. MFU = model FLOPs / --peak-tflops (989: H100/H200 dense bf16, the yardstick).
-// Model FLOPs per token: 6 x parameters (matrices, the head included) + 6 x layers x T x
-// heads x head_dim (causal attention's two products, forward and backward, halved for causality).
+// CPU's. MFU = model FLOPs (offload::ModelStepFlops) / --peak-tflops (989: H100/H200 dense bf16,
+// the yardstick).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -81,15 +80,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   UCP_ASSIGN_OR_RETURN(offload::ModelConfig c, offload::ModelConfig::FromSpec(resolved.first),
                        "--model");
   UCP_ASSIGN_OR_RETURN(offload::ParamTable table, offload::ModelParamTable(c));
-  int64_t matrix_params = 0;
-  for (const offload::ParamInfo& p : table.params) {
-    const bool lookup = p.name.find("position_embeddings") != std::string::npos ||
-                        (p.name.find("word_embeddings") != std::string::npos && !c.tied_embeddings);
-    if (p.shape.size() == 2 && !lookup) matrix_params += p.numel;
-  }
   const double tokens = static_cast<double>(batch * seq);
-  const double flops = tokens * (6.0 * static_cast<double>(matrix_params) +
-                                 6.0 * static_cast<double>(c.layers * seq * c.heads * c.head_dim));
+  const double flops = offload::ModelStepFlops(c, table, batch, seq);
   io.out << "model " << model << ": " << table.total << " parameters, " << batch << " x " << seq
          << " tokens, " << flops / 1e12 << " TFLOP per forward + backward\n";
   io.out << "cpu: " << CpuName() << ", " << threads << " threads\n";

@@ -1,5 +1,5 @@
 // The model on the GPU; see cuda_model.h. RunGraph (model_graph.h) drives the ops policy below,
-// whose calls launch the kernels of cuda_ops.h on one stream.
+// whose calls launch the kernels of cuda_ops.h on one stream, over buffers in device memory.
 #include "offload/cuda/cuda_model.h"
 
 #include <cuda_runtime.h>
@@ -8,6 +8,8 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_ops.h"
@@ -19,28 +21,50 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// Managed memory: RunGraph's activation vectors, filled once on the host (the RoPE tables) and
-// then used by the kernels only.
+// Device memory for RunGraph's buffers (plain cudaMalloc: the device's guidance is to avoid
+// managed memory for anything large). assign() takes only a zero fill; Upload copies a host
+// vector in. Allocation failures throw std::bad_alloc, caught once in Create.
 template <typename T>
-struct ManagedAllocator {
-  using value_type = T;
-  ManagedAllocator() = default;
-  template <typename U>
-  ManagedAllocator(const ManagedAllocator<U>&) {}  // NOLINT: allocators convert implicitly
-  T* allocate(size_t n) {
-    void* p = nullptr;
-    if (cudaMallocManaged(&p, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) {
+class DeviceVec {
+ public:
+  DeviceVec() = default;
+  DeviceVec(const DeviceVec&) = delete;
+  DeviceVec& operator=(const DeviceVec&) = delete;
+  DeviceVec(DeviceVec&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceVec& operator=(DeviceVec&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~DeviceVec() { cudaFree(p_); }
+  void assign(size_t n, T /*zero*/) {
+    cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+    if (cudaMalloc(&p_, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess ||
+        cudaMemset(p_, 0, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) {
       cudaGetLastError();
       throw std::bad_alloc();
     }
-    return static_cast<T*>(p);
+    n_ = n;
   }
-  void deallocate(T* p, size_t) { cudaFree(p); }
-  template <typename U>
-  bool operator==(const ManagedAllocator<U>&) const { return true; }
+  void Upload(const std::vector<T>& h) {
+    assign(h.size(), T());
+    if (cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
 };
 
-using DeviceActs = graph::Acts<float, ManagedAllocator>;
+using DeviceActs = graph::Acts<float, DeviceVec<float>>;
 
 // The ops policy of RunGraph: each call launches; the first failure is kept and returned after
 // the graph (RunGraph's ops calls return nothing).
@@ -121,8 +145,8 @@ struct CudaModel::Impl {
   std::unique_ptr<Blas> blas;
   cudaStream_t stream = nullptr;
   DeviceActs acts;
-  std::vector<int32_t, ManagedAllocator<int32_t>> inputs, targets;
-  std::vector<float, ManagedAllocator<float>> attn_scratch, cls_scratch;
+  DeviceVec<int32_t> inputs, targets;
+  DeviceVec<float> attn_scratch, cls_scratch;
 
   ~Impl() {
     blas.reset();
@@ -144,11 +168,16 @@ struct CudaModel::Impl {
     }
     for (size_t i = 0; i < n; ++i) {
       if (b.inputs[i] < 0 || b.inputs[i] >= config.vocab || b.targets[i] >= config.vocab) {
-        return InvalidArgumentError("token " + Str(i) + " outside the vocabulary of " +
-                                    Str(config.vocab));
+        return InvalidArgumentError("token " + Str(static_cast<int64_t>(i)) +
+                                    " outside the vocabulary of " + Str(config.vocab));
       }
-      inputs[i] = b.inputs[i];
-      targets[i] = b.targets[i];
+    }
+    if (cudaMemcpyAsync(inputs.data(), b.inputs.data(), n * 4, cudaMemcpyHostToDevice, stream) !=
+            cudaSuccess ||
+        cudaMemcpyAsync(targets.data(), b.targets.data(), n * 4, cudaMemcpyHostToDevice,
+                        stream) != cudaSuccess) {
+      return DeviceError(std::string("batch tokens to the device: ") +
+                         cudaGetErrorName(cudaGetLastError()));
     }
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok()};
     Result<double> loss = graph::RunGraph<float>(

@@ -1,5 +1,5 @@
 // The model on the GPU (issue 12): the CPU model's graph (offload/model/model_graph.h, the same
-// RunGraph) over the CUDA ops (cuda_ops.h), fp32 activations in CUDA managed memory. Checked
+// RunGraph) over the CUDA ops (cuda_ops.h), fp32 activations in device memory. Checked
 // against the CPU model on the same weights and batch by cuda_model_test (label gpu).
 //
 // Not yet: bf16 weights and GEMMs in the graph (the ops exist: MatmulForwardBf16), sequence

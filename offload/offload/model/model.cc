@@ -718,6 +718,22 @@ Result<ParamTable> ModelParamTable(const ModelConfig& config) {
   return t;
 }
 
+double ModelStepFlops(const ModelConfig& c, const ParamTable& table, int64_t batch,
+                      int64_t seq_len) {
+  int64_t matrix = 0;
+  for (const ParamInfo& p : table.params) {
+    // Position embeddings are a lookup; so are the word embeddings unless they are the head too.
+    const bool lookup = p.name.find("position_embeddings") != std::string::npos ||
+                        (p.name.find("word_embeddings") != std::string::npos &&
+                         !c.tied_embeddings);
+    if (p.shape.size() == 2 && !lookup) matrix += p.numel;
+  }
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq_len);
+  return tokens * (6.0 * static_cast<double>(matrix) +
+                   6.0 * static_cast<double>(c.layers) * static_cast<double>(seq_len) *
+                       static_cast<double>(c.heads * c.head_dim));
+}
+
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                                 int num_threads, int sp) {
   if (max_batch < 1 || max_seq_len < 1 || num_threads < 1 || sp < 1) {

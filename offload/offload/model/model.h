@@ -120,6 +120,13 @@ Result<ParamTable> ModelParamTable(const ModelConfig& config);
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                                 int num_threads, int sp = 1);
 
+/// Model FLOPs of one forward + backward over batch x seq_len tokens (the MFU numerator):
+/// 6 x the matrix parameters the tokens multiply (the head included; embedding lookups are not
+/// products) per token, plus causal attention's two products, 6 x layers x seq_len x heads x
+/// head_dim per token (12 for the full square, halved for causality).
+double ModelStepFlops(const ModelConfig& config, const ParamTable& table, int64_t batch,
+                      int64_t seq_len);
+
 class Model {
  public:
   /// Allocates activation scratch for micro-batches up to `max_batch` x `max_seq_len`.

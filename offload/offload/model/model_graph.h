@@ -34,9 +34,10 @@ struct Layout {
 Result<Layout> BuildLayout(const ModelConfig& c);
 
 // Activations and backward scratch for up to `rows` = max_batch * max_seq_len tokens.
-template <typename T, template <typename> class Alloc = std::allocator>
+// Vec: std::vector<T> on the host; on the GPU a device vector (cuda_model.cc) with the same
+// assign(n, 0), data() and size(), plus Upload(const std::vector<T>&).
+template <typename T, typename Vec = std::vector<T>>
 struct Acts {
-  using Vec = std::vector<T, Alloc<T>>;
   int64_t rows = 0, max_t = 0;
   Vec encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean,
       ln2_rstd, fch, fch_act, resid_out, lnf, lnf_mean, lnf_rstd, tmp;
@@ -52,9 +53,17 @@ struct Acts {
     ForEachBuffer(c, max_rows, max_seq, qkv_width,
                   [](Vec& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); });
     if (c.family == Family::kLlama) {
-      ops::ref::RopeTables<T>(rope_cos.data(), rope_sin.data(), max_seq, c.head_dim,
+      std::vector<T> cos_h(rope_cos.size()), sin_h(rope_sin.size());
+      ops::ref::RopeTables<T>(cos_h.data(), sin_h.data(), max_seq, c.head_dim,
                               static_cast<double>(c.rope_theta));
+      Upload(rope_cos, cos_h);
+      Upload(rope_sin, sin_h);
     }
+  }
+  static void Upload(std::vector<T>& v, const std::vector<T>& h) { v = h; }
+  template <typename V>
+  static void Upload(V& v, const std::vector<T>& h) {
+    v.Upload(h);
   }
 
   // Every buffer with its element count: Allocate sizes them, ActivationBytes (the memory plan)

@@ -291,7 +291,7 @@ struct Trainer::Impl {
   std::unique_ptr<TraceRecorder> trace;  // --trace (before the pipeline, which points at it)
   std::unique_ptr<Pipeline> pipeline;    // --pipeline overlap
   Status SetUpPipeline(const AdamConfig& ac);
-  Status ResolveRun(const RunOptions& opts, fs::path& start_ckpt,
+  Status ResolveRun(const RunOptions& run, fs::path& start_ckpt,
                     std::unique_ptr<api::CheckpointSource>& start_src, ModelConfig& mc);
   // --pipeline overlap with several processes: the main thread serves the funnel (every
   // communicator call of the step) while a worker runs forward and backward.
@@ -1125,21 +1125,21 @@ int64_t Trainer::num_params() const { return impl_->net->num_params(); }
 
 // The run's model, dtype, sequence length and micro-batch from the config (and the checkpoint it
 // resumes or starts from, which `start_src` keeps open): what Create builds and Plan sizes.
-Status Trainer::Impl::ResolveRun(const RunOptions& opts, fs::path& start_ckpt,
+Status Trainer::Impl::ResolveRun(const RunOptions& run, fs::path& start_ckpt,
                                  std::unique_ptr<api::CheckpointSource>& start_src,
                                  ModelConfig& mc) {
   Impl& t = *this;
   TrainConfig& c = t.cfg;
   // The model: from the checkpoint when resuming or initialising from one (it records its own
   // description), else from the preset.
-  if (!opts.resume.empty()) {
-    UCP_ASSIGN_OR_RETURN(start_ckpt, FindResumeCheckpoint(opts.resume));
-  } else if (!opts.init.empty()) {
-    start_ckpt = opts.init;
+  if (!run.resume.empty()) {
+    UCP_ASSIGN_OR_RETURN(start_ckpt, FindResumeCheckpoint(run.resume));
+  } else if (!run.init.empty()) {
+    start_ckpt = run.init;
   }
   if (!start_ckpt.empty()) {
     UCP_ASSIGN_OR_RETURN(start_src, api::CheckpointSource::Open(start_ckpt, t.data_dir),
-                         opts.resume.empty() ? "--init" : "--resume");
+                         run.resume.empty() ? "--init" : "--resume");
     t.spec = start_src->meta().spec;
     t.model = start_src->meta().model;
     if (!c.dtype.empty()) {
@@ -1184,7 +1184,7 @@ Status Trainer::Impl::ResolveRun(const RunOptions& opts, fs::path& start_ckpt,
     int64_t mb = c.micro_batch == 0 ? share : std::min(c.micro_batch, share);
     if (mb < 1) return InvalidArgumentError("--micro-batch must be >= 0");
     if (share % mb != 0) {
-      if (opts.resume.empty()) {
+      if (run.resume.empty()) {
         return InvalidArgumentError("--micro-batch " + std::to_string(mb) +
                                     " does not divide the global batch's share of " +
                                     std::to_string(share) + " samples per data-parallel rank");

@@ -1,0 +1,162 @@
+// Timing program for the device run (not a test; tests/gpu/run_gpu_checks.sh runs it): one
+// forward + backward of the CUDA model on a model given by its sizes (no preset files, so the
+// program carries to a bare GPU machine with few libraries), median of --steps after a warm-up,
+// tokens/s, model TFLOP/s and MFU against 989 TFLOP/s (dense bf16 on H100/H200). With
+// --cpu-check the CPU model runs the same step on the same weights first, and the GPU's loss
+// must match it within 1e-5 (exit 1 otherwise). Usage:
+//   offload_cuda_model_bench [--family llama|gpt] [--hidden 2048] [--layers 16] [--heads 16]
+//     [--kv-heads 4] [--ffn 5632] [--vocab 32000] [--batch 4] [--seq 1024] [--steps 3]
+//     [--cpu-check] [--threads N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "offload/cuda/cuda_cast.h"
+#include "offload/cuda/cuda_model.h"
+#include "offload/model/model.h"
+
+namespace {
+
+using namespace ucp::offload;  // NOLINT: a short program
+
+std::string CpuName() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "offload_cuda_model_bench: %s\n", what.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ModelConfig c;
+  c.family = Family::kLlama;
+  c.hidden = 2048, c.layers = 16, c.heads = 16, c.kv_heads = 4, c.head_dim = 0;
+  c.ffn_hidden = 5632, c.vocab = 32000;
+  c.tied_embeddings = false;
+  int64_t batch = 4, seq = 1024;
+  int steps = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
+  bool cpu_check = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> int64_t {
+      if (i + 1 >= argc) std::exit(Fail(a + " needs a value"));
+      return std::atoll(argv[++i]);
+    };
+    if (a == "--family") {
+      if (i + 1 >= argc) return Fail("--family needs a value");
+      const std::string f = argv[++i];
+      c.family = f == "gpt" ? Family::kGpt : Family::kLlama;
+    } else if (a == "--hidden") c.hidden = next();
+    else if (a == "--layers") c.layers = next();
+    else if (a == "--heads") c.heads = next();
+    else if (a == "--kv-heads") c.kv_heads = next();
+    else if (a == "--ffn") c.ffn_hidden = next();
+    else if (a == "--vocab") c.vocab = next();
+    else if (a == "--batch") batch = next();
+    else if (a == "--seq") seq = next();
+    else if (a == "--steps") steps = static_cast<int>(next());
+    else if (a == "--threads") threads = static_cast<int>(next());
+    else if (a == "--cpu-check") cpu_check = true;
+    else return Fail("unknown option " + a);
+  }
+  if (c.family == Family::kGpt) {
+    c.kv_heads = c.heads;
+    c.tied_embeddings = true;
+  }
+  c.head_dim = c.hidden / c.heads;
+  c.padded_vocab = (c.vocab + 127) / 128 * 128;
+  c.max_positions = seq;
+  if (steps < 1 || batch < 1 || seq < 1 || threads < 1) return Fail("sizes must be >= 1");
+  auto table = ModelParamTable(c);
+  if (!table.ok()) return Fail(table.status().ToString());
+  const double flops = ModelStepFlops(c, *table, batch, seq);
+  const double tokens = static_cast<double>(batch * seq);
+  cudaDeviceProp prop{};
+  if (ucp::offload::cuda::DeviceCount() == 0 || cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    return Fail("no CUDA device");
+  }
+  std::printf("cpu: %s, %d threads\ngpu: %s, %zu MiB\n", CpuName().c_str(), threads, prop.name,
+              static_cast<size_t>(prop.totalGlobalMem >> 20));
+  std::printf("model: %s, %lld parameters (hidden %lld, layers %lld, heads %lld/%lld kv, ffn "
+              "%lld, vocab %lld), %lld x %lld tokens, %.3f TFLOP per forward + backward\n",
+              c.family == Family::kGpt ? "gpt" : "llama", static_cast<long long>(table->total),
+              static_cast<long long>(c.hidden), static_cast<long long>(c.layers),
+              static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads),
+              static_cast<long long>(c.ffn_hidden), static_cast<long long>(c.vocab),
+              static_cast<long long>(batch), static_cast<long long>(seq), flops / 1e12);
+
+  const size_t n = static_cast<size_t>(table->total);
+  std::vector<float> w(n);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  for (float& x : w) x = nd(rng);
+  std::vector<int32_t> in(static_cast<size_t>(batch * seq)), tg(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    in[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab));
+    tg[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab));
+  }
+  const Batch b{in, tg, batch, seq, 0};
+  const float scale = static_cast<float>(1.0 / tokens);
+  using Clock = std::chrono::steady_clock;
+
+  double cpu_loss = std::nan("");
+  if (cpu_check) {
+    auto m = Model::Create(c, batch, seq, threads);
+    if (!m.ok()) return Fail(m.status().ToString());
+    std::vector<float> g(n, 0.0f);
+    const auto t0 = Clock::now();
+    auto l = m->ForwardBackward(w, g, b, scale);
+    if (!l.ok()) return Fail(l.status().ToString());
+    cpu_loss = *l;
+    std::printf("cpu   loss %.6f | %.1f ms (one step)\n", cpu_loss / tokens,
+                std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
+  }
+  auto gm = cuda::CudaModel::Create(c, batch, seq);
+  if (!gm.ok()) return Fail(gm.status().ToString());
+  float *dw = nullptr, *dg = nullptr;
+  if (cudaMalloc(&dw, n * 4) != cudaSuccess || cudaMalloc(&dg, n * 4) != cudaSuccess) {
+    return Fail("weights and gradients do not fit on the device");
+  }
+  cudaMemcpy(dw, w.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemset(dg, 0, n * 4);
+  double loss = 0;
+  std::vector<double> times;
+  for (int s = 0; s <= steps; ++s) {  // step 0 warms up
+    const auto t0 = Clock::now();
+    auto l = gm->ForwardBackward(dw, dg, b, scale);
+    if (!l.ok()) return Fail(l.status().ToString());
+    if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    loss = *l;
+  }
+  std::sort(times.begin(), times.end());
+  const double t = times[times.size() / 2], tflops = flops / t / 1e12;
+  std::printf("cuda  loss %.6f | %.1f ms | %.0f tokens/s | %.2f TFLOP/s | MFU %.2f%% of 989\n",
+              loss / tokens, t * 1e3, tokens / t, tflops, 100.0 * tflops / 989.0);
+  if (cpu_check) {
+    const double rel = std::abs(loss - cpu_loss) / std::max(1e-30, std::abs(cpu_loss));
+    std::printf("cuda vs cpu loss: relative difference %.3g %s\n", rel,
+                rel <= 1e-5 ? "(ok)" : "(TOO LARGE)");
+    if (rel > 1e-5) return 1;
+  }
+  cudaFree(dw);
+  cudaFree(dg);
+  return 0;
+}
