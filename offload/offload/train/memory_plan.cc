@@ -164,9 +164,10 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   rows.push_back({MemClass::kPipelineStaging, "optimizer pipeline staging", staging, 0, staging,
                   in.overlap ? "snapshots for speculation, gradients as they cross, weights out"
                              : "none with --pipeline sync"});
-  const int64_t save = n * wb + 3 * block * 4;
+  const int64_t save = in.async_save ? n * wb + 3 * block * 4 : 0;
   rows.push_back({MemClass::kSaveStaging, "checkpoint staging (during a save)", save, 0, save,
-                  "a copy of what the checkpoint holds, so training goes on"});
+                  in.async_save ? "a copy of what the checkpoint holds, so training goes on"
+                                : "none with --sync-save: the live state is written"});
 
   auto sum = [&](int64_t MemoryRow::*field) {
     int64_t s = 0;

@@ -42,6 +42,9 @@ struct PlanInput {
   int dp = 1, sp = 1, zero_stage = 1;
   int threads = 1;       ///< the model's thread count (its scratch grows with it)
   bool overlap = false;  ///< --pipeline overlap: the pipeline's host staging
+  /// Background saves stage a copy of the checkpoint's tensors; --sync-save writes the live
+  /// state and stages nothing.
+  bool async_save = true;
 };
 
 /// The machine the plan is for. Zero capacities: unknown (no fit verdict for that side).

@@ -61,10 +61,11 @@ TEST(ActivationBytes, EqualsWhatTheModelAllocates) {
 
 // Every class of the plan equals what a trainer of the same config holds after a step and a save.
 class PlanMatchesTrainer
-    : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string, std::string>> {};
+    : public ::testing::TestWithParam<
+          std::tuple<std::string, std::string, std::string, std::string, bool>> {};
 
 TEST_P(PlanMatchesTrainer, EveryClassEveryByte) {
-  const auto& [model, dtype, layout, pipeline] = GetParam();
+  const auto& [model, dtype, layout, pipeline, async_save] = GetParam();
   ucp::testing::TempDir tmp;
   TrainConfig c;
   c.model = model;
@@ -78,7 +79,7 @@ TEST_P(PlanMatchesTrainer, EveryClassEveryByte) {
   RunOptions o;
   o.out = tmp.path() / "run";
   o.threads = 2;
-  o.async_save = false;
+  o.async_save = async_save;
   o.pipeline = pipeline;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, Trainer::Plan(c, o, PlanMachine{}));
   UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
@@ -95,14 +96,16 @@ TEST_P(PlanMatchesTrainer, EveryClassEveryByte) {
   }
   EXPECT_EQ(plan.cpu_total, total);
   EXPECT_EQ(plan.params, t.num_params());
+  const int64_t staged = used[static_cast<size_t>(MemClass::kSaveStaging)];
+  EXPECT_EQ(staged > 0, async_save) << "a foreground save stages nothing";
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, PlanMatchesTrainer,
-    ::testing::Values(std::make_tuple("gpt-tiny", "bf16", "dp=1,zero=1", "sync"),
-                      std::make_tuple("gpt-tiny", "fp32", "dp=1,zero=0", "overlap"),
-                      std::make_tuple("llama-tiny", "fp16", "dp=1,zero=3", "overlap"),
-                      std::make_tuple("llama-tiny", "bf16", "dp=1,zero=2", "overlap")));
+    ::testing::Values(std::make_tuple("gpt-tiny", "bf16", "dp=1,zero=1", "sync", true),
+                      std::make_tuple("gpt-tiny", "fp32", "dp=1,zero=0", "overlap", true),
+                      std::make_tuple("llama-tiny", "fp16", "dp=1,zero=3", "overlap", false),
+                      std::make_tuple("llama-tiny", "bf16", "dp=1,zero=2", "overlap", false)));
 
 PlanInput Input(int64_t micro_batch) {
   PlanInput in;

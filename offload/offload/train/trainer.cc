@@ -868,7 +868,9 @@ Status Trainer::Impl::StartSave() {
   saver_done = false;
   save_status = Status::Ok();
   auto write = [this] {
-    auto views = Views(true, false, &staging);
+    // A background save writes the staged copy (training goes on); a foreground one the live
+    // state itself, which nothing changes until it returns, so it needs no copy.
+    auto views = Views(true, false, opts.async_save ? &staging : nullptr);
     std::vector<std::pair<std::string, ConstTensorView>> cviews;
     cviews.reserve(views.size());
     for (auto& [n, v] : views) cviews.emplace_back(n, v);
@@ -1234,6 +1236,7 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   in.zero_stage = l.zero_stage;
   in.threads = t.threads;
   in.overlap = opts.pipeline == "overlap";
+  in.async_save = opts.async_save;
   return PlanMemory(in, machine);
 }
 
@@ -1735,14 +1738,16 @@ Result<double> Trainer::Validate() {
 Status Trainer::Save() {
   Impl& t = *impl_;
   UCP_RETURN_IF_ERROR(Wait());
-  // Stage: one copy of what the checkpoint holds, so training goes on while it is written.
-  const size_t wbytes = t.lowp() ? t.w_lp.size() * 2 : t.w32.size() * 4;
-  t.staging.weights.resize(wbytes);
-  std::memcpy(t.staging.weights.data(),
-              t.lowp() ? static_cast<const void*>(t.w_lp.data()) : t.w32.data(), wbytes);
-  t.staging.master = t.master;
-  t.staging.exp_avg = t.exp_avg;
-  t.staging.exp_avg_sq = t.exp_avg_sq;
+  if (t.opts.async_save) {
+    // Stage: one copy of what the checkpoint holds, so training goes on while it is written.
+    const size_t wbytes = t.lowp() ? t.w_lp.size() * 2 : t.w32.size() * 4;
+    t.staging.weights.resize(wbytes);
+    std::memcpy(t.staging.weights.data(),
+                t.lowp() ? static_cast<const void*>(t.w_lp.data()) : t.w32.data(), wbytes);
+    t.staging.master = t.master;
+    t.staging.exp_avg = t.exp_avg;
+    t.staging.exp_avg_sq = t.exp_avg_sq;
+  }
   UCP_RETURN_IF_ERROR(t.StartSave(), "saving step " + std::to_string(t.step));
   if (!t.opts.async_save) return Wait();
   return Status::Ok();
