@@ -86,32 +86,38 @@ Trace RunSteps(Trainer& t, int64_t until, int64_t save_at = -1) {
 class ResumeTest : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
 
 // N steps, save, M more steps == N steps, resume from the save, M steps: every weight, master,
-// Adam state and loss, bitwise.
+// Adam state and loss, bitwise; with a background save (from a staged copy) and a foreground one
+// (--sync-save: from the live state).
 TEST_P(ResumeTest, BitwiseAtSameLayout) {
-  ucp::testing::TempDir tmp;
-  const fs::path text = WriteText(tmp.path());
-  TrainConfig c = SmallConfig(GetParam().first, text);
-  c.dtype = GetParam().second;
-  UCP_ASSERT_OK_AND_ASSIGN(Trainer a, Trainer::Create(c, Opts(tmp.path() / "a")));
-  const Trace full = RunSteps(a, 6, /*save_at=*/3);
-  ASSERT_EQ(full.losses.size(), 6u);
-  for (double l : full.losses) EXPECT_TRUE(std::isfinite(l));
+  for (const bool async_save : {true, false}) {
+    SCOPED_TRACE(async_save ? "background save" : "foreground save");
+    ucp::testing::TempDir tmp;
+    const fs::path text = WriteText(tmp.path());
+    TrainConfig c = SmallConfig(GetParam().first, text);
+    c.dtype = GetParam().second;
+    RunOptions first = Opts(tmp.path() / "a");
+    first.async_save = async_save;
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer a, Trainer::Create(c, first));
+    const Trace full = RunSteps(a, 6, /*save_at=*/3);
+    ASSERT_EQ(full.losses.size(), 6u);
+    for (double l : full.losses) EXPECT_TRUE(std::isfinite(l));
 
-  RunOptions r = Opts(tmp.path() / "a");
-  r.resume = tmp.path() / "a";
-  UCP_ASSERT_OK_AND_ASSIGN(TrainConfig rec, Trainer::RecordedConfig(
-                                                tmp.path() / "a" / "step_00000003", ""));
-  EXPECT_EQ(rec.global_batch, 4);
-  EXPECT_EQ(rec.seq_len, 32);
-  UCP_ASSERT_OK_AND_ASSIGN(Trainer b, Trainer::Create(rec, r));
-  EXPECT_EQ(b.step(), 3);
-  const Trace resumed = RunSteps(b, 6);
-  ASSERT_EQ(resumed.losses.size(), 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], full.losses[3 + i]) << "step " << 4 + i;
-  ASSERT_EQ(resumed.state.size(), full.state.size());
-  for (size_t i = 0; i < full.state.size(); ++i) {
-    EXPECT_EQ(resumed.state[i].first, full.state[i].first);
-    EXPECT_TRUE(resumed.state[i].second == full.state[i].second) << full.state[i].first;
+    RunOptions r = Opts(tmp.path() / "a");
+    r.resume = tmp.path() / "a";
+    UCP_ASSERT_OK_AND_ASSIGN(TrainConfig rec, Trainer::RecordedConfig(
+                                                  tmp.path() / "a" / "step_00000003", ""));
+    EXPECT_EQ(rec.global_batch, 4);
+    EXPECT_EQ(rec.seq_len, 32);
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer b, Trainer::Create(rec, r));
+    EXPECT_EQ(b.step(), 3);
+    const Trace resumed = RunSteps(b, 6);
+    ASSERT_EQ(resumed.losses.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], full.losses[3 + i]) << "step " << 4 + i;
+    ASSERT_EQ(resumed.state.size(), full.state.size());
+    for (size_t i = 0; i < full.state.size(); ++i) {
+      EXPECT_EQ(resumed.state[i].first, full.state[i].first);
+      EXPECT_TRUE(resumed.state[i].second == full.state[i].second) << full.state[i].first;
+    }
   }
 }
 
