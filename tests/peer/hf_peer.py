@@ -8,6 +8,10 @@
                                   bitwise equal to DIR/orig's; when the original is sharded, ucp's
                                   index is transformers' own (same shards, same total_size)
 
+  tp-qkv --case C --dir DIR       ucp's per-rank fused QKV slices in DIR/dist (any tp, also above
+                                  the KV heads) are Megatron-Core's, and its attention input from
+                                  them equals transformers' q/k/v projections
+
   megatron --data D --fixture F --exported E --state model|fp32|bf16
                                   the Megatron-DeepSpeed fixture D/F exported to HF as E: its
                                   logits in transformers against the PyTorch reference
@@ -158,6 +162,113 @@ def check(a):
         assert a_index["metadata"]["total_size"] == b_index["metadata"]["total_size"]
         print(f"index: {len(set(b_index['weight_map'].values()))} shards, as save_pretrained cut them")
     print(f"{a.case}: {len(sd_ref)} tensors and logits {tuple(got.shape)} bitwise equal")
+
+
+# ---------------------------------------------------------------------------------------------
+# Megatron-Core's fused QKV at ucp's layout, against transformers' q/k/v projections
+
+
+def dist_tensors(dist, needle):
+    """Every model-slice dataset of ucp's distributed checkpoint DIST whose name holds NEEDLE,
+    as fp32 torch tensors, by dataset name (docs/distributed_format.md)."""
+    import h5py
+    import numpy as np
+    out = {}
+    for f in sorted(os.listdir(dist)):
+        if not f.endswith(".h5"):
+            continue
+        with h5py.File(os.path.join(dist, f), "r") as h:
+            def visit(name, obj):
+                if not isinstance(obj, h5py.Dataset) or needle not in name or "/model/" not in name:
+                    return
+                kind = obj.attrs["dtype"]
+                kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+                arr = obj[()]
+                if kind == "bf16":  # raw bits: the high half of an fp32
+                    t = torch.from_numpy(arr.astype(np.int32) << 16).view(torch.float32)
+                else:
+                    assert kind == "fp32", (name, kind)
+                    t = torch.from_numpy(np.ascontiguousarray(arr))
+                out[name] = t
+            h.visititems(visit)
+    return out
+
+
+def tp_qkv(a):
+    """ucp's per-rank linear_qkv slices (weight, Qwen2's bias) in DIR/dist are Megatron-Core's:
+    (1) rank r's rows are chunk r of the per-group interleaved [q heads | k | v] tensor built here
+    from transformers' q_proj/k_proj/v_proj, bitwise; (2) Megatron-Core's
+    get_query_key_value_tensors, transcribed (fp64), turns each rank's slice into that rank's
+    nh/tp query heads and its group's k and v, equal to transformers' projections of the same x.
+    With tp above the KV heads this is the split that cuts inside a group (PR #2565)."""
+    with open(os.path.join(a.dir, "dist", "ucp_layout.json")) as f:
+        meta = json.load(f)
+    lay = dict(kv.split("=") for kv in meta["layout"].split(","))
+    tp, pp = int(lay["tp"]), int(lay["pp"])
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(a.dir, "orig"),
+                                                 torch_dtype=torch.float32).eval()
+    cfg = model.config
+    nh, ng, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+    hd = getattr(cfg, "head_dim", None) or hidden // nh
+    layers = model.model.layers
+    per_stage = len(layers) // pp
+    slices = dist_tensors(os.path.join(a.dir, "dist"), "self_attention.query_key_value.")
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(TOKENS, hidden, generator=g, dtype=torch.float64)
+    rows_checked = 0
+    for i, layer in enumerate(layers):
+        att = layer.self_attn
+        name = f"layers.{i % per_stage}.self_attention.query_key_value"
+        for kind in ("weight", "bias"):
+            q, k, v = (getattr(getattr(att, n), kind) for n in ("q_proj", "k_proj", "v_proj"))
+            got = [slices.get(f"pp{i // per_stage}.tp{r}/model/{name}.{kind}") for r in range(tp)]
+            if q is None:
+                assert all(t is None for t in got), f"layer {i}: ucp holds a {kind} HF has not"
+                continue
+            assert all(t is not None for t in got), f"layer {i} {kind}: a tp slice is missing"
+            tail = q.shape[1:]
+            fused = torch.cat([q.reshape(ng, nh // ng * hd, *tail), k.reshape(ng, hd, *tail),
+                               v.reshape(ng, hd, *tail)], dim=1).reshape(-1, *tail)
+            for r, (want, have) in enumerate(zip(fused.chunk(tp), got)):
+                assert torch.equal(want, have), f"layer {i} {kind}: tp rank {r}'s rows differ"
+                rows_checked += have.shape[0]
+        # Megatron-Core's forward on the slices (attention.py, get_query_key_value_tensors).
+        def proj(w, b):
+            y = x @ w.double().T
+            return y if b is None else y + b.double()
+        mixed = [proj(slices[f"pp{i // per_stage}.tp{r}/model/{name}.weight"],
+                      slices.get(f"pp{i // per_stage}.tp{r}/model/{name}.bias")) for r in range(tp)]
+        q_ref = proj(att.q_proj.weight, att.q_proj.bias).view(TOKENS, nh, hd)
+        k_ref = proj(att.k_proj.weight, att.k_proj.bias).view(TOKENS, ng, hd)
+        v_ref = proj(att.v_proj.weight, att.v_proj.bias).view(TOKENS, ng, hd)
+        for r in range(tp):
+            m = mixed[r]
+            if ng < tp:
+                share = tp // ng  # ranks per group: all-gather, then take this rank's group
+                full = torch.cat(mixed, dim=-1)
+                size = full.shape[-1] // ng
+                m = full[:, (r // share) * size:(r // share + 1) * size]
+                groups, heads = 1, nh // ng
+            else:
+                groups, heads = ng // tp, nh // tp
+            m = m.reshape(TOKENS, groups, (heads // groups + 2) * hd)
+            qq, kk, vv = torch.split(m, [heads // groups * hd, hd, hd], dim=2)
+            qq = qq.reshape(TOKENS, -1, hd)
+            if ng < tp:
+                per = heads // share
+                qq = qq[:, (r % share) * per:(r % share + 1) * per]
+            first_group = r // share if ng < tp else r * groups
+            for t, ref in ((qq, q_ref[:, r * (nh // tp):(r + 1) * (nh // tp)]),
+                           (kk, k_ref[:, first_group:first_group + groups]),
+                           (vv, v_ref[:, first_group:first_group + groups])):
+                assert t.shape == ref.shape, (i, r, t.shape, ref.shape)
+                assert torch.allclose(t, ref, rtol=0, atol=1e-12), (i, r, (t - ref).abs().max())
+    print(f"{a.case} at {meta['layout']}: nh={nh} nkv={ng} head_dim={hd}: every tp rank's "
+          f"linear_qkv rows ({rows_checked} in all) are Megatron-Core's contiguous 1/tp of the "
+          f"per-group [q | k | v] rows, and its attention input (q heads of the rank, k and v of "
+          f"the group) equals transformers' projections; a KV-replicating layout would hold "
+          f"{(nh // tp + 2) * hd if ng < tp else (nh + 2 * ng) * hd // tp} rows per rank, "
+          f"Megatron-Core's holds {(nh + 2 * ng) * hd // tp}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,6 +479,9 @@ def main():
     c.add_argument("--case", required=True, choices=sorted(CASES))
     c.add_argument("--dir", required=True)
     c.add_argument("--exported", required=True)
+    t = sub.add_parser("tp-qkv")
+    t.add_argument("--case", required=True, choices=sorted(CASES))
+    t.add_argument("--dir", required=True)
     g = sub.add_parser("megatron")
     g.add_argument("--data", required=True)
     g.add_argument("--fixture", required=True, choices=sorted(FIXTURE_TRUTH))
@@ -375,7 +489,7 @@ def main():
     g.add_argument("--state", required=True, choices=["model", "fp32", "bf16"])
     a = p.parse_args()
     torch.set_num_threads(1)  # one summation order for both sides
-    {"make": make, "check": check, "megatron": megatron}[a.cmd](a)
+    {"make": make, "check": check, "tp-qkv": tp_qkv, "megatron": megatron}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@
 # with `ucp convert FIXTURE OUT --format hf`, in its training dtype, with --dtype fp32 and (fp16
 # runs) --dtype bf16; its logits in transformers against the PyTorch reference (hf_peer.py
 # megatron).
-# A 6th argument `refused` (a layout the rule set cannot hold, e.g. tp above the KV heads): the
-# import must fail with exit code 5 (failed_precondition) and a message naming the rule.
+# A 6th argument `refused` (a layout the rule set cannot hold, e.g. tp neither a divisor nor a
+# multiple of the KV heads, or not dividing the heads): the import must fail with exit code 5
+# (failed_precondition) and a message naming the rule.
 set -euo pipefail
 test_case=$1 src=$2 bin=$3 work=$4 layout=$5 expect=${6:-}
 venv=${UCP_PEER_VENV:-$HOME/.cache/ucp/peer-venv}
@@ -58,3 +59,5 @@ fi
 # The export of the import is the import: ucp's own diff of the two HF folders.
 "$bin/ucp" diff "$dir/orig" "$dir/exported"
 py check --case "$test_case" --dir "$dir" --exported "$dir/exported"
+# Llama-family cases: the tp slices of dist are Megatron-Core's linear_qkv (hf_peer.py tp-qkv).
+[[ $test_case == gpt2* ]] || py tp-qkv --case "$test_case" --dir "$dir"

@@ -169,9 +169,13 @@ TEST(Errors, ImpossibleLayoutsNameTheParameterAndNumbers) {
               StatusIs(StatusCode::kFailedPrecondition,
                        HasSubstr("parameter \"layers.0.self_attention.query_key_value.weight\": "
                                  "4 query groups not divisible by tp=3")));
-  EXPECT_THAT(
-      PlanConversion(llama, L(8, 1, 1, 0), layout::UniversalLayout()),
-      StatusIs(StatusCode::kFailedPrecondition, HasSubstr("4 query groups not divisible by tp=8")));
+  // tp=8 fits (a multiple of the 4 query groups that divides the 8 heads); tp=16 does not.
+  EXPECT_THAT(PlanConversion(llama, L(16, 1, 1, 0), layout::UniversalLayout()),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("heads=8 not divisible by tp=16 (tp above the 4 query groups")));
+  EXPECT_THAT(PlanConversion(llama, layout::UniversalLayout(), L(6, 1, 1, 0)),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("4 query groups not divisible by tp=6, nor is tp=6 a multiple")));
   EXPECT_THAT(
       PlanConversion(llama, layout::UniversalLayout(), L(1, 3, 1, 0)),
       StatusIs(StatusCode::kFailedPrecondition, HasSubstr("4 layers not divisible by pp=3")));
@@ -234,6 +238,71 @@ TEST(Fuse, MegatronInterleavedQkvTakesWholeGroups) {
   const Tensor& f1 = s.at("pp0.tp1/model/layers.1.mlp.dense_h_to_4h.weight");
   EXPECT_EQ(std::memcmp(f1.data(), fc1.data() + 48 * 64 * 4, 48 * 64 * 4), 0);
   EXPECT_EQ(std::memcmp(f1.data() + 48 * 64 * 4, fc1.data() + 144 * 64 * 4, 48 * 64 * 4), 0);
+}
+
+// llama-tiny (hidden 64, 8 heads, head_dim 8) with `kv_heads` query groups, under `family`.
+ResolvedModel LlamaWithKvHeads(int64_t kv_heads, DType dtype, const std::string& family) {
+  auto spec = patterns::LoadModel(kData, "llama-tiny");
+  UCP_CHECK(spec.ok()) << spec.status();
+  auto rules = patterns::LoadRuleSet(kData, family);
+  UCP_CHECK(rules.ok()) << rules.status();
+  spec->family = family;
+  spec->templates = rules->templates;
+  spec->hyper["kv_heads"] = kv_heads;
+  auto m = patterns::Resolve(*spec, *rules);
+  UCP_CHECK(m.ok()) << m.status();
+  for (auto& p : m->params) p.dtype = dtype;
+  return *m;
+}
+
+// tp above the query groups (Megatron-Core, PR #2565): linear_qkv (and its bias) stays a plain
+// column-parallel split of the per-group interleaved rows, KV heads are not replicated. Round
+// trips through it are exact, and rank r's rows of every state are rows [r*R/tp, (r+1)*R/tp).
+void ExpectTpAboveGroups(const ResolvedModel& m, const std::string& param, int tp,
+                         int64_t rows_per_rank, const Layout& via, uint64_t seed) {
+  SCOPED_TRACE(m.spec.family + " kv_heads=" + std::to_string(m.spec.hyper.at("kv_heads")) +
+               " tp=" + std::to_string(tp) + " via " + layout::ToString(via));
+  TensorMap u = RandomUniversal(m, {}, seed);
+  UCP_ASSERT_OK_AND_ASSIGN(TensorMap t1, Convert(m, layout::UniversalLayout(), L(1, 1, 1, 0), u));
+  UCP_ASSERT_OK_AND_ASSIGN(TensorMap mid, Convert(m, L(1, 1, 1, 0), via, t1));
+  UCP_ASSERT_OK_AND_ASSIGN(TensorMap t1_back, Convert(m, via, L(1, 1, 1, 0), mid));
+  EXPECT_TRUE(SameTensors(t1, t1_back));
+  UCP_ASSERT_OK_AND_ASSIGN(TensorMap back,
+                           Convert(m, L(1, 1, 1, 0), layout::UniversalLayout(), t1_back));
+  EXPECT_TRUE(SameTensors(u, back));
+  UCP_ASSERT_OK_AND_ASSIGN(TensorMap s, Convert(m, layout::UniversalLayout(), L(tp, 1, 1, 0), u));
+  for (const char* state : {"model", "fp32", "exp_avg", "exp_avg_sq"}) {
+    const Tensor& full = u.at(param + "/" + state);
+    const int64_t row_bytes = full.num_bytes() / full.shape()[0];
+    for (int r = 0; r < tp; ++r) {
+      const std::string prefix = "pp0.tp" + std::to_string(r);
+      const std::string name = std::string(state) == "model"
+                                   ? prefix + "/model/" + param
+                                   : prefix + "/optim/" + param + "/" + state;
+      const Tensor& slice = s.at(name);
+      ASSERT_EQ(slice.shape()[0], rows_per_rank) << name;
+      EXPECT_EQ(std::memcmp(slice.data(), full.data() + r * rows_per_rank * row_bytes,
+                            rows_per_rank * row_bytes),
+                0)
+          << name;
+    }
+  }
+}
+
+TEST(Fuse, TpAboveQueryGroupsSplitsRowsEvenlyAndRoundTrips) {
+  // GQA nh=8, nkv=2: a group is [q0..q3 | k | v] = 48 rows; tp=4 gives 24 rows per rank
+  // (rank 1 = q3 | k0 | v0), tp=1 -> tp=4 (pp=2, ZeRO-1 over dp=2) -> tp=1 is exact.
+  ExpectTpAboveGroups(LlamaWithKvHeads(2, DType::kBf16, "llama"),
+                      "layers.1.self_attention.query_key_value.weight", 4, 24, L(4, 2, 2, 1), 21);
+  // MQA: one group of 80 rows, tp=2 gives 40 per rank (rank 1 = q5 q6 q7 | k | v).
+  ExpectTpAboveGroups(LlamaWithKvHeads(1, DType::kFp32, "llama"),
+                      "layers.2.self_attention.query_key_value.weight", 2, 40, L(2, 2, 1, 0), 22);
+  // Qwen2: the fused bias follows its weight rows.
+  const ResolvedModel qwen = LlamaWithKvHeads(2, DType::kBf16, "qwen2");
+  ExpectTpAboveGroups(qwen, "layers.0.self_attention.query_key_value.bias", 4, 24, L(4, 2, 1, 3),
+                      23);
+  ExpectTpAboveGroups(qwen, "layers.0.self_attention.query_key_value.weight", 8, 12, L(8, 1, 2, 2),
+                      24);
 }
 
 // A synthetic family exercising plain [q|k|v] fusion with GQA (uneven parts), average, a

@@ -89,6 +89,23 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
                                 " cannot express pp=" + std::to_string(l.pp) +
                                 ": only a GPTModelPipe (naming megatron-pipe) has pipeline stages");
   }
+  // Megatron-DeepSpeed divides num_key_value_heads by tp (megatron/model/transformer.py), so
+  // the split inside a query group that Megatron-Core takes for tp above them
+  // (split_groups_up_to, docs/patterns.md) is not something its engine can load.
+  if (l.naming != Naming::kPlain) {
+    for (const patterns::ResolvedParam& p : model.params) {
+      const patterns::ResolvedRule& r = p.rule;
+      if (r.kind == patterns::RuleKind::kFuse &&
+          r.order == patterns::FuseOrder::kInterleavedGroups && r.groups % l.tp != 0) {
+        return FailedPreconditionError(
+            "parameter \"" + p.name + "\": " + std::to_string(r.groups) + " " + r.group_name +
+            " not divisible by tp=" + std::to_string(l.tp) + ": naming " +
+            std::string(NamingName(l.naming)) +
+            " needs whole query groups per tp rank (only Megatron-Core splits a group over tp "
+            "ranks; --format ucp takes this tp)");
+      }
+    }
+  }
   DeepSpeedTarget target;
   target.layout = l;
   target.num_layers = model.num_layers;

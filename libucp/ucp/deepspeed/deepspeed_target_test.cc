@@ -207,6 +207,19 @@ TEST(DeepSpeedTarget, RefusesWhatTheNamingOrLayoutCannotExpress) {
   l.tp = 3;
   EXPECT_THAT(DescribeDeepSpeedTarget(model, l).status(),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("tp=3")));
+  // llama-tiny's 4 query groups at tp=8: the rule set takes it (Megatron-Core), Megatron-DeepSpeed
+  // cannot; plain DeepSpeed names are ucp's own model and keep it.
+  const patterns::ResolvedModel llama = Model("llama-tiny");
+  l.tp = 8;
+  for (Naming n : {Naming::kMegatronPipe, Naming::kMegatronGpt}) {
+    l.naming = n;
+    EXPECT_THAT(DescribeDeepSpeedTarget(llama, l).status(),
+                StatusIs(StatusCode::kFailedPrecondition,
+                         HasSubstr("4 query groups not divisible by tp=8: naming megatron")));
+  }
+  l.naming = Naming::kPlain;
+  UCP_EXPECT_OK(DescribeDeepSpeedTarget(llama, l).status());
+  l.naming = Naming::kMegatronPipe;
   l.tp = 1;
   l.zero_stage = 4;
   EXPECT_THAT(DescribeDeepSpeedTarget(model, l).status(),

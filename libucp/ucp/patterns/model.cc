@@ -332,7 +332,7 @@ Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what
     std::string where = what + ": rules[" + std::to_string(i) + "]";
     UCP_RETURN_IF_ERROR(CheckKeys(r, where,
                                   {"match", "kind", "dim", "axis", "order", "parts", "groups",
-                                   "group_name", "divisible_by", "source"},
+                                   "group_name", "split_groups_up_to", "divisible_by", "source"},
                                   {"match", "kind", "source"}));
     Rule rule;
     UCP_ASSIGN_OR_RETURN(rule.match, GetString(r, "match", where));
@@ -419,10 +419,19 @@ Result<RuleSet> ParseRuleSet(std::string_view json_text, const std::string& what
       if (r.contains("group_name")) {
         UCP_ASSIGN_OR_RETURN(rule.group_name, GetString(r, "group_name", where));
       }
-    } else if (r.contains("groups") || r.contains("group_name")) {
+      if (r.contains("split_groups_up_to")) {
+        if (rule.order != FuseOrder::kInterleavedGroups) {
+          return InvalidArgumentError(where +
+                                      ": field \"split_groups_up_to\" is only allowed for order "
+                                      "\"interleaved_groups\"");
+        }
+        UCP_ASSIGN_OR_RETURN(rule.split_groups_up_to, GetString(r, "split_groups_up_to", where));
+      }
+    } else if (r.contains("groups") || r.contains("group_name") ||
+               r.contains("split_groups_up_to")) {
       return InvalidArgumentError(where +
-                                  ": fields \"groups\"/\"group_name\" are only allowed for "
-                                  "kind \"fuse\"");
+                                  ": fields \"groups\"/\"group_name\"/\"split_groups_up_to\" are "
+                                  "only allowed for kind \"fuse\"");
     }
     if ((rule.kind == RuleKind::kPadStrip) != r.contains("divisible_by")) {
       return InvalidArgumentError(where +
@@ -632,6 +641,14 @@ Result<ResolvedModel> Resolve(const ModelSpec& spec, const RuleSet& rules) {
       if (rule.order == FuseOrder::kInterleavedGroups) {
         UCP_ASSIGN_OR_RETURN(rr.groups, EvalSizeExpr(rule.groups, spec.hyper), where);
         if (rr.groups < 1) return InvalidArgumentError(where + ": groups must be >= 1");
+        if (!rule.split_groups_up_to.empty()) {
+          UCP_ASSIGN_OR_RETURN(rr.split_groups_up_to,
+                               EvalSizeExpr(rule.split_groups_up_to, spec.hyper), where);
+          if (rr.split_groups_up_to < 1) {
+            return InvalidArgumentError(where + ": split_groups_up_to must be >= 1");
+          }
+          rr.split_groups_up_to_expr = rule.split_groups_up_to;
+        }
       }
       if (per_group * rr.groups != p.shape[rule.dim]) {
         return InvalidArgumentError(
@@ -742,13 +759,37 @@ Result<Slice> SliceParam(const ResolvedParam& p, int tp, int tp_rank, int ep, in
     }
     case RuleKind::kFuse: {
       if (r.order == FuseOrder::kInterleavedGroups) {
-        if (r.groups % tp != 0) {
-          return FailedPreconditionError(pq + ": " + std::to_string(r.groups) + " " + r.group_name +
-                                         " not divisible by tp=" + std::to_string(tp));
-        }
         int64_t per_group = 0;
         for (int64_t n : r.part_sizes) per_group += n;
-        const int64_t rows = r.groups / tp * per_group;
+        const std::string tps = "tp=" + std::to_string(tp);
+        const std::string groups = std::to_string(r.groups) + " " + r.group_name;
+        if (r.groups % tp != 0) {
+          if (r.split_groups_up_to == 0) {
+            return FailedPreconditionError(pq + ": " + groups + " not divisible by " + tps);
+          }
+          // tp above the groups: Megatron-Core keeps linear_qkv column-parallel, so a rank holds
+          // rows [r*R/tp, (r+1)*R/tp) of the interleaved tensor, part of one group; its attention
+          // all-gathers the qkv activations and takes its group's k, v and its own q heads. No
+          // row is replicated, so there are no copies to compare.
+          if (tp % r.groups != 0) {
+            return FailedPreconditionError(pq + ": " + groups + " not divisible by " + tps +
+                                           ", nor is " + tps + " a multiple of them");
+          }
+          if (r.split_groups_up_to % tp != 0) {
+            return FailedPreconditionError(
+                pq + ": " + r.split_groups_up_to_expr + "=" + std::to_string(r.split_groups_up_to) +
+                " not divisible by " + tps + " (tp above the " + groups +
+                " splits each group over " + std::to_string(tp / r.groups) + " ranks)");
+          }
+          if (per_group % (tp / r.groups) != 0) {
+            return FailedPreconditionError(
+                pq + ": " + std::to_string(per_group) + " rows per group not divisible by the " +
+                std::to_string(tp / r.groups) + " ranks that share a group at " + tps);
+          }
+        }
+        // With tp dividing the groups this is the split by whole groups; above them, the same
+        // contiguous split cuts inside a group.
+        const int64_t rows = r.groups * per_group / tp;
         s.local_shape[r.dim] = rows;
         along(0, tp_rank * rows, rows);
         return s;

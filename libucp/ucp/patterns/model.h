@@ -96,8 +96,13 @@ struct Rule {
   std::vector<FusePart> parts;
   std::string groups;                 ///< interleaved_groups: number of groups ("kv_heads")
   std::string group_name = "groups";  ///< in messages: "8 query groups not divisible by tp=3"
-  std::string divisible_by;           ///< pad_strip: expression ("make_vocab_size_divisible_by")
-  std::string source;                 ///< where the rule comes from (a note, not used)
+  /// interleaved_groups only; "" = tp must divide the groups. Otherwise an expression ("heads"):
+  /// tp may also be a multiple of the groups that divides its value, and each rank then holds an
+  /// even contiguous 1/tp of the rows, part of one group (Megatron-Core's linear_qkv when
+  /// num_query_groups < tp: a plain column-parallel split, KV heads not replicated).
+  std::string split_groups_up_to;
+  std::string divisible_by;  ///< pad_strip: expression ("make_vocab_size_divisible_by")
+  std::string source;        ///< where the rule comes from (a note, not used)
 };
 
 struct RuleSet {
@@ -133,6 +138,8 @@ struct ResolvedRule {
   std::vector<int64_t> part_sizes;  ///< rows along dim (per group for interleaved_groups)
   int64_t groups = 1;
   std::string group_name = "groups";
+  int64_t split_groups_up_to = 0;       ///< 0: tp must divide groups (see Rule)
+  std::string split_groups_up_to_expr;  ///< its expression, for messages ("heads")
   int64_t divisible_by = 1;
 };
 
@@ -189,7 +196,9 @@ struct Slice {
 };
 
 /// The slice of `param` on tp rank `tp_rank` of `tp` and ep rank `ep_rank` of `ep`.
-/// Errors: kFailedPrecondition "parameter \"X\": 8 query groups not divisible by tp=3" and alike.
+/// Errors: kFailedPrecondition "parameter \"X\": 8 query groups not divisible by tp=3" and alike
+/// (with split_groups_up_to: "..., nor is tp=3 a multiple of them", "heads=8 not divisible by
+/// tp=16 ...").
 Result<Slice> SliceParam(const ResolvedParam& param, int tp, int tp_rank, int ep, int ep_rank);
 
 /// The parameter's name with its layer index made local to its stage and its expert index local

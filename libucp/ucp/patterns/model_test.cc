@@ -109,6 +109,83 @@ TEST(Slice, InterleavedQkvSplitsByGroupsAndNamesTheNumbers) {
                                  "4 query groups not divisible by tp=3")));
 }
 
+// llama-tiny's spec (hidden 64, 8 heads, head_dim 8) with other hyper-parameters, resolved
+// against `family`'s rule set.
+Result<ResolvedModel> LlamaVariant(std::map<std::string, int64_t> hyper,
+                                   const std::string& family = "llama") {
+  UCP_ASSIGN_OR_RETURN(ModelSpec spec, LoadModel(kData, "llama-tiny"));
+  UCP_ASSIGN_OR_RETURN(RuleSet rules, LoadRuleSet(kData, family));
+  spec.family = family;
+  spec.templates = rules.templates;
+  for (const auto& [k, v] : hyper) spec.hyper[k] = v;
+  return Resolve(spec, rules);
+}
+
+// Megatron-Core with tp a multiple of the query groups (PR #2565): linear_qkv stays
+// column-parallel, so rank r holds rows [r*R/tp, (r+1)*R/tp) of the per-group interleaved
+// tensor. nh=8, nkv=2, head_dim 8: a group is [q0..q3 | k | v] = 48 rows, and tp=4 cuts each
+// group in two: rank 0 = q0 q1 q2, rank 1 = q3 k0 v0, rank 2 = q4 q5 q6, rank 3 = q7 k1 v1.
+TEST(Slice, TpAboveQueryGroupsSplitsTheRowsEvenly) {
+  UCP_ASSERT_OK_AND_ASSIGN(ResolvedModel m, LlamaVariant({{"kv_heads", 2}}));
+  const ResolvedParam* qkv = Find(m, "layers.0.self_attention.query_key_value.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->rule.split_groups_up_to, 8);
+  for (int r = 0; r < 4; ++r) {
+    UCP_ASSERT_OK_AND_ASSIGN(Slice s, SliceParam(*qkv, 4, r, 1, 0));
+    EXPECT_EQ(s.local_shape, (Shape{24, 64}));
+    ASSERT_EQ(s.pieces.size(), 1u);
+    EXPECT_EQ(s.pieces[0].full_start, (Shape{24 * r, 0}));
+    EXPECT_EQ(s.pieces[0].counts, (Shape{24, 64}));
+    EXPECT_EQ(s.replica, 0);  // nothing is replicated: each row lives on one rank
+  }
+  UCP_ASSERT_OK_AND_ASSIGN(Slice s8, SliceParam(*qkv, 8, 7, 1, 0));
+  EXPECT_EQ(s8.local_shape, (Shape{12, 64}));  // tp=8: 96 / 8 rows; rank 7 = half of k1, v1
+  EXPECT_EQ(s8.pieces[0].full_start, (Shape{84, 0}));
+  // tp must still divide the heads, and be a multiple (or divisor) of the groups.
+  EXPECT_THAT(SliceParam(*qkv, 16, 0, 1, 0),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("heads=8 not divisible by tp=16 (tp above the 2 query groups "
+                                 "splits each group over 8 ranks)")));
+  EXPECT_THAT(SliceParam(*qkv, 3, 0, 1, 0),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("2 query groups not divisible by tp=3, nor is tp=3 a multiple")));
+  // A group's rows must split evenly over the ranks that share it: (4 + 2) * 1 rows over 4.
+  UCP_ASSERT_OK_AND_ASSIGN(ResolvedModel odd,
+                           LlamaVariant({{"heads", 4}, {"kv_heads", 1}, {"head_dim", 1}}));
+  EXPECT_THAT(SliceParam(*Find(odd, "layers.0.self_attention.query_key_value.weight"), 4, 0, 1, 0),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("6 rows per group not divisible by the 4 ranks that share a "
+                                 "group at tp=4")));
+}
+
+TEST(Slice, MqaAndQwen2BiasAboveTheQueryGroups) {
+  // MQA (one group of [q0..q7 | k | v] = 80 rows) at tp=2: rank 1 = q5 q6 q7 k v.
+  UCP_ASSERT_OK_AND_ASSIGN(ResolvedModel mqa, LlamaVariant({{"kv_heads", 1}}));
+  UCP_ASSERT_OK_AND_ASSIGN(
+      Slice s,
+      SliceParam(*Find(mqa, "layers.1.self_attention.query_key_value.weight"), 2, 1, 1, 0));
+  EXPECT_EQ(s.local_shape, (Shape{40, 64}));
+  EXPECT_EQ(s.pieces[0].full_start, (Shape{40, 0}));
+  // Qwen2's fused bias is split as the weight rows.
+  UCP_ASSERT_OK_AND_ASSIGN(ResolvedModel qwen, LlamaVariant({{"kv_heads", 2}}, "qwen2"));
+  const ResolvedParam* bias = Find(qwen, "layers.0.self_attention.query_key_value.bias");
+  ASSERT_NE(bias, nullptr);
+  UCP_ASSERT_OK_AND_ASSIGN(Slice b, SliceParam(*bias, 4, 3, 1, 0));
+  EXPECT_EQ(b.local_shape, (Shape{24}));
+  EXPECT_EQ(b.pieces[0].full_start, (Shape{72}));
+}
+
+TEST(RuleSet, SplitGroupsUpToOnlyForInterleavedGroups) {
+  const std::string bad = R"({"family": "x", "parameters": [{"name": "w", "shape": ["4"]}],
+    "pipeline": {"layer_pattern": "layers\\.(\\d+)\\..*", "first_stage": ["w"], "last_stage": []},
+    "rules": [{"match": "w", "kind": "fuse", "dim": 0, "order": "concat",
+               "parts": [{"name": "a", "size": "4"}], "split_groups_up_to": "heads", "source": "t"}]})";
+  EXPECT_THAT(ParseRuleSet(bad, "x.json"),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("\"split_groups_up_to\" is only allowed for order "
+                                 "\"interleaved_groups\"")));
+}
+
 TEST(Slice, SwigluConcatTakesEachPartsChunk) {
   UCP_ASSERT_OK_AND_ASSIGN(ResolvedModel m, LoadResolved("llama-tiny"));
   const ResolvedParam* fc1 = Find(m, "layers.0.mlp.dense_h_to_4h.weight");
