@@ -97,7 +97,7 @@ MIXTRAL_EXPERT = [
 
 class Model:
     def __init__(self, family, hidden, heads, layers, vocab, positions, divisible_by, seed,
-                 kv_heads=None, ffn=None, experts=0):
+                 kv_heads=None, ffn=None, experts=0, optimizer="adam"):
         self.family, self.h, self.heads, self.layers = family, hidden, heads, layers
         self.kv_heads = kv_heads or heads
         self.ffn = ffn or 4 * hidden
@@ -127,7 +127,16 @@ class Model:
         self.pad_vocab = True  # Megatron pads the vocabulary; plain DeepSpeed models do not
         gen = torch.Generator().manual_seed(seed)
         self.full = {}
+        # The torch optimizer's per-element states: Adam's two moments, or SGD's momentum.
+        self.optimizer = optimizer
+        self.states = ("exp_avg", "exp_avg_sq") if optimizer == "adam" else ("momentum_buffer",)
         for name, (shape, _) in self.params.items():
+            if optimizer == "sgd":
+                self.full[name] = {
+                    "fp32": torch.randn(shape, generator=gen),
+                    "momentum_buffer": torch.randn(shape, generator=gen) * 1e-3,
+                }
+                continue
             self.full[name] = {
                 "fp32": torch.randn(shape, generator=gen),
                 "exp_avg": torch.randn(shape, generator=gen) * 1e-3,
@@ -146,9 +155,11 @@ class Model:
         m = self.divisible_by * tp
         return (self.vocab + m - 1) // m * m
 
-    def tp_slice(self, name, state, tp, r, gen):
+    def tp_slice(self, name, state, tp, r, gen, qkv="per-group"):
         shape, kind = self.params[name]
         t = self.full[name][state]
+        if qkv == "per-rank-blocks" and "query_key_value" in name:
+            return self.rank_blocks(t.chunk(tp, 0)[r], tp)
         if kind == "rep" or tp == 1 and kind != "vocab":
             return t.clone()
         if kind == "vocab":
@@ -160,6 +171,22 @@ class Model:
             return torch.cat([gate.chunk(tp, 0)[r], up.chunk(tp, 0)[r]]).clone()
         dim = 1 if kind == "row" else 0
         return t.chunk(tp, dim)[r].clone()
+
+
+def rank_blocks_of(model, shard, tp):
+    """A TP shard of the fused QKV (whole query groups, each [q heads of the group | k | v] rows)
+    in the order Megatron-DeepSpeed uses since PR #441 (676a482c, megatron/model/transformer.py):
+    the rank's q rows, then its k rows, then its v rows ([Q_r | K_r | V_r])."""
+    d = model.h // model.heads
+    groups = model.kv_heads // tp
+    q = model.heads // model.kv_heads * d
+    g = shard.reshape(groups, q + 2 * d, *shard.shape[1:])
+    return torch.cat([g[:, :q].reshape(-1, *shard.shape[1:]),
+                      g[:, q:q + d].reshape(-1, *shard.shape[1:]),
+                      g[:, q + d:].reshape(-1, *shard.shape[1:])]).clone()
+
+
+Model.rank_blocks = lambda self, shard, tp: rank_blocks_of(self, shard, tp)
 
 
 def engine_name(model, canon, flavour):
@@ -286,10 +313,13 @@ def universal_info(model, args, pipe):
 
 
 def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, seed,
-                 groups="megatron", sub_group_size=None):
+                 groups="megatron", sub_group_size=None, qkv="per-group", post441=False):
     """optimizer: 'bf16' (BF16_Optimizer), 'zero1' or 'zero2' (DeepSpeedZeroOptimizer), 'zero3'
     (DeepSpeedZeroOptimizer_Stage3, sub-groups of sub_group_size elements per rank);
-    groups: 'megatron' (weight decay on >= 2-d non-biases, then the rest) or 'one'."""
+    groups: 'megatron' (weight decay on >= 2-d non-biases, then the rest) or 'one';
+    qkv: the fused QKV's row order in every state ('per-group', or 'per-rank-blocks' as
+    Megatron-DeepSpeed since PR #441 trains it); post441: the args hold the flags PR #441 added
+    (ds_sequence_parallel_fpdt*), as every run of that code saves them."""
     tag = "global_step7"
     folder = os.path.join(out, tag)
     os.makedirs(folder, exist_ok=True)
@@ -306,13 +336,17 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
     if optimizer == "zero3" and sub_group_size:
         ds_config["zero_optimization"]["sub_group_size"] = sub_group_size
     args = megatron_args(model, tp, pp, sp, lp, optimizer, dp, iteration)
+    if post441:  # megatron/arguments.py since 676a482c
+        args.ds_sequence_parallel_fpdt = False
+        args.ds_sequence_parallel_fpdt_chunk_size = 65536
+        args.ds_sequence_parallel_fpdt_offloading = False
     prefix = "bf16_" if lp == "bf16" else ""
     for s in range(pp):
         names = stage_params(model, pp, s)
         for r in range(tp):
             mp = s * tp + r if flavour == "pipe" else r
-            slices = {n: {st: model.tp_slice(n, st, tp, r, gen) for st in ("fp32", "exp_avg",
-                                                                         "exp_avg_sq")}
+            slices = {n: {st: model.tp_slice(n, st, tp, r, gen, qkv)
+                          for st in ("fp32",) + model.states}
                       for n in names}
             if groups == "one":
                 opt_groups = [names]
@@ -327,7 +361,7 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
             flat = []
             for g in opt_groups:
                 parts = {st: torch.cat([slices[n][st].reshape(-1) for n in g])
-                         for st in ("fp32", "exp_avg", "exp_avg_sq")}
+                         for st in ("fp32",) + model.states}
                 n = parts["fp32"].numel()
                 aligned = (n + 2 * nd - 1) // (2 * nd) * (2 * nd)
                 for st in parts:
@@ -338,6 +372,7 @@ def write_layout(out, model, tp, pp, dp, sp, lp, optimizer, flavour, meta_dims, 
                     o += slices[name]["fp32"].numel()
                 flat.append((parts, n, aligned, offsets))
             if optimizer == "zero3":
+                assert model.optimizer == "adam", "the ZeRO-3 fixtures are written for Adam"
                 write_zero3(folder, prefix, model, names, opt_groups, slices, flavour, nd, r,
                             lp_dtype, ds_config, args, iteration, tp, meta_dims, sub_group_size)
                 continue
@@ -497,18 +532,27 @@ def write_optim(folder, prefix, d, mp, flat, optimizer, nd, ds_config, flavour, 
         else:
             fp32_groups.append(part[:P - pad_here])  # a view: the file keeps the padded storage
             paddings.append(pad_here)
-        states[g] = {"step": torch.tensor(float(iteration)),
-                     "exp_avg": parts["exp_avg"][lo:hi].clone(),
-                     "exp_avg_sq": parts["exp_avg_sq"][lo:hi].clone()}
+        if model.optimizer == "sgd":  # torch.optim.SGD with momentum keeps no step
+            states[g] = {"momentum_buffer": parts["momentum_buffer"][lo:hi].clone()}
+        else:
+            states[g] = {"step": torch.tensor(float(iteration)),
+                         "exp_avg": parts["exp_avg"][lo:hi].clone(),
+                         "exp_avg_sq": parts["exp_avg_sq"][lo:hi].clone()}
         m = collections.OrderedDict()
         for name, o, num in offsets:
             a, b = max(o, lo), min(o + num, hi)
             if a < b:
                 m[engine_name(model, name, flavour)] = fragment_address(numel=b - a, start=a - lo)
         mappings.append(m)
-        param_groups.append({"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8,
-                             "weight_decay": 0.1 if g == 0 else 0.0, "amsgrad": False,
-                             "params": [g]})
+        if model.optimizer == "sgd":  # torch 1.13 SGD's group keys, in its order
+            param_groups.append({"lr": 3e-4, "momentum": 0.9, "dampening": 0,
+                                 "weight_decay": 0.1 if g == 0 else 0.0, "nesterov": False,
+                                 "maximize": False, "foreach": None, "differentiable": False,
+                                 "params": [g]})
+        else:
+            param_groups.append({"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8,
+                                 "weight_decay": 0.1 if g == 0 else 0.0, "amsgrad": False,
+                                 "params": [g]})
     base = {"state": states, "param_groups": param_groups}
     if optimizer == "bf16":
         osd = collections.OrderedDict(
@@ -527,11 +571,12 @@ def write_optim(folder, prefix, d, mp, flat, optimizer, nd, ds_config, flavour, 
 
 
 def save_expected(path, model):
-    """The truth: per canonical parameter its fp32 master weight, Adam moments and the weights in
-    each training dtype, as torch rounds them (model_bf16, model_fp16)."""
+    """The truth: per canonical parameter its fp32 master weight, optimizer states (Adam's
+    moments, SGD's momentum) and the weights in each training dtype, as torch rounds them
+    (model_bf16, model_fp16)."""
     torch.save(collections.OrderedDict(
         (n, collections.OrderedDict(
-            [(s, model.full[n][s]) for s in ("fp32", "exp_avg", "exp_avg_sq")] +
+            [(s, model.full[n][s]) for s in ("fp32",) + model.states] +
             [("model_bf16", model.full[n]["fp32"].to(torch.bfloat16)),
              ("model_fp16", model.full[n]["fp32"].to(torch.float16))]))
         for n in model.params), path)
@@ -573,6 +618,19 @@ LLAMA_LAYOUTS = {
 LLAMA_ZERO3_LAYOUTS = {
     "megatron_llama_zero3_tp2_dp3_bf16": (2, 1, 3, 1, "bf16", "zero3", "gpt", False),
 }
+# The fused QKV in Megatron-DeepSpeed's row order since PR #441 ([Q_r | K_r | V_r] per tp rank):
+# name: (layout as LAYOUTS, args with the #441 flags). The first is detected from its args;
+# the second (args without them, as a fork's) needs --qkv-layout per-rank-blocks.
+QKV_LAYOUTS = {
+    "megatron_qkv441_tp2_pp1_dp2_bf16": ((2, 1, 2, 1, "bf16", "bf16", "gpt", True), True),
+    "megatron_qkvblocks_tp1_pp1_dp2_fp16_zero1": ((1, 1, 2, 1, "fp16", "zero1", "gpt", True),
+                                                  False),
+}
+# torch.optim.SGD with momentum (a client optimizer, so ds_config names none): its per-group
+# state is momentum_buffer alone, no step; its param groups SGD's keys.
+SGD_LAYOUTS = {
+    "megatron_sgd_tp2_pp1_dp2_fp16_zero2": (2, 1, 2, 1, "fp16", "zero2", "gpt", True),
+}
 MIXTRAL_LAYOUTS = {
     "deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1": (1, 1, 2, 1, "bf16", "zero1", "plain", False),
 }
@@ -595,6 +653,9 @@ def main():
     save_expected(os.path.join(a.out, "expected.pt"), model)
     for i, (name, spec) in enumerate(LAYOUTS.items()):
         write_layout(os.path.join(a.out, name), model, *spec, seed=100 + i)
+    for i, (name, (spec, post441)) in enumerate(QKV_LAYOUTS.items()):
+        write_layout(os.path.join(a.out, name), model, *spec, seed=150 + i,
+                     qkv="per-rank-blocks", post441=post441)
     os.makedirs(os.path.join(a.out, "models"), exist_ok=True)
     save_model_file(os.path.join(a.out, "models", "gpt-plain.json"), "gpt-plain", model, 1)
 
@@ -604,6 +665,11 @@ def main():
         write_layout(os.path.join(a.out, name), llama, *spec, seed=200 + i)
     for i, (name, spec) in enumerate(LLAMA_ZERO3_LAYOUTS.items()):
         write_layout(os.path.join(a.out, name), llama, *spec, seed=250 + i, sub_group_size=100)
+
+    sgd = Model("gpt", 16, 4, 2, 50, 16, 8, seed=10, optimizer="sgd")
+    save_expected(os.path.join(a.out, "expected_sgd.pt"), sgd)
+    for i, (name, spec) in enumerate(SGD_LAYOUTS.items()):
+        write_layout(os.path.join(a.out, name), sgd, *spec, seed=350 + i)
 
     mixtral = Model("mixtral", 16, 4, 2, 36, 16, 4, seed=9, kv_heads=2, ffn=8, experts=4)
     save_expected(os.path.join(a.out, "expected_mixtral.pt"), mixtral)

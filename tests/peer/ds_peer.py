@@ -49,7 +49,12 @@ import torch.nn.functional as F
 HIDDEN, HEADS, LAYERS, VOCAB, POSITIONS = 32, 4, 2, 64, 16
 GLOBAL_BATCH, SEQ = 8, 16
 SAVE_STEP, LAST_STEP = 4, 8
-STATES = ("fp32", "exp_avg", "exp_avg_sq")
+# The run's optimizer (env UCP_PEER_OPTIMIZER, so that spawned ranks see it too): DeepSpeed's
+# AdamW from the config, or a client torch.optim.SGD with momentum, whose one per-element state is
+# momentum_buffer and which keeps no step (ucp carries the state under its own name).
+OPTIMIZER = os.environ.get("UCP_PEER_OPTIMIZER", "adamw")
+assert OPTIMIZER in ("adamw", "sgd"), f"UCP_PEER_OPTIMIZER={OPTIMIZER}: adamw or sgd"
+STATES = ("fp32", "exp_avg", "exp_avg_sq") if OPTIMIZER == "adamw" else ("fp32", "momentum_buffer")
 # Resuming at another dp size changes only the order of the gradient reductions (one process sums
 # 8 sequences, two sum 4 each and average). Measured with DeepSpeed's own universal checkpoint
 # resumed at dp=1: the losses of steps 5..8 move by at most 6.6e-8 relative. Wrong state moves them
@@ -176,7 +181,7 @@ def ds_config(dp, zero, universal, sub_group_size=None):
     zero_cfg = {"stage": zero}
     if sub_group_size:
         zero_cfg["sub_group_size"] = sub_group_size
-    return {
+    config = {
         "train_batch_size": GLOBAL_BATCH,
         "train_micro_batch_size_per_gpu": GLOBAL_BATCH // dp,
         "gradient_accumulation_steps": 1,
@@ -189,6 +194,10 @@ def ds_config(dp, zero, universal, sub_group_size=None):
         "checkpoint": {"load_universal": universal},
         "steps_per_print": 10_000,
     }
+    if OPTIMIZER == "sgd":  # a client optimizer (make_engine); ZeRO asks to be told it is one
+        del config["optimizer"]
+        config["zero_allow_untested_optimizer"] = True
+    return config
 
 
 def free_port():
@@ -251,6 +260,10 @@ def make_engine(dp, zero, universal, sub_group_size=None):
     config = ds_config(dp, zero, universal, sub_group_size)
     # ZeRO-3 partitions the whole model at initialize (the same seeded weights at every stage).
     model = make_model()
+    if OPTIMIZER == "sgd":
+        sgd = torch.optim.SGD(param_groups(model), lr=1e-2, momentum=0.9)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=sgd, config=config)
+        return engine
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model),
                                            config=config)
     return engine
@@ -333,10 +346,11 @@ def gather_state(engine):
         adam = opt.optimizer.state[flat]
         h = m.hp_fragment_address
         frags = {"fp32": flat.narrow(0, h.start, h.numel)}
-        frags.update({s: adam[s].narrow(0, h.start, h.numel) for s in ("exp_avg", "exp_avg_sq")})
+        frags.update({s: adam[s].narrow(0, h.start, h.numel) for s in STATES[1:]})
         a = m.lp_fragment_address
         local[name] = (a.start, a.numel, {s: t.detach().clone() for s, t in frags.items()})
-    steps = sorted({float(s["step"]) for s in opt.optimizer.state.values()})
+    # SGD keeps no step: None.
+    steps = sorted({float(s["step"]) for s in opt.optimizer.state.values() if "step" in s})
     everyone = [None] * dist.get_world_size()
     torch.distributed.all_gather_object(everyone, (local, steps))
     full = {}
@@ -352,6 +366,9 @@ def gather_state(engine):
         assert bool((hits == 1).all()), f"{name}: ZeRO fragments do not cover it exactly once"
         full[name] = {s: bufs[s].reshape(p.shape) for s in STATES}
     all_steps = sorted({s for _, st in everyone for s in st})
+    if OPTIMIZER == "sgd":
+        assert not all_steps, f"SGD state holds a step: {all_steps}"
+        return full, None
     assert len(all_steps) == 1, f"ranks disagree on the Adam step: {all_steps}"
     return full, all_steps[0]
 
@@ -535,11 +552,14 @@ def cmd_extract(a):
     truth = torch.load(os.path.join(a.work, "truth.pt"))
     want = truth["states"]
     zero3 = json.load(open(os.path.join(a.work, "losses.json")))["zero"] == 3
+    # DeepSpeed 0.14.4's converter reads Adam's states only (DeepSpeed #8608): for SGD ucp's
+    # states are compared with the engine's own, as for ZeRO-3.
+    engine_only = zero3 or OPTIMIZER != "adamw"
     mm = Mismatches()
     # DeepSpeed's universal converter and its fp32 exporter, on the engine's own files. The
     # converter of 0.14.4 has no ZeRO-3 path (it came in 0.14.5, PR #5475): ucp's optimizer states
     # are then compared with the engine's own, gathered when it saved.
-    if not zero3:
+    if not engine_only:
         ds, ds_steps = read_ds_universal(ds_universal(a.work, a.out))
         compare_states(mm, "ds_to_universal vs engine", ds, want)
         for name, st in ds_steps.items():
@@ -558,16 +578,23 @@ def cmd_extract(a):
     ucp = read_ucp_universal(a.ucp)
     with open(os.path.join(a.ucp, "manifest.json")) as f:
         ucp_step = json.load(f).get("step")
-    if ucp_step != truth["step"]:
-        mm.add(f"ucp extract manifest.json step: {ucp_step} != engine Adam step {truth['step']}")
-    if zero3:
+    # An optimizer without a step (SGD): the engine's global_steps.
+    want_step = truth["step"] if truth["step"] is not None else SAVE_STEP
+    if ucp_step != want_step:
+        mm.add(f"ucp extract manifest.json step: {ucp_step} != engine step {want_step}")
+    if OPTIMIZER != "adamw":
+        with open(os.path.join(a.ucp, "manifest.json")) as f:
+            ucp_states = json.load(f)["optimizer"]["states"]
+        if tuple(ucp_states) != STATES:
+            mm.add(f"ucp extract manifest.json optimizer states {ucp_states} != {list(STATES)}")
+    if engine_only:
         compare_states(mm, "ucp extract vs engine", ucp, want)
     else:
         compare_states(mm, "ucp extract vs ds_to_universal", ucp, ds)
     compare_states(mm, "ucp extract fp32 vs zero_to_fp32",
                    {n: {"fp32": s.get("fp32")} for n, s in ucp.items()},
                    {n: {"fp32": t} for n, t in fp32.items()})
-    mm.check(f"ucp extract {a.ucp} == {'the engine' if zero3 else 'ds_to_universal'} == "
+    mm.check(f"ucp extract {a.ucp} == {'the engine' if engine_only else 'ds_to_universal'} == "
              f"zero_to_fp32 ({len(want)} parameters x {len(STATES)} states)")
 
 
@@ -588,7 +615,30 @@ FIXTURES = {
     "megatron_llama_nested_tp2_pp1_dp2_fp16_zero1": "expected_llama.pt",
     "megatron_llama_zero3_tp2_dp3_bf16": "expected_llama.pt",
     "deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1": "expected_mixtral.pt",
+    "megatron_qkv441_tp2_pp1_dp2_bf16": "expected.pt",
+    "megatron_qkvblocks_tp1_pp1_dp2_fp16_zero1": "expected.pt",
+    "megatron_sgd_tp2_pp1_dp2_fp16_zero2": "expected_sgd.pt",
 }
+# Fixtures of optimizers other than Adam (torch SGD's momentum_buffer): DeepSpeed's converter
+# hard-codes exp_avg / exp_avg_sq (DeepSpeed issue #8608), so it must refuse them with that
+# KeyError; ucp reads them (api_deepspeed_source_test) and peer_ucp_sgd runs the real engine.
+NON_ADAM_FIXTURES = {"megatron_sgd_tp2_pp1_dp2_fp16_zero2"}
+# Fixtures whose fused QKV is in Megatron-DeepSpeed's row order since PR #441 (each tp rank's
+# rows [Q_r | K_r | V_r]): name -> (tp, heads). DeepSpeed's converter concatenates the TP shards
+# as stored (it knows no sub-parameters of the QKV), so its output is the truth's per-head
+# [q_h | k_h | v_h] rows rearranged so, rank by rank.
+QKV_RANK_BLOCKS = {
+    "megatron_qkv441_tp2_pp1_dp2_bf16": (2, 4),
+    "megatron_qkvblocks_tp1_pp1_dp2_fp16_zero1": (1, 4),
+}
+
+
+def rank_blocks(t, tp, heads):
+    """A multi-head fused QKV (rows per head [q | k | v]) as post-#441 shards concatenated."""
+    d = t.shape[0] // (3 * heads)
+    rest = tuple(t.shape[1:])
+    return torch.cat([c.reshape(heads // tp, 3, d, *rest).transpose(0, 1).reshape(-1, *rest)
+                      for c in t.chunk(tp, 0)])
 
 
 def canonical_name(ds_name, layers):
@@ -691,14 +741,41 @@ def zero3_fixture_fp32(tag, layers):
     return out
 
 
+def non_adam_fixture(data, name, failed):
+    """DeepSpeed's ds_to_universal on a non-Adam fixture must stop at the missing exp_avg."""
+    with open(os.path.join(data, name, "latest")) as f:
+        tag = os.path.join(data, name, f.read().strip())
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            run_ds_to_universal(tag, os.path.join(tmp, "universal"), inject_missing_state=True)
+            print(f"FAIL {name}: ds_to_universal read a non-Adam checkpoint; update "
+                  f"NON_ADAM_FIXTURES and compare its output")
+            failed.append(name)
+        except KeyError as e:
+            if "exp_avg" not in str(e):
+                print(f"FAIL {name}: ds_to_universal: KeyError {e}, not exp_avg's")
+                failed.append(name)
+            else:
+                print(f"ok {name}: ds_to_universal refuses it (KeyError {e}: Adam's states "
+                      f"hard-coded, DeepSpeed #8608)")
+
+
 def cmd_fixtures(a):
     failed = []
     megatron_enums_importable()
     for name in fixture_folders(a.data):
         # ds_to_universal yields the fp32 masters and Adam moments only (no model weights): those
         # are compared, bitwise, with the truth's; its model_bf16 / model_fp16 are not used here.
+        if name in NON_ADAM_FIXTURES:
+            non_adam_fixture(a.data, name, failed)
+            continue
         expected = {n: {s: st[s] for s in STATES}
                     for n, st in torch.load(os.path.join(a.data, FIXTURES[name])).items()}
+        if name in QKV_RANK_BLOCKS:
+            for n in expected:
+                if "query_key_value" in n:
+                    expected[n] = {s: rank_blocks(t, *QKV_RANK_BLOCKS[name])
+                                   for s, t in expected[n].items()}
         layers = 1 + max(int(n.split(".")[1]) for n in expected if n.startswith("layers."))
         folder = os.path.join(a.data, name)
         with open(os.path.join(folder, "latest")) as f:

@@ -4,7 +4,8 @@
 #   train Z                 DeepSpeed trains a tiny GPT at dp=2, ZeRO-Z, on CPU and checkpoints at
 #                           step 4 of 8 (WORK/zeroZ: the fixture of the cases below); Z is 1, 2,
 #                           3, or 3sg: ZeRO-3 with sub_group_size 1000 (several sub-groups)
-#   ucp-reads-deepspeed Z   ucp extract of that checkpoint == ds_to_universal == zero_to_fp32
+#   ucp-reads-deepspeed Z   ucp extract of that checkpoint == ds_to_universal == zero_to_fp32,
+#                           and ucp reads ds_to_universal's folder back equal to its extraction
 #                           (ZeRO-3: == zero_to_fp32 == the engine's state; 0.14.4's
 #                           ds_to_universal has no ZeRO-3 path)
 #   deepspeed-reads-ucp Z   ucp extract, then ucp reshard --format deepspeed-universal; DeepSpeed
@@ -22,7 +23,12 @@
 #                           ZeRO-3 checkpoint at dp=2 on this CPU/gloo harness diverges at the first
 #                           step, so dp=2 loads are not a usable check; docs/peers.md.)
 #   ds-to-universal-reads-ucp 1  DeepSpeed's ds_to_universal on GPTModelPipe, GPTModel and plain
-#                           checkpoints ucp wrote == ucp's universal source
+#                           checkpoints ucp wrote == ucp's universal source, in Python and as
+#                           ucp reads the universal folder back (ucp diff)
+#   sgd Z                   its own run (WORK/sgd-zeroZ) with a client torch SGD with momentum:
+#                           ucp extract == the engine's state (momentum_buffer under its name),
+#                           and DeepSpeed loads ucp's --format deepspeed output (dp=1 zero=1, and
+#                           from the extraction at dp=2) and continues the run
 #   deepspeed-reads-fixtures  DeepSpeed's ds_to_universal on tests/data/deepspeed == expected.pt
 set -euo pipefail
 test_case=$1 src=$2 bin=$3 work=$4 zero=${5:-}
@@ -48,6 +54,13 @@ case $test_case in
     rm -rf "$out" && mkdir -p "$out"
     "$bin/ucp" extract "$(tag)" "$out/universal" --model "$src/tests/peer/gpt-peer.json"
     py extract --work "$run" --ucp "$out/universal" --out "$out/ds"
+    # ucp reads DeepSpeed's own universal output (ds_to_universal on the same checkpoint): bitwise
+    # what it extracted (plain DeepSpeed records no model: --model).
+    if [ "$zero" = 1 ] || [ "$zero" = 2 ]; then  # 0.14.4's ds_to_universal has no ZeRO-3 path
+      py ds-universal --work "$run" --out "$out/dsu"
+      "$bin/ucp" diff "$out/dsu/$(cat "$out/dsu/latest_universal")" "$out/universal" \
+        --model "$src/tests/peer/gpt-peer.json"
+    fi
     ;;
   deepspeed-reads-ucp)
     out=$run/deepspeed-reads-ucp
@@ -90,6 +103,26 @@ case $test_case in
     py resume --work "$run" --load "$out/from-universal" --dp 2 --mode zero || status=1
     exit $status
     ;;
+  sgd)
+    # A client torch.optim.SGD with momentum (state momentum_buffer, no step): the engine's
+    # checkpoint read bitwise, and ucp's conversions (at dp=1 zero=1, and from the universal
+    # extraction at dp=2) loaded by the engine with the same state, continuing the run.
+    export UCP_PEER_OPTIMIZER=sgd
+    run=$work/sgd-zero$zero
+    py train --work "$run" --zero "$zero"
+    out=$run/sgd
+    rm -rf "$out" && mkdir -p "$out"
+    "$bin/ucp" extract "$(tag)" "$out/universal" --model "$src/tests/peer/gpt-peer.json"
+    py extract --work "$run" --ucp "$out/universal" --out "$out/ds"
+    "$bin/ucp" convert "$(tag)" "$out/dp1" --layout tp=1,pp=1,dp=1,zero=1 --format deepspeed \
+      --model "$src/tests/peer/gpt-peer.json"
+    "$bin/ucp" reshard "$out/universal" "$out/from-universal" --layout tp=1,pp=1,dp=2,zero=2 \
+      --format deepspeed
+    status=0
+    py resume --work "$run" --load "$out/dp1" --dp 1 --mode zero --zero 1 || status=1
+    py resume --work "$run" --load "$out/from-universal" --dp 2 --mode zero || status=1
+    exit $status
+    ;;
   deepspeed-loads-ucp-zero3)
     out=$run/deepspeed-loads-ucp-zero3
     rm -rf "$out" && mkdir -p "$out"
@@ -115,6 +148,9 @@ case $test_case in
         --naming "$naming" --optimizer "$optimizer" "$@"
       py reads-ucp --tag "$out/$name/$(cat "$out/$name/latest")" --ucp "$uni" \
         --out "$out/$name.dtu" || status=1
+      # ucp reads ds_to_universal's output back (the model ucp recorded in the model states it
+      # copies): bitwise the universal checkpoint the DeepSpeed one was written from.
+      "$bin/ucp" diff "$out/$name.dtu/universal" "$uni" || status=1
     }
     convert_and_read gpt-pipe "$(tag)" "$out/peer.u" tp=2,pp=2,dp=2,zero=1 megatron-pipe zero \
       "${peer_model[@]}"

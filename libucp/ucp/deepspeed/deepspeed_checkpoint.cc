@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <map>
 #include <optional>
@@ -469,14 +470,47 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   }
   UCP_ASSIGN_OR_RETURN(const PyValue* state,
                        base->Find("state", optim0 + ": base_optimizer_state"));
+  // The torch optimizer's per-element states are the tensors of its per-group state other than
+  // `step` (Adam: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer; Adagrad: sum; Lion:
+  // exp_avg), in its order; a None (SGD without momentum) is no state. An optimizer without
+  // any state (plain SGD) keeps an empty state dict.
   const PyValue* s0 = state->Get(int64_t{0});
-  if (s0 == nullptr || s0->Get("exp_avg") == nullptr || s0->Get("exp_avg_sq") == nullptr) {
-    return UnimplementedError(optim0 + ": " + base_key +
-                              ".state[0] has no exp_avg / "
-                              "exp_avg_sq (only Adam-style optimizers are read)");
+  if (s0 == nullptr && state->kind() == PyKind::kDict && !state->entries().empty()) {
+    return DataLossError(optim0 + ": " + base_key + ".state has no entry for param group 0");
+  }
+  if (s0 != nullptr) {
+    if (s0->kind() != PyKind::kDict) {
+      return DataLossError(optim0 + ": " + base_key + ".state[0] is not a dict");
+    }
+    for (const auto& [k, v] : s0->entries()) {
+      if (k->kind() != PyKind::kStr || k->str() == "step" || v->kind() == PyKind::kNone) continue;
+      const std::string what = optim0 + ": " + base_key + ".state[0]." + k->str();
+      if (v->kind() != PyKind::kTensor) {
+        return UnimplementedError(what + " is a " + std::string(PyKindName(v->kind())) +
+                                  ", not a tensor: ucp carries per-element optimizer states only "
+                                  "(the missing piece: per-group optimizer values in the "
+                                  "universal manifest)");
+      }
+      if (v->tensor().size.size() != 1) {
+        return UnimplementedError(what + " is a " + std::to_string(v->tensor().size.size()) +
+                                  "-d tensor, not a per-element state over the flat partition: "
+                                  "ucp carries per-element optimizer states only (the missing "
+                                  "piece: per-group optimizer values in the universal manifest)");
+      }
+      const std::string& n = k->str();
+      const bool name_ok =
+          !n.empty() && n != "fp32" && n != "model" &&
+          n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
+              std::string::npos;
+      if (!name_ok) {
+        return UnimplementedError(what + ": the state name is not one ucp can store (letters, "
+                                         "digits and _; not fp32 or model)");
+      }
+      ck.optimizer_states_.push_back(n);
+    }
   }
   ck.step_ = ck.iteration_;
-  if (const PyValue* st = s0->Get("step"); st != nullptr) {
+  if (const PyValue* st = s0 != nullptr ? s0->Get("step") : nullptr; st != nullptr) {
     if (st->kind() == PyKind::kTensor) {
       UCP_ASSIGN_OR_RETURN(Tensor t, of.ReadTensor(st->tensor()), optim0 + ": reading step");
       if (t.num_elements() != 1) return DataLossError(optim0 + ": step is not a scalar");
@@ -519,6 +553,52 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
       return DataLossError(optim0 + ": optimizer_state_dict param_groups[0]." + kHyperNames[i] +
                            " is " + std::to_string(ck.hyper_[i]) +
                            ", not a finite number (ucp records finite hyper-parameters only)");
+    }
+  }
+  // Adam's five as ucp has always recorded them; another optimizer's every number of group 0
+  // (SGD's momentum, dampening, nesterov as 0/1, ...), betas as beta1 / beta2.
+  const bool adam = ck.optimizer_states_ == std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+  ck.optimizer_kind_ = ck.hyper_[4] != 0 ? "adamw" : "adam";
+  ck.optimizer_hyper_ = {{"lr", ck.hyper_[0]},
+                         {"beta1", ck.hyper_[1]},
+                         {"beta2", ck.hyper_[2]},
+                         {"eps", ck.hyper_[3]},
+                         {"weight_decay", ck.hyper_[4]}};
+  if (!adam) {
+    // The optimizer DeepSpeed built from its config, when it did ("SGD", "Adagrad", "Lion").
+    ck.optimizer_kind_ = "torch";
+    if (const PyValue* cfg = root.Get("ds_config");
+        cfg != nullptr && cfg->kind() == PyKind::kDict) {
+      if (const PyValue* o = cfg->Get("optimizer"); o != nullptr && o->kind() == PyKind::kDict) {
+        if (const PyValue* t = o->Get("type"); t != nullptr && t->kind() == PyKind::kStr) {
+          ck.optimizer_kind_.clear();
+          for (char c : t->str()) ck.optimizer_kind_ += static_cast<char>(std::tolower(c));
+        }
+      }
+    }
+    ck.optimizer_hyper_.clear();
+    const PyValue* groups = base->Get("param_groups");
+    if (groups != nullptr && groups->kind() == PyKind::kList && !groups->items().empty() &&
+        groups->items()[0]->kind() == PyKind::kDict) {
+      for (const auto& [k, v] : groups->items()[0]->entries()) {
+        if (k->kind() != PyKind::kStr || k->str() == "params") continue;
+        const std::string what = optim0 + ": optimizer_state_dict param_groups[0]." + k->str();
+        if (k->str() == "betas" && v->items().size() == 2) {
+          UCP_ASSIGN_OR_RETURN(ck.optimizer_hyper_["beta1"], AsDouble(v->items()[0], what));
+          UCP_ASSIGN_OR_RETURN(ck.optimizer_hyper_["beta2"], AsDouble(v->items()[1], what));
+        } else if (v->kind() == PyKind::kBool) {
+          ck.optimizer_hyper_[k->str()] = v->bool_value() ? 1 : 0;
+        } else if (v->kind() == PyKind::kInt || v->kind() == PyKind::kFloat) {
+          UCP_ASSIGN_OR_RETURN(ck.optimizer_hyper_[k->str()], AsDouble(v, what));
+        }
+      }
+    }
+    for (const auto& [k, v] : ck.optimizer_hyper_) {
+      if (!std::isfinite(v)) {
+        return DataLossError(optim0 + ": optimizer_state_dict param_groups[0]." + k + " is " +
+                             std::to_string(v) +
+                             ", not a finite number (ucp records finite hyper-parameters only)");
+      }
     }
   }
   if (const PyValue* u = root.Get("ucp_client_state"); u != nullptr) {
@@ -577,7 +657,7 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     }
     js += "]";
   }
-  if (const PyValue* st = s0->Get("step"); st != nullptr) {
+  if (const PyValue* st = s0 != nullptr ? s0->Get("step") : nullptr; st != nullptr) {
     AppendJsonString(st->kind() == PyKind::kTensor ? std::string(DTypeName(st->tensor().dtype))
                                                    : std::string("int"),
                      member("step"));
@@ -590,8 +670,73 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
 
   if (options.bind_model) {
     UCP_RETURN_IF_ERROR(ck.BindModel(options, args, root.Get("ucp_model")));
+    UCP_RETURN_IF_ERROR(
+        ck.DecideQkvLayout(options, args, root.Get("ucp_qkv_layout"), files.mp.at(0)));
+    // Recorded with the client state, so that ucp's own formats carry it to a DeepSpeed writer.
+    ck.client_state_json_.insert(ck.client_state_json_.size() - 1,
+                                 ",\"qkv_layout\":\"" +
+                                     std::string(QkvLayoutName(ck.qkv_layout_)) + "\"");
   }
   return ck;
+}
+
+Status DeepSpeedCheckpoint::DecideQkvLayout(const OpenOptions& options, const PyValue* args,
+                                            const PyValue* recorded, const std::string& file) {
+  std::optional<QkvLayout> given;
+  if (!options.qkv_layout.empty()) {
+    UCP_ASSIGN_OR_RETURN(given, ParseQkvLayout(options.qkv_layout, "--qkv-layout"));
+  }
+  if (!HasFusedQkv(model_)) {
+    qkv_layout_ = QkvLayout::kPerGroup;
+    qkv_layout_origin_ = "the model has no fused QKV";
+    return Status::Ok();
+  }
+  // Multi-head attention: every fused QKV has as many q rows per group as k and v rows.
+  bool mha = true;
+  for (const patterns::ResolvedParam& p : model_.params) {
+    if (IsFusedQkv(p) && (p.rule.part_sizes[0] != p.rule.part_sizes[1])) mha = false;
+  }
+  std::optional<QkvLayout> found;
+  std::string why;
+  if (recorded != nullptr) {
+    const std::string what = file + ": ucp_qkv_layout";
+    if (recorded->kind() != PyKind::kStr) return DataLossError(what + " is not a string");
+    Result<QkvLayout> r = ParseQkvLayout(recorded->str(), what);
+    if (!r.ok()) return DataLossError(r.status().message());
+    found = *r;
+    why = "recorded by ucp in " + file + " (ucp_qkv_layout)";
+  } else if (args != nullptr && args->Get("ds_sequence_parallel_fpdt") != nullptr && mha) {
+    // The argument came with PR #441, the change that made ParallelAttention slice each rank's
+    // output into [Q | K | V]; the args are those of the run that saved the files. With GQA that
+    // code cannot run (it cuts equal thirds), so such files come from converters that write
+    // per-group (hf2megads_weight_converter.py), and nothing is detected.
+    found = QkvLayout::kPerRankBlocks;
+    why = "detected: " + file +
+          " args hold ds_sequence_parallel_fpdt, so Megatron-DeepSpeed since PR #441 saved it";
+  }
+  if (found) {
+    if (given && *given != *found) {
+      return InvalidArgumentError("--qkv-layout " + std::string(QkvLayoutName(*given)) +
+                                  " contradicts the checkpoint: " + why + " gives " +
+                                  std::string(QkvLayoutName(*found)));
+    }
+    qkv_layout_ = *found;
+    qkv_layout_origin_ = why;
+  } else if (given) {
+    qkv_layout_ = *given;
+    qkv_layout_origin_ = "--qkv-layout";
+  } else {
+    qkv_layout_ = QkvLayout::kPerGroup;
+    qkv_layout_origin_ =
+        "default: " + file + " does not record it (" +
+        (args == nullptr ? std::string("no Megatron args")
+                         : mha ? std::string("Megatron args from before PR #441")
+                               : std::string("grouped-query attention")) +
+        "); --qkv-layout per-rank-blocks reads Megatron-DeepSpeed since PR #441";
+  }
+  return CheckQkvLayout(model_, qkv_layout_, tp_,
+                        "QKV order " + std::string(QkvLayoutName(qkv_layout_)) + " (" +
+                            qkv_layout_origin_ + ")");
 }
 
 }  // namespace ucp::deepspeed

@@ -14,12 +14,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ucp/base/result.h"
 #include "ucp/deepspeed/naming.h"
+#include "ucp/deepspeed/qkv_layout.h"
 #include "ucp/layout/layout.h"
 #include "ucp/patterns/model.h"
 #include "ucp/tensor/dtype.h"
@@ -55,6 +57,10 @@ struct OpenOptions {
   std::filesystem::path data_dir;
   /// False: topology, names and metadata only (no rule set, no model, no checks against it).
   bool bind_model = true;
+  /// The fused QKV's row order (`--qkv-layout`): "per-group", "per-rank-blocks" or "" (what the
+  /// checkpoint records, else per-group). One that contradicts what the checkpoint records is
+  /// kInvalidArgument (qkv_layout.h, docs/deepspeed.md "The fused QKV's row order").
+  std::string qkv_layout;
 };
 
 class DeepSpeedCheckpoint {
@@ -71,7 +77,10 @@ class DeepSpeedCheckpoint {
   /// preset gives, a bad rule set); kFailedPrecondition (a checkpoint that is not the model: a
   /// parameter missing on either side, a TP shard shape, pipeline stage or hyper-parameter that
   /// differs from the model's); kUnimplemented (DeepSpeed-MoE expert files, elastic
-  /// checkpoints, ZeRO-3 with pipeline stages, an optimizer without exp_avg / exp_avg_sq, frozen parameters).
+  /// checkpoints, ZeRO-3 with pipeline stages, optimizer state that is not per-element, frozen
+  /// parameters); for the QKV order
+  /// (DecideQkvLayout) kInvalidArgument (a --qkv-layout the checkpoint contradicts) and
+  /// kFailedPrecondition (per-rank-blocks for a model it cannot hold).
   static Result<DeepSpeedCheckpoint> Open(const std::filesystem::path& path,
                                           const OpenOptions& options = {});
 
@@ -121,8 +130,26 @@ class DeepSpeedCheckpoint {
   /// The `ucp_client_state` string a ucp writer left in the model states (another framework's
   /// client state carried through DeepSpeed files, a JSON object); "" when absent.
   const std::string& ucp_client_state_json() const { return ucp_client_state_json_; }
+  /// The fused QKV's row order in the files (bind_model only): the files' ucp_qkv_layout key (a
+  /// ucp writer's), else per-rank-blocks when the Megatron args come from Megatron-DeepSpeed
+  /// since PR #441 (they hold ds_sequence_parallel_fpdt) and the attention is multi-head, else
+  /// OpenOptions::qkv_layout, else per-group.
+  QkvLayout qkv_layout() const { return qkv_layout_; }
+  /// Where qkv_layout() came from, for inspect and the summary: "recorded by ucp (...)",
+  /// "detected: ...", "--qkv-layout", "default: ...".
+  const std::string& qkv_layout_origin() const { return qkv_layout_origin_; }
   /// lr, beta1, beta2, eps, weight_decay of optimizer group 0.
   const std::vector<double>& hyper() const { return hyper_; }
+  /// The torch optimizer's per-element states in its order, read from its per-group state (the
+  /// tensors other than `step`): Adam {exp_avg, exp_avg_sq}, SGD with momentum
+  /// {momentum_buffer}, Adagrad {sum}, Lion {exp_avg}, plain SGD {}.
+  const std::vector<std::string>& optimizer_states() const { return optimizer_states_; }
+  /// "adam" / "adamw" for Adam's states (by weight decay), else ds_config.optimizer.type
+  /// lowercased, else "torch".
+  const std::string& optimizer_kind() const { return optimizer_kind_; }
+  /// Adam: lr, beta1, beta2, eps, weight_decay; another optimizer: every number (and bool, as
+  /// 0/1) of param group 0, betas as beta1 / beta2.
+  const std::map<std::string, double>& optimizer_hyper() const { return optimizer_hyper_; }
 
   /// File names relative to dir(). ZeRO-3: rank (dp 0, tp_rank)'s zero_pp_rank_0_mp_rank_TT file.
   std::string ModelStatesFile(int pp_rank, int tp_rank) const;
@@ -135,6 +162,8 @@ class DeepSpeedCheckpoint {
  private:
   Status BindModel(const OpenOptions& options, const torch::PyValue* args,
                    const torch::PyValue* ucp_model);
+  Status DecideQkvLayout(const OpenOptions& options, const torch::PyValue* args,
+                         const torch::PyValue* recorded, const std::string& file);
 
   std::filesystem::path dir_;
   int tp_ = 1, pp_ = 1, dp_ = 1, sp_ = 1;
@@ -149,10 +178,15 @@ class DeepSpeedCheckpoint {
   std::string client_state_json_;
   std::string ucp_client_state_json_;
   std::vector<double> hyper_;  // lr, beta1, beta2, eps, weight_decay
+  std::vector<std::string> optimizer_states_;
+  std::string optimizer_kind_;
+  std::map<std::string, double> optimizer_hyper_;
   patterns::ModelSpec spec_;
   patterns::ResolvedModel model_;
   std::string model_origin_;
   std::vector<int> ds_index_;
+  QkvLayout qkv_layout_ = QkvLayout::kPerGroup;
+  std::string qkv_layout_origin_;
 };
 
 /// True for a folder DeepSpeed wrote: a tag folder with mp_rank_*_model_states.pt,

@@ -19,14 +19,15 @@
 namespace ucp::deepspeed {
 
 /// Opens the DeepSpeed checkpoint at `dir` (a tag folder or its parent with `latest`); `model`
-/// is deepspeed::OpenOptions::model (preset, model file, family or ""), rule sets and presets
+/// is deepspeed::OpenOptions::model (preset, model file, family or ""), `qkv_layout` its
+/// qkv_layout (--qkv-layout, "" for the recorded one or per-group), rule sets and presets
 /// come from `data_dir`. meta(): format kDeepSpeed, layout the view tp=T,pp=P,dp=1,zero=0,
 /// framework "deepspeed" or "megatron-deepspeed", source_layout DeepSpeed's own layout, and a
 /// client state {"deepspeed": {...}} for the universal manifest.
 /// Errors: those of deepspeed::DeepSpeedCheckpoint::Open and DeepSpeedTensorSource::Open.
 Result<std::unique_ptr<api::CheckpointSource>> OpenDeepSpeedSource(
     const std::filesystem::path& dir, const std::filesystem::path& data_dir,
-    const std::string& model);
+    const std::string& model, const std::string& qkv_layout = "");
 
 struct DeepSpeedOutputOptions {
   /// "zero" (DeepSpeedZeroOptimizer), "bf16" (BF16_Optimizer: bf16 training, ZeRO-1) or "" for
@@ -40,6 +41,10 @@ struct DeepSpeedOutputOptions {
   /// hyper-parameters); "" is the source itself when it is a DeepSpeed folder, else the client
   /// state the source recorded (deepspeed::DeepSpeedWriteOptions).
   std::filesystem::path model_states_from;
+  /// The fused QKV's row order written (deepspeed/qkv_layout.h): "per-group", "per-rank-blocks"
+  /// or "" for the source's (CheckpointMeta::qkv_layout, else client_state.deepspeed.qkv_layout),
+  /// else per-group.
+  std::string qkv_layout;
   /// The tag folder; "" is global_step<iteration>, or the source's tag for a DeepSpeed source.
   std::string tag;
 };

@@ -31,7 +31,12 @@ using torch::PyValue;
 using torch::TorchFile;
 using torch::TorchWriter;
 
-constexpr const char* kStates[3] = {"fp32", "exp_avg", "exp_avg_sq"};
+// "fp32", then the torch optimizer's states (DeepSpeedWriteOptions::optimizer_states).
+std::vector<std::string> StateNames(const DeepSpeedWriteOptions& o) {
+  std::vector<std::string> names = {"fp32"};
+  for (const std::string& s : o.optimizer_states) names.push_back(s);
+  return names;
+}
 // The DeepSpeed release whose file format this writer follows (and the peer tests load with);
 // a source DeepSpeed checkpoint's own version is carried instead when there is one.
 constexpr const char* kDeepSpeedVersion = "0.14.4";
@@ -194,11 +199,13 @@ struct OptimPlace {
   int32_t param = 0;  // index into TargetRank::params
 };
 struct Destination {
-  int state = -1;  // 0..2: kStates; -1: the model weight
+  int state = -1;  // >= 0: StateNames' index; -1: the model weight
   std::vector<OptimPlace> optim;
   int32_t file = -1;     // model: index into files
   int32_t storage = -1;  // model: the deferred tensor id
   int64_t item = 4;      // bytes per element
+  // A fused QKV written per-rank-blocks: where the view's per-group rows go (qkv_layout.h).
+  std::vector<RowBlock> qkv_blocks;
 };
 
 }  // namespace
@@ -212,7 +219,7 @@ struct DeepSpeedWriter::Impl {
   // Per rank, per dp partition: the optim file; per group and state: its deferred storage.
   struct RankFiles {
     std::vector<int32_t> optim;                                // per d: index into files
-    std::vector<std::vector<std::array<int32_t, 3>>> storage;  // [d][g][state]
+    std::vector<std::vector<std::vector<int32_t>>> storage;  // [d][g][state]
   };
   std::vector<RankFiles> rank_files;
   std::unordered_map<std::string, Destination> by_name;
@@ -620,7 +627,16 @@ class Builder {
     for (const auto& [k, v] : model_.spec.hyper) hyper->SetItem(a.Str(k), a.Int(v));
     ucp->SetItem(a.Str("hyper"), hyper);
     put("ucp_model", ucp);
+    // The fused QKV's row order, so that a reader need not infer it from the args (a post-#441
+    // source's args are carried whatever order is written).
+    if (HasFusedQkv(model_)) {
+      put("ucp_qkv_layout", a.Str(std::string(QkvLayoutName(o_.qkv_layout))));
+    }
     return root;
+  }
+
+  bool Adam() const {
+    return o_.optimizer_states == std::vector<std::string>{"exp_avg", "exp_avg_sq"};
   }
 
   // The source's torch optimizer state_dict: base_optimizer_state (ZeRO-1/2, BF16_Optimizer) or
@@ -697,6 +713,18 @@ class Builder {
       }
       return out;
     }
+    if (!Adam()) {
+      // torch's optimizers take their whole group back from the file (Optimizer.load_state_dict),
+      // so each key the optimizer class reads must be there with its Python type; ucp's own
+      // manifest keeps Adam's only.
+      std::string have;
+      for (const std::string& s : o_.optimizer_states) have += (have.empty() ? "" : ", ") + s;
+      return UnimplementedError(
+          "--format deepspeed: the param groups of an optimizer with states " + have +
+          " come only from a DeepSpeed source (--model-states-from, or a universal or ucp "
+          "checkpoint extracted from DeepSpeed, whose client state records them); the missing "
+          "piece: the optimizer's own group keys and types in ucp's manifest");
+    }
     auto h = [&](const char* k, double d) {
       auto it = o_.hyper.find(k);
       return it == o_.hyper.end() ? d : it->second;
@@ -716,7 +744,7 @@ class Builder {
 
   // How the source's optimizer keeps Adam's step: a tensor of this dtype in each group's state
   // (torch Adam), an int there, or an int in the param groups (apex / DeepSpeed FusedAdam).
-  enum class StepForm { kTensor, kInt, kInGroups };
+  enum class StepForm { kTensor, kInt, kInGroups, kNone };
   std::pair<StepForm, DType> Step() const {
     if (c_.from_folder()) {
       const PyValue* base = SourceBase();
@@ -731,6 +759,7 @@ class Builder {
       if (groups != nullptr && !groups->items().empty() && groups->items()[0]->Get("step")) {
         return {StepForm::kInGroups, DType::kInt64};
       }
+      if (!Adam()) return {StepForm::kNone, DType::kInt64};  // SGD keeps no step
     } else if (c_.js.contains("optimizer_state") && c_.js["optimizer_state"].is_object() &&
                c_.js["optimizer_state"].contains("step")) {
       const json& s = c_.js["optimizer_state"]["step"];
@@ -741,13 +770,14 @@ class Builder {
         if (d.ok()) return {StepForm::kTensor, *d};
       }
     }
+    if (!Adam()) return {StepForm::kNone, DType::kInt64};
     return {StepForm::kTensor, DType::kFp32};  // torch >= 1.12 Adam / AdamW
   }
 
   // [bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt of rank `rank`, partition d; the deferred
   // ids of each group's fp32, exp_avg and exp_avg_sq partitions go to `ids`.
   Result<const PyValue*> OptimStates(TorchWriter& w, const TargetRank& rank, int d,
-                                     std::vector<std::array<int32_t, 3>>& ids) {
+                                     std::vector<std::vector<int32_t>>& ids) {
     PyArena& a = w.arena();
     const DeepSpeedLayout& l = target_.layout;
     const bool bf16 = o_.bf16_optimizer;
@@ -791,7 +821,8 @@ class Builder {
     PyValue* paddings = a.List();
     PyValue* counts = a.List();
     PyValue* mappings = a.List();
-    ids.assign(rank.groups.size(), {-1, -1, -1});
+    const std::vector<std::string> names = StateNames(o_);
+    ids.assign(rank.groups.size(), std::vector<int32_t>(names.size(), -1));
     for (size_t g = 0; g < rank.groups.size(); ++g) {
       const TargetGroup& group = rank.groups[g];
       const int64_t size = group.partition.fragment_size;
@@ -809,10 +840,10 @@ class Builder {
       } else if (step_form == StepForm::kInt) {
         s->SetItem(a.Str("step"), a.Int(o_.step));
       }
-      for (int k = 1; k < 3; ++k) {
+      for (size_t k = 1; k < names.size(); ++k) {
         UCP_ASSIGN_OR_RETURN(torch::DeferredTensor t,
                              w.AddDeferredTensor(DType::kFp32, {size}, size));
-        s->SetItem(a.Str(kStates[k]), t.node);
+        s->SetItem(a.Str(names[k]), t.node);
         ids[g][k] = t.id;
       }
       state->SetItem(a.Int(static_cast<int64_t>(g)), s);
@@ -924,6 +955,9 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
   impl->dst = dst;
   impl->options = options;
   UCP_ASSIGN_OR_RETURN(impl->target, DescribeDeepSpeedTarget(model, options.layout));
+  UCP_RETURN_IF_ERROR(CheckQkvLayout(model, options.qkv_layout, options.layout.tp,
+                                     "QKV order " +
+                                         std::string(QkvLayoutName(options.qkv_layout))));
   UCP_ASSIGN_OR_RETURN(Carried carried, LoadCarried(options));
   Builder builder(model, impl->target, options, carried);
   impl->tag =
@@ -1015,7 +1049,7 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
     // The optimizer files, one per data-parallel partition.
     Impl::RankFiles& rf = m.rank_files[ri];
     for (int d = 0; d < target.DpWorldSize(); ++d) {
-      std::vector<std::array<int32_t, 3>> storage;
+      std::vector<std::vector<int32_t>> storage;
       UCP_ASSIGN_OR_RETURN(
           const int32_t of,
           open(target.OptimStatesFile(rank.pp, rank.tp, d, prefix),
@@ -1032,9 +1066,9 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
             const int64_t lo = std::max(p.numel, p.piece * d), hi = p.piece * (d + 1);
             if (lo >= hi) continue;
             const std::vector<std::byte> zeros(static_cast<size_t>(hi - lo) * 4);
-            for (int k = 0; k < 3; ++k) {
+            for (int32_t id : rf.storage.back()[g]) {
               UCP_RETURN_IF_ERROR(m.files[static_cast<size_t>(of)].file->WriteStorage(
-                  rf.storage.back()[g][k], (p.offset + lo - p.piece * d) * 4, zeros));
+                  id, (p.offset + lo - p.piece * d) * 4, zeros));
             }
           }
         }
@@ -1046,10 +1080,9 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
             layout::Intersect({part.total, part.padded_total}, part.Fragment(d));
         if (pad.empty()) continue;
         const std::vector<std::byte> zeros(static_cast<size_t>(pad.size()) * 4);
-        for (int k = 0; k < 3; ++k) {
+        for (int32_t id : rf.storage.back()[g]) {
           UCP_RETURN_IF_ERROR(m.files[static_cast<size_t>(of)].file->WriteStorage(
-              rf.storage.back()[g][k], (pad.inclusive_min - part.Fragment(d).inclusive_min) * 4,
-              zeros));
+              id, (pad.inclusive_min - part.Fragment(d).inclusive_min) * 4, zeros));
         }
       }
     }
@@ -1072,15 +1105,19 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
     }
   }
   std::set<std::tuple<int, int, std::string, int>> bound;  // (pp, tp, param, state)
+  std::map<std::string, const patterns::ResolvedParam*> param_of;
+  for (const patterns::ResolvedParam& p : model.params) param_of[p.name] = &p;
   for (size_t ti = 0; ti < plan.targets.size(); ++ti) {
     const TensorInfo& t = plan.targets[ti];
     Destination dest;
     const auto key = std::make_tuple(t.pp, t.tp, t.param);
     if (t.kind == TensorKind::kOptimSlice) {
-      dest.state = static_cast<int>(std::find(std::begin(kStates), std::end(kStates), t.state) -
-                                    std::begin(kStates));
+      const std::vector<std::string> names = StateNames(options);
+      dest.state =
+          static_cast<int>(std::find(names.begin(), names.end(), t.state) - names.begin());
       auto it = optim_of.find(key);
-      if (dest.state >= 3 || it == optim_of.end() || t.dtype != DType::kFp32) {
+      if (dest.state >= static_cast<int>(names.size()) || it == optim_of.end() ||
+          t.dtype != DType::kFp32) {
         return InternalError("plan target \"" + t.name + "\" has no place in the DeepSpeed files");
       }
       dest.optim = it->second;
@@ -1106,6 +1143,10 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
     } else {
       return InternalError("plan target \"" + t.name + "\" is not a tensor of the DeepSpeed view");
     }
+    if (auto pi = param_of.find(t.param); pi != param_of.end()) {
+      UCP_ASSIGN_OR_RETURN(dest.qkv_blocks, QkvRowBlocks(*pi->second, t.shape, options.layout.tp,
+                                                         options.qkv_layout));
+    }
     if (!bound.insert({t.pp, t.tp, t.param, dest.state}).second ||
         !m.by_name.emplace(t.name, std::move(dest)).second) {
       return InternalError("plan target \"" + t.name + "\" appears twice");
@@ -1113,7 +1154,7 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
     m.targets.push_back(static_cast<int32_t>(ti));
   }
   // Every slot of the checkpoint has a source: 3 states per optimizer entry, 1 per record.
-  const size_t want = 3 * optim_of.size() + model_of.size();
+  const size_t want = StateNames(options).size() * optim_of.size() + model_of.size();
   if (bound.size() != want) {
     return InternalError("the plan has " + std::to_string(bound.size()) +
                          " targets for the DeepSpeed files' " + std::to_string(want) + " slices");
@@ -1171,7 +1212,17 @@ Status DeepSpeedWriter::WriteRange(const TensorInfo& t, int64_t begin, int64_t,
   if (it == impl_->by_name.end()) {
     return InternalError("the DeepSpeed writer has no place for tensor \"" + t.name + "\"");
   }
-  return impl_->Place(it->second, begin, data);
+  const Destination& d = it->second;
+  const int64_t item = d.state < 0 ? d.item : 4;
+  const int64_t n = static_cast<int64_t>(data.size()) / item;
+  // A fused QKV written in another row order is placed block by block where its rows go.
+  return ForEachStoredRange(d.qkv_blocks, begin, begin + n,
+                            [&](int64_t view_begin, int64_t stored, int64_t len) {
+                              return impl_->Place(
+                                  d, stored,
+                                  data.subspan(static_cast<size_t>((view_begin - begin) * item),
+                                               static_cast<size_t>(len * item)));
+                            });
 }
 
 Status DeepSpeedWriter::Commit() {

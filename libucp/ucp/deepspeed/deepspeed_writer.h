@@ -6,7 +6,7 @@
 //                                                dp/mp world sizes, scheduler, client state
 //   DST/<tag>/layer_IDX-model_TT-model_states.pt GPTModelPipe: each layer's weights
 //   DST/<tag>/[bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt
-//                                                the flat fp32 / exp_avg / exp_avg_sq partitions,
+//                                                the flat fp32 and optimizer-state partitions,
 //                                                param_slice_mappings, optimizer metadata
 //
 // The writer is the executor's sink for a plan into the target's ucp view layout
@@ -30,6 +30,7 @@
 #include "ucp/base/result.h"
 #include "ucp/convert/plan.h"
 #include "ucp/deepspeed/deepspeed_target.h"
+#include "ucp/deepspeed/qkv_layout.h"
 #include "ucp/exec/executor.h"
 #include "ucp/patterns/model.h"
 
@@ -54,6 +55,13 @@ struct DeepSpeedWriteOptions {
   /// Else the client state an extraction from DeepSpeed recorded (the JSON object
   /// client_state.deepspeed of a universal checkpoint), carried where JSON kept it; "" for none.
   std::string client_state_json;
+  /// The torch optimizer's per-element states after the fp32 master, in the order its
+  /// per-group state keeps them (Adam: exp_avg, exp_avg_sq; SGD: momentum_buffer; ...). Param
+  /// groups of an optimizer other than Adam come from the carried client state only.
+  std::vector<std::string> optimizer_states = {"exp_avg", "exp_avg_sq"};
+  /// The fused QKV's row order in the files: per-group (ucp's, Megatron-DeepSpeed before PR
+  /// #441) or per-rank-blocks (since PR #441); recorded as the model states' ucp_qkv_layout.
+  QkvLayout qkv_layout = QkvLayout::kPerGroup;
   /// Client state of other frameworks to carry through DeepSpeed files (a JSON object, e.g. a
   /// ucp-train run's {"ucp_train": ...}): written as the string `ucp_client_state` of every
   /// model-states file, which DeepSpeed's loader hands back as client state untouched and ucp's

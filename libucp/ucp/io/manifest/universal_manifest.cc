@@ -149,6 +149,13 @@ Result<std::string> SerializeUniversalManifest(const UniversalManifest& m) {
   j["optimizer"] = {{"kind", m.optimizer_kind}, {"hyper", hyper}, {"states", m.optimizer_states}};
   j["source"] = {
       {"layout", m.source_layout}, {"model", m.source_model}, {"framework", m.source_framework}};
+  if (!m.source_qkv_layout.empty()) {
+    if (m.source_qkv_layout != "per-group" && m.source_qkv_layout != "per-rank-blocks") {
+      return InvalidArgumentError("source_qkv_layout is '" + m.source_qkv_layout +
+                                  "', not per-group or per-rank-blocks");
+    }
+    j["source"]["qkv_layout"] = m.source_qkv_layout;
+  }
   if (!m.client_state_json.empty()) {
     UCP_RETURN_IF_ERROR(ValidateJsonObject(m.client_state_json, "client_state_json"));
     j["client_state"] = json::parse(m.client_state_json);
@@ -214,10 +221,17 @@ Result<UniversalManifest> ParseUniversalManifest(std::string_view text, const st
     m.optimizer_states.push_back(ostates[i].get<std::string>());
   }
   const json& src = j.at("source");
-  UCP_RETURN_IF_ERROR(w.Keys(src, "/source", {"layout", "model", "framework"}));
+  UCP_RETURN_IF_ERROR(w.Keys(src, "/source", {"layout", "model", "framework"}, {"qkv_layout"}));
   UCP_ASSIGN_OR_RETURN(m.source_layout, w.Str(src, "/source", "layout"));
   UCP_ASSIGN_OR_RETURN(m.source_model, w.Str(src, "/source", "model"));
   UCP_ASSIGN_OR_RETURN(m.source_framework, w.Str(src, "/source", "framework"));
+  if (src.contains("qkv_layout")) {
+    UCP_ASSIGN_OR_RETURN(m.source_qkv_layout, w.Str(src, "/source", "qkv_layout"));
+    if (m.source_qkv_layout != "per-group" && m.source_qkv_layout != "per-rank-blocks") {
+      return w.Err("/source/qkv_layout", "'" + m.source_qkv_layout +
+                                             "' is not per-group or per-rank-blocks");
+    }
+  }
   if (j.contains("client_state")) {
     if (!j.at("client_state").is_object()) return w.Err("/client_state", "expected an object");
     m.client_state_json = j.at("client_state").dump();

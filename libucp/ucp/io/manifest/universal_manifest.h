@@ -45,6 +45,10 @@ struct UniversalManifest {
   std::string source_layout;                  ///< "tp=2,pp=2,dp=2,zero=1"
   std::string source_model;                   ///< rule-set name, e.g. "gpt2"
   std::string source_framework;               ///< "megatron-deepspeed", "ucp-offload", ...
+  /// The fused QKV's row order in the source's files, where the code that trained it decides
+  /// it (Megatron-DeepSpeed: "per-group" or "per-rank-blocks", docs/deepspeed.md); the params
+  /// are per-group whatever it says. Optional: "" is not written.
+  std::string source_qkv_layout;
   std::string client_state_json;              ///< a JSON object, or empty for none
   std::vector<UniversalParamInfo> params;
 };
