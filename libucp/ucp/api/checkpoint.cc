@@ -143,6 +143,14 @@ class DistSource final : public CheckpointSource {
   Status VerifyChecksumsPart(int part, int parts) const override {
     return reader_.Verify(part, parts);
   }
+  bool BeginVerifiedReads() const override {
+    reader_.VerifyReads();
+    return true;
+  }
+  Status FinishVerifiedReads(int part, int parts) const override {
+    return reader_.FinishVerifiedReads(part, parts);
+  }
+  int64_t verify_bytes_reread() const override { return reader_.verify_bytes_reread(); }
   Status CheckUnchanged() const override { return reader_.CheckSourcesUnchanged(); }
 
  private:
@@ -176,6 +184,14 @@ class UniversalSource final : public CheckpointSource {
   Status VerifyChecksumsPart(int part, int parts) const override {
     return reader_.Verify(part, parts);
   }
+  bool BeginVerifiedReads() const override {
+    reader_.VerifyReads();
+    return true;
+  }
+  Status FinishVerifiedReads(int part, int parts) const override {
+    return reader_.FinishVerifiedReads(part, parts);
+  }
+  int64_t verify_bytes_reread() const override { return reader_.verify_bytes_reread(); }
   Status CheckUnchanged() const override { return reader_.CheckSourcesUnchanged(); }
 
  private:
@@ -405,6 +421,7 @@ Result<std::unique_ptr<CheckpointSource>> OpenUcp(const fs::path& dir, const fs:
     meta.optimizer_hyper = m.hyper;
     meta.optimizer_states = m.optimizer_states;
     meta.client_state_json = m.client_state_json;
+    meta.qkv_layout = m.source_qkv_layout;
     meta.dir = dir;
     return std::unique_ptr<CheckpointSource>(
         new UniversalSource(std::move(reader), std::move(meta)));
@@ -446,7 +463,10 @@ Result<exec::ExecStats> RunShared(const CheckpointSource& src, const convert::Pl
     st = AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
   }
   UCP_RETURN_IF_ERROR(group.Agree(st));
-  if (options.verify_source_checksums) {
+  // One read of the source (issue 14): checksums are checked from the conversion's own reads
+  // where the source can, else in a pass before it; either way before the commit below.
+  const bool streamed = options.verify_source_checksums && src.BeginVerifiedReads();
+  if (options.verify_source_checksums && !streamed) {
     progress::BeginPhase("verify", progress::TreeBytes(src.meta().dir) / group.size());
     UCP_RETURN_IF_ERROR(group.Agree(src.VerifyChecksumsPart(group.rank(), group.size())));
   }
@@ -476,6 +496,13 @@ Result<exec::ExecStats> RunShared(const CheckpointSource& src, const convert::Pl
   eo.targets = share.targets;
   Result<exec::ExecStats> stats = exec::ExecStats{};
   if (!share.targets.empty() || group.size() == 1) stats = exec::ExecutePlan(plan, src, sink, eo);
+  if (streamed) {
+    // Each process checks its share of the records, reading only what no read of its own
+    // covered; the group agrees below before anything is committed.
+    Status verified = FinishVerifiedRun(src, stats.status(), group.rank(), group.size());
+    if (!verified.ok()) stats = std::move(verified);
+    if (stats.ok()) stats->bytes_read += src.verify_bytes_reread();
+  }
   UCP_RETURN_IF_ERROR(group.Agree(stats.status()));
   if (group.size() > 1) {
     // The root reports the whole job: every process's counts, added up.
@@ -519,6 +546,18 @@ Result<exec::ExecStats> RunShared(const CheckpointSource& src, const convert::Pl
   return stats;
 }
 
+Status FinishVerifiedRun(const CheckpointSource& src, Status run, int part, int parts) {
+  if (!run.ok() && run.code() != StatusCode::kDataLoss) return run;
+  progress::BeginPhase("verify", 0);
+  // After a failed run every process checks every record, so that the error the group agrees on
+  // (the lowest process's) names the corrupt record whichever process's share holds it.
+  Status verified = run.ok() ? src.FinishVerifiedReads(part, parts) : src.FinishVerifiedReads(0, 1);
+  // The final pass read files after the conversion's own identity check: check them again.
+  if (verified.ok() && run.ok()) verified = src.CheckUnchanged();
+  if (!verified.ok() && (run.ok() || verified.code() == StatusCode::kDataLoss)) return verified;
+  return run;
+}
+
 Result<exec::ExecStats> Extract(const CheckpointSource& src, const fs::path& dst,
                                 const RunOptions& options) {
   const CheckpointMeta& meta = src.meta();
@@ -534,6 +573,7 @@ Result<exec::ExecStats> Extract(const CheckpointSource& src, const fs::path& dst
       meta.source_layout.empty() ? layout::ToString(meta.layout) : meta.source_layout;
   header.source_model = meta.spec.family;
   header.source_framework = meta.framework.empty() ? "ucp" : meta.framework;
+  header.source_qkv_layout = meta.qkv_layout;
   UCP_ASSIGN_OR_RETURN(header.client_state_json, ModelJson(meta.spec, meta.client_state_json));
   // Every parameter file is laid out up front and stays open until its states are complete:
   // raise the soft open-file limit to what that needs, or say what it needs (issue 16 #4).
@@ -605,14 +645,15 @@ Result<exec::ExecStats> WriteCheckpoint(const CheckpointSource& src, std::string
                                 "universal), got " +
                                 layout::ToString(request.layout));
   }
+  if (request.run.group != nullptr && request.run.group->size() > 1 && !f->writes_in_parallel()) {
+    return UnimplementedError("--format " + std::string(format) + " is written by one process (" +
+                              std::to_string(request.run.group->size()) +
+                              " were started): run it without mpirun");
+  }
   if (!f->needs_universal_source() || src.meta().format == Format::kUniversal) {
     return f->Write(src, dst, request);
   }
   // The format reads a universal checkpoint from disk: extract one next to dst first.
-  if (request.run.group != nullptr && request.run.group->size() > 1) {
-    return UnimplementedError("--format " + std::string(format) +
-                              " from a source that is not ucp universal runs in one process");
-  }
   std::error_code ec;
   if (fs::exists(dst, ec)) {
     return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
@@ -675,6 +716,7 @@ class UcpFormat final : public CheckpointFormat {
     return OpenUcp(dir, data_dir);
   }
   bool writes() const override { return true; }
+  bool writes_in_parallel() const override { return true; }
   Result<exec::ExecStats> Write(const CheckpointSource& src, const fs::path& dst,
                                 const WriteRequest& request) const override {
     return ToLayout(src, request.layout, dst, request.run);

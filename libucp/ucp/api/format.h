@@ -87,6 +87,10 @@ class CheckpointFormat {
   /// What the written checkpoint is called in the CLI's report ("DeepSpeed checkpoint").
   virtual std::string_view written_noun() const { return "checkpoint"; }
 
+  /// Whether Write shares its work among the processes of request.run.group (each writes its
+  /// own ranks, the root commits). A format that does not is refused under a group of more than
+  /// one process by api::WriteCheckpoint, so N processes never write one DST side by side.
+  virtual bool writes_in_parallel() const { return false; }
   /// Whether Write reads its source as a ucp universal checkpoint on disk (deepspeed-universal).
   /// api::WriteCheckpoint then gives it one: any other source is first extracted into a
   /// temporary sibling of dst (DST.tmp-XXXXXX, removed afterwards), so every source converts.

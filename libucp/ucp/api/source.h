@@ -51,6 +51,15 @@ struct CheckpointMeta {
   std::string framework;
   std::string source_layout;
   std::string source_notes;
+  /// The fused QKV's row order in the source's files where it is a property of the code that
+  /// trained it (Megatron-DeepSpeed: "per-group" or "per-rank-blocks", deepspeed/qkv_layout.h);
+  /// the tensors a source serves are always per-group. Extraction records it as the universal
+  /// manifest's source.qkv_layout, and a universal source reports it back. Empty otherwise.
+  std::string qkv_layout;
+  /// Where qkv_layout came from when the source decided it at open (a DeepSpeed folder: the
+  /// files' record, detected from the args, --qkv-layout, or the default and why), for the
+  /// conversion summaries; empty otherwise.
+  std::string qkv_layout_origin;
   /// The checkpoint's layout in its own terms where that differs from `layout` (a DeepSpeed
   /// folder: its real dp and ZeRO stage, tp=2,pp=2,dp=2,zero=1, where `layout` is the view
   /// dp=1,zero=0); unset for ucp's formats. What the CLI shows, and what a conversion keeps of
@@ -79,6 +88,9 @@ struct SourceOptions {
   /// "" takes the model from the Megatron args and the shapes. Formats that record their model
   /// ignore it.
   std::string model;
+  /// DeepSpeed folders: the fused QKV's row order (--qkv-layout: per-group, per-rank-blocks)
+  /// where the files do not record it; "" takes the recorded one, else per-group.
+  std::string qkv_layout;
 };
 
 /// A checkpoint on disk, read tensor by tensor (the plan's tensor names of its layout). Each
@@ -104,7 +116,34 @@ class CheckpointSource : public exec::TensorSource {
   virtual Status VerifyChecksumsPart(int part, int /*parts*/) const {
     return part == 0 ? VerifyChecksums() : Status::Ok();
   }
+  /// One read of the source (issue 14): from this call on, the source checks its checksums from
+  /// the bytes its reads return as they stream through the conversion, each record's (zip
+  /// record, dataset) as soon as its last byte has been read (that read then fails with
+  /// kDataLoss naming the file and record). Returns false for a source that cannot: its caller
+  /// runs VerifyChecksums(Part) before converting instead. Not thread-safe: call it before the
+  /// reads start; calling it again starts over.
+  virtual bool BeginVerifiedReads() const { return false; }
+  /// After the conversion's last read and before its output is committed (after
+  /// BeginVerifiedReads returned true): reads only the bytes of share `part` of `parts` of the
+  /// checksummed records that no read returned (padding, records the plan does not need) and
+  /// compares every checksum of that share. Every process of a group calls it and the group
+  /// agrees on the outcome before committing. The default verifies the share whole.
+  /// Errors: kDataLoss naming file and record, read errors.
+  virtual Status FinishVerifiedReads(int part, int parts) const {
+    return VerifyChecksumsPart(part, parts);
+  }
+  /// Since BeginVerifiedReads: bytes read only for their checksums (by FinishVerifiedReads),
+  /// which a run adds to its ExecStats::bytes_read.
+  virtual int64_t verify_bytes_reread() const { return 0; }
 };
+
+/// The end of a conversion run after src.BeginVerifiedReads() returned true: `run` is the
+/// status of the conversion's reads. Ok: FinishVerifiedReads(part, parts). kDataLoss (a
+/// corrupt byte can surface as a failed replica check or a bad compressed chunk before its
+/// record is complete): FinishVerifiedReads(0, 1), every record, and its checksum failure when
+/// there is one, as it names the file and record, else `run`. Other errors: `run`, without
+/// reading further.
+Status FinishVerifiedRun(const CheckpointSource& src, Status run, int part, int parts);
 
 /// The data folder: env UCP_DATA_DIR when set, else the compiled-in source root.
 std::filesystem::path UcpDataDir();
@@ -113,8 +152,9 @@ std::filesystem::path UcpDataDir();
 struct RunOptions {
   int64_t memory_limit_bytes = int64_t{512} << 20;
   std::function<void(int64_t, int64_t)> progress;
-  /// Verify every source checksum before converting (the executor's range reads cannot), so a
-  /// corrupt shard fails the run before any output is written.
+  /// Verify every source checksum: from the bytes the conversion reads where the source can
+  /// (CheckpointSource::BeginVerifiedReads), else in a pass before it; either way before the
+  /// output is committed, so a corrupt shard fails the run and leaves no output.
   bool verify_source_checksums = true;
   /// The processes converting together, each writing a share of the output files (whole rank
   /// or parameter files, balanced by bytes) and verifying a share of the source; null: this

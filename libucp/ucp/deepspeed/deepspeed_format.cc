@@ -5,6 +5,7 @@
 
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -13,6 +14,7 @@
 #include "ucp/deepspeed/deepspeed_checkpoint.h"
 #include "ucp/deepspeed/deepspeed_source.h"
 #include "ucp/deepspeed/deepspeed_universal.h"
+#include "ucp/deepspeed/deepspeed_universal_source.h"
 #include "ucp/deepspeed/deepspeed_writer.h"
 #include "ucp/io/universal/universal_checkpoint.h"
 #include "ucp/json/strict_json.h"
@@ -36,25 +38,57 @@ class DeepSpeedSource final : public CheckpointSource {
   }
   std::vector<TensorInfo> StoredTensors() const override { return tensors_->tensors(); }
   Status CheckUnchanged() const override { return tensors_->CheckUnchanged(); }
-  // The records are independent, so they are streamed in parallel (the executor's thread limit
-  // applies); the first failure in record order is reported.
   Status VerifyChecksums() const override {
+    return ForRecords(0, 1, [&](int64_t i) { return tensors_->VerifyRecord(i); });
+  }
+  bool BeginVerifiedReads() const override {
+    tensors_->BeginVerifiedReads();
+    return true;
+  }
+  Status FinishVerifiedReads(int part, int parts) const override {
+    // A record found corrupt during the reads fails at once, without reading the rest.
+    UCP_RETURN_IF_ERROR(tensors_->VerifiedReadsFailure());
+    return ForRecords(part, parts, [&](int64_t i) { return tensors_->FinishVerifiedRecord(i); });
+  }
+  int64_t verify_bytes_reread() const override { return tensors_->verify_bytes_reread(); }
+
+ private:
+  // Runs fn on share `part` of `parts` of the records (dealt largest first to the least loaded
+  // share, so every process computes the same deal). The records are independent, so they run
+  // in parallel (the executor's thread limit applies); the first failure in record order is
+  // reported.
+  template <typename Fn>
+  Status ForRecords(int part, int parts, Fn fn) const {
     const int64_t n = tensors_->num_records();
-    std::vector<Status> status(static_cast<size_t>(n));
+    std::vector<int64_t> mine;
+    if (parts <= 1) {
+      for (int64_t i = 0; i < n; ++i) mine.push_back(i);
+    } else {
+      std::vector<std::pair<int64_t, int64_t>> by_size;  // (-bytes, record)
+      for (int64_t i = 0; i < n; ++i) by_size.emplace_back(-tensors_->record_bytes(i), i);
+      std::sort(by_size.begin(), by_size.end());
+      std::vector<int64_t> load(static_cast<size_t>(parts), 0);
+      for (const auto& [neg, i] : by_size) {
+        const auto p = std::min_element(load.begin(), load.end()) - load.begin();
+        load[static_cast<size_t>(p)] -= neg;
+        if (p == part) mine.push_back(i);
+      }
+      std::sort(mine.begin(), mine.end());
+    }
+    std::vector<Status> status(mine.size());
     std::atomic<bool> failed{false};
     tbb::parallel_for(
-        int64_t{0}, n,
-        [&](int64_t i) {
+        size_t{0}, mine.size(),
+        [&](size_t k) {
           if (failed.load(std::memory_order_relaxed)) return;
-          status[static_cast<size_t>(i)] = tensors_->VerifyRecord(i);
-          if (!status[static_cast<size_t>(i)].ok()) failed = true;
+          status[k] = fn(mine[k]);
+          if (!status[k].ok()) failed = true;
         },
         tbb::simple_partitioner());
     for (Status& s : status) UCP_RETURN_IF_ERROR(std::move(s));
     return Status::Ok();
   }
 
- private:
   std::unique_ptr<deepspeed::DeepSpeedTensorSource> tensors_;
   CheckpointMeta meta_;
 };
@@ -74,9 +108,11 @@ Result<json> RecordedDeepSpeed(const CheckpointMeta& meta) {
 
 Result<std::unique_ptr<CheckpointSource>> OpenDeepSpeedSource(const std::filesystem::path& dir,
                                                               const std::filesystem::path& data_dir,
-                                                              const std::string& model) {
+                                                              const std::string& model,
+                                                              const std::string& qkv_layout) {
   deepspeed::OpenOptions options;
   options.model = model;
+  options.qkv_layout = qkv_layout;
   options.data_dir = data_dir;
   UCP_ASSIGN_OR_RETURN(deepspeed::DeepSpeedCheckpoint ck,
                        deepspeed::DeepSpeedCheckpoint::Open(dir, options));
@@ -90,11 +126,11 @@ Result<std::unique_ptr<CheckpointSource>> OpenDeepSpeedSource(const std::filesys
   meta.spec = ck.spec();
   meta.model = ck.model();
   meta.step = ck.step();
-  const std::vector<double>& h = ck.hyper();
-  meta.optimizer_kind = h[4] != 0 ? "adamw" : "adam";
-  meta.optimizer_hyper = {
-      {"lr", h[0]}, {"beta1", h[1]}, {"beta2", h[2]}, {"eps", h[3]}, {"weight_decay", h[4]}};
-  meta.optimizer_states = {"fp32", "exp_avg", "exp_avg_sq"};
+  meta.optimizer_kind = ck.optimizer_kind();
+  meta.optimizer_hyper = ck.optimizer_hyper();
+  // The fp32 master, then the torch optimizer's own states under its names.
+  meta.optimizer_states = {"fp32"};
+  for (const std::string& s : ck.optimizer_states()) meta.optimizer_states.push_back(s);
   meta.framework = ck.naming() == deepspeed::Naming::kPlain ? "deepspeed" : "megatron-deepspeed";
   meta.source_layout = ck.LayoutString();
   // DeepSpeed's own layout (its dp and ZeRO stage), shown and kept by conversions.
@@ -103,6 +139,11 @@ Result<std::unique_ptr<CheckpointSource>> OpenDeepSpeedSource(const std::filesys
   meta.source_notes = ck.dir().filename().string() + ", " + ck.optimizer() + ", " +
                       std::string(deepspeed::NamingName(ck.naming())) +
                       " names, hyper-parameters from " + ck.model_origin();
+  if (deepspeed::HasFusedQkv(ck.model())) {
+    meta.qkv_layout = std::string(deepspeed::QkvLayoutName(ck.qkv_layout()));
+    meta.qkv_layout_origin = ck.qkv_layout_origin();
+    meta.source_notes += ", QKV " + meta.qkv_layout + " (" + ck.qkv_layout_origin() + ")";
+  }
   meta.client_state_json = "{\"deepspeed\":" + ck.client_state_json() + "}";
   if (!ck.ucp_client_state_json().empty()) {
     // Another framework's client state a ucp writer carried through (a ucp-train run's).
@@ -154,14 +195,23 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
         "--format deepspeed runs in one process (every optimizer file takes "
         "slices of many parameters)");
   }
-  const std::vector<std::string> adam = {"fp32", "exp_avg", "exp_avg_sq"};
-  if (meta.optimizer_states != adam) {
-    std::string have;
-    for (const std::string& s : meta.optimizer_states) have += (have.empty() ? "" : ", ") + s;
-    return UnimplementedError(where + ": the source's optimizer states are " + have +
-                              "; DeepSpeed files are written for Adam (fp32, exp_avg, exp_avg_sq)");
-  }
   UCP_ASSIGN_OR_RETURN(json recorded, RecordedDeepSpeed(meta));
+  // The fp32 master, then the torch optimizer's states under their own names (carried from a
+  // DeepSpeed source: SGD's momentum_buffer, Adagrad's sum, ...).
+  std::string have;
+  for (const std::string& s : meta.optimizer_states) have += (have.empty() ? "" : ", ") + s;
+  if (meta.optimizer_states.empty() || meta.optimizer_states[0] != "fp32") {
+    return UnimplementedError(where + ": the source's optimizer states are " + have +
+                              ", without the fp32 master weights DeepSpeed's optimizer files "
+                              "hold first");
+  }
+  if (meta.optimizer_states.size() == 1 && !recorded.is_object()) {
+    return UnimplementedError(where + ": the source holds no optimizer state (" + have +
+                              "; a weights-only checkpoint), and no DeepSpeed run recorded "
+                              "which optimizer it is; DeepSpeed's files need the optimizer's");
+  }
+  const std::vector<std::string> torch_states(meta.optimizer_states.begin() + 1,
+                                              meta.optimizer_states.end());
   auto recorded_string = [&](const char* key) -> std::string {
     return recorded.is_object() && recorded.contains(key) && recorded[key].is_string()
                ? recorded[key].get<std::string>()
@@ -210,9 +260,22 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
   } else if (ds.optimizer != "zero") {
     return InvalidArgumentError("--optimizer must be zero or bf16, not \"" + ds.optimizer + "\"");
   }
+  // The fused QKV's row order: --write-qkv-layout, else the source's (a DeepSpeed folder's, or
+  // what a universal or ucp checkpoint recorded of one), else ucp's own per-group.
+  if (!ds.qkv_layout.empty()) {
+    UCP_ASSIGN_OR_RETURN(wo.qkv_layout,
+                         deepspeed::ParseQkvLayout(ds.qkv_layout, "--write-qkv-layout"));
+  } else if (!meta.qkv_layout.empty()) {
+    UCP_ASSIGN_OR_RETURN(wo.qkv_layout,
+                         deepspeed::ParseQkvLayout(meta.qkv_layout, "the source's QKV order"));
+  } else if (const std::string q = recorded_string("qkv_layout"); !q.empty()) {
+    UCP_ASSIGN_OR_RETURN(wo.qkv_layout, deepspeed::ParseQkvLayout(
+                                            q, "the source's client_state.deepspeed.qkv_layout"));
+  }
   wo.tag = !ds.tag.empty() ? ds.tag : recorded_string("tag");
   wo.step = meta.step;
   wo.hyper = meta.optimizer_hyper;
+  wo.optimizer_states = torch_states;
   wo.model_states_from = !ds.model_states_from.empty() ? ds.model_states_from : meta.deepspeed_dir;
   if (recorded.is_object()) wo.client_state_json = recorded.dump();
   // The rest of the source's client state (a ucp-train run's) rides along as a string.
@@ -235,7 +298,10 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
   if (std::filesystem::exists(dst, ec)) {
     return AlreadyExistsError("output " + dst.string() + " exists; refusing to overwrite it");
   }
-  if (options.verify_source_checksums) {
+  // One read of the source (issue 14), as api::Extract: checksums from the conversion's reads
+  // where the source can, else a pass before it; either way before the commit.
+  const bool streamed = options.verify_source_checksums && src.BeginVerifiedReads();
+  if (options.verify_source_checksums && !streamed) {
     progress::BeginPhase("verify", progress::TreeBytes(meta.dir));
     UCP_RETURN_IF_ERROR(src.VerifyChecksums());
   }
@@ -245,7 +311,12 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
   eo.memory_limit_bytes = options.memory_limit_bytes;
   eo.progress = options.progress;
   eo.targets = writer->targets();
-  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats, exec::ExecutePlan(plan, src, *writer, eo));
+  Result<exec::ExecStats> run = exec::ExecutePlan(plan, src, *writer, eo);
+  if (streamed) {
+    UCP_RETURN_IF_ERROR(api::FinishVerifiedRun(src, run.status(), 0, 1));
+    if (run.ok()) run->bytes_read += src.verify_bytes_reread();
+  }
+  UCP_ASSIGN_OR_RETURN(exec::ExecStats stats, std::move(run));
   progress::BeginPhase("commit", 0);
   UCP_RETURN_IF_ERROR(writer->Commit(), "while writing DeepSpeed checkpoint " + dst.string());
   return stats;
@@ -269,7 +340,7 @@ class DeepSpeedFormat final : public api::CheckpointFormat {
   Result<std::unique_ptr<CheckpointSource>> Open(const std::filesystem::path& dir,
                                                  const std::filesystem::path& data_dir,
                                                  const api::SourceOptions& options) const override {
-    return OpenDeepSpeedSource(dir, data_dir, options.model);
+    return OpenDeepSpeedSource(dir, data_dir, options.model, options.qkv_layout);
   }
   bool writes() const override { return true; }
   std::vector<api::FormatOption> write_options() const override {
@@ -280,6 +351,10 @@ class DeepSpeedFormat final : public api::CheckpointFormat {
             {"naming",
              "--format deepspeed: megatron-pipe (GPTModelPipe), megatron-gpt (GPTModel) or "
              "plain; default: the source's recorded naming, else megatron-pipe",
+             ""},
+            {"write-qkv-layout",
+             "--format deepspeed: the fused QKV's row order, per-group (Megatron-DeepSpeed before "
+             "PR #441) or per-rank-blocks (since PR #441); default: the source's, else per-group",
              ""},
             {"tag",
              "--format deepspeed: the tag folder (default: the source's, else "
@@ -296,6 +371,7 @@ class DeepSpeedFormat final : public api::CheckpointFormat {
     ds.optimizer = request.Option("optimizer");
     ds.naming = request.Option("naming");
     ds.tag = request.Option("tag");
+    ds.qkv_layout = request.Option("write-qkv-layout");
     ds.model_states_from = request.Option("model-states-from");
     return ToDeepSpeed(src, request.layout, dst, request.run, ds);
   }
@@ -312,20 +388,17 @@ class DeepSpeedUniversalFormat final : public api::CheckpointFormat {
     return "DeepSpeed's universal layout (zero/<param>/fp32.pt ...), for DeepSpeed's "
            "--universal-checkpoint resume";
   }
-  // Recognised (before "deepspeed", whose model-state files it also has) so that reading one
-  // says what it is instead of "no optimizer files"; reading it is not implemented yet.
+  // Recognised before "deepspeed", whose model-state files it also has; read as a universal
+  // source (deepspeed_universal_source.h).
   bool reads() const override { return true; }
   bool Detect(const std::filesystem::path& dir) const override {
     std::error_code ec;
     return std::filesystem::is_regular_file(dir / "zero" / "optimizer_state.pt", ec);
   }
   Result<std::unique_ptr<CheckpointSource>> Open(const std::filesystem::path& dir,
-                                                 const std::filesystem::path&,
-                                                 const api::SourceOptions&) const override {
-    return UnimplementedError(dir.string() +
-                              " is DeepSpeed's universal layout (zero/<param>/*.pt), which ucp "
-                              "writes for DeepSpeed but does not read yet; convert the "
-                              "checkpoint it was written from");
+                                                 const std::filesystem::path& data_dir,
+                                                 const api::SourceOptions& options) const override {
+    return OpenDeepSpeedUniversalSource(dir, data_dir, options.model);
   }
   bool writes() const override { return true; }
   std::vector<api::FormatOption> write_options() const override {

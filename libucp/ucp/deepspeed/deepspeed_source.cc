@@ -25,29 +25,36 @@ using torch::TensorRef;
 using torch::TorchFile;
 
 namespace {
-constexpr const char* kStates[3] = {"fp32", "exp_avg", "exp_avg_sq"};
+// The fp32 master partition, then one per optimizer state (DeepSpeedCheckpoint::
+// optimizer_states(): Adam's exp_avg, exp_avg_sq; SGD's momentum_buffer; ...).
+using Partitions = std::vector<TensorRef>;
 
-using Partitions = std::array<TensorRef, 3>;  // fp32, exp_avg, exp_avg_sq
+// "fp32" and the checkpoint's optimizer states: the view's states, Partitions' order.
+std::vector<std::string> StateNames(const DeepSpeedCheckpoint& ck) {
+  std::vector<std::string> names = {"fp32"};
+  for (const std::string& s : ck.optimizer_states()) names.push_back(s);
+  return names;
+}
 
-// The fp32, exp_avg and exp_avg_sq partitions of optimizer group `g`: `fp32` is the group's
-// flat fp32 tensor, `state` the torch optimizer's per-group state dict (`state_path` names it
-// in messages). ZeRO-1/2 and ZeRO-3 files keep them alike.
+// The fp32 partition and each state's of optimizer group `g`: `fp32` is the group's flat fp32
+// tensor, `state` the torch optimizer's per-group state dict (`state_path` names it in
+// messages), `names` StateNames. ZeRO-1/2 and ZeRO-3 files keep them alike.
 Result<Partitions> GroupPartitions(const PyValue* fp32, const PyValue* state, size_t g,
-                                   const std::string& where, const std::string& state_path) {
+                                   const std::string& where, const std::string& state_path,
+                                   const std::vector<std::string>& names) {
   const PyValue* st = state->Get(static_cast<int64_t>(g));
-  if (st == nullptr) {
+  if (st == nullptr && names.size() > 1) {
     return DataLossError(where + " has no " + state_path + "[" + std::to_string(g) + "]");
   }
-  const std::array<const PyValue*, 3> t = {fp32, st->Get("exp_avg"), st->Get("exp_avg_sq")};
-  Partitions refs;
-  for (int k = 0; k < 3; ++k) {
-    if (t[k] == nullptr || t[k]->kind() != PyKind::kTensor ||
-        t[k]->tensor().dtype != DType::kFp32 || !t[k]->tensor().IsContiguous() ||
-        t[k]->tensor().size.size() != 1) {
-      return DataLossError(where + ": the " + kStates[k] +
+  Partitions refs(names.size());
+  for (size_t k = 0; k < names.size(); ++k) {
+    const PyValue* t = k == 0 ? fp32 : st->Get(names[k]);
+    if (t == nullptr || t->kind() != PyKind::kTensor || t->tensor().dtype != DType::kFp32 ||
+        !t->tensor().IsContiguous() || t->tensor().size.size() != 1) {
+      return DataLossError(where + ": the " + names[k] +
                            " partition is not a contiguous 1-d fp32 tensor");
     }
-    refs[k] = t[k]->tensor();
+    refs[k] = t->tensor();
   }
   return refs;
 }
@@ -74,7 +81,7 @@ struct DeepSpeedTensorSource::File {
   std::string name;  // relative to the tag folder, for messages
   TorchFile torch;
   // Optimizer files: per param group, the fp32, exp_avg and exp_avg_sq partitions.
-  std::vector<std::array<TensorRef, 3>> groups;
+  std::vector<std::vector<TensorRef>> groups;  // [g][state]: StateNames' order
 };
 
 // One ZeRO fragment of a TP shard: elements [offset, offset + numel) of the shard are elements
@@ -90,11 +97,14 @@ struct DeepSpeedTensorSource::Fragment {
 struct DeepSpeedTensorSource::Entry {
   DType dtype = DType::kFp32;
   int64_t numel = 0;
-  int state = -1;     // 0..2: an optimizer state (kStates); -1: the model weight
+  int state = -1;     // >= 0: an optimizer state (StateNames' index); -1: the model weight
   bool cast = false;  // ZeRO-3's model weight: the fp32 fragments (state 0) rounded to dtype
   int32_t list = -1;  // optimizer: index into fragment_lists_
   int32_t file = -1;  // model: the file holding the weight
   TensorRef ref;      // model: the weight
+  // A fused QKV stored per-rank-blocks: where the view's per-group rows are (qkv_layout.h);
+  // empty when the files hold the view's order.
+  std::vector<RowBlock> qkv_blocks;
 };
 
 DeepSpeedTensorSource::~DeepSpeedTensorSource() = default;
@@ -122,7 +132,7 @@ Status DeepSpeedTensorSource::AddZero3Partitions(
     const std::string where = name + ": sub-group " + std::to_string(g);
     UCP_ASSIGN_OR_RETURN(const Partitions refs,
                          GroupPartitions(fp32->items()[g], state, g, where,
-                                         "optimizer_state_dict.state"));
+                                         "optimizer_state_dict.state", StateNames(ck)));
     const PyValue* group = shapes->items()[g];
     if (group->kind() != PyKind::kDict) {
       return DataLossError(mname + ": param_shapes[" + std::to_string(g) + "] is not a dict");
@@ -147,9 +157,9 @@ Status DeepSpeedTensorSource::AddZero3Partitions(
       offset += piece;
     }
     // zero_to_fp32's own sanity check: the pieces fill the partition exactly.
-    for (int k = 0; k < 3; ++k) {
+    for (size_t k = 0; k < refs.size(); ++k) {
       if (refs[k].num_elements() != offset) {
-        return DataLossError(where + ": the " + kStates[k] + " partition has " +
+        return DataLossError(where + ": the " + StateNames(ck)[k] + " partition has " +
                              std::to_string(refs[k].num_elements()) + " elements, but the " +
                              std::to_string(group->entries().size()) + " parameters " + mname +
                              " lists for it take " + std::to_string(offset) + " at dp*sp=" +
@@ -158,7 +168,8 @@ Status DeepSpeedTensorSource::AddZero3Partitions(
     }
     file.groups.push_back(refs);
   }
-  if (state->kind() == PyKind::kDict && state->entries().size() != fp32->items().size()) {
+  if (!ck.optimizer_states().empty() && state->kind() == PyKind::kDict &&
+      state->entries().size() != fp32->items().size()) {
     return DataLossError(name + ": optimizer_state_dict.state has " +
                          std::to_string(state->entries().size()) + " entries for " +
                          std::to_string(fp32->items().size()) + " sub-groups");
@@ -175,7 +186,11 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
                                               (ck.model().num_layers + 4) * ck.tp()),
                       ck.dir().string());
   const layout::Layout view = ck.view();
-  UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors, convert::DescribeLayout(ck.model(), view),
+  const std::vector<std::string> names = StateNames(ck);
+  convert::PlanOptions states;
+  states.optimizer_states = names;
+  UCP_ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors,
+                       convert::DescribeLayout(ck.model(), view, states),
                        ck.dir().string() + ": the ucp view " + layout::ToString(view));
   std::map<std::string, int32_t> file_index;  // name -> files_
   auto open = [&](const std::string& name) -> Result<int32_t> {
@@ -225,7 +240,7 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
           const std::string where = name + ": param group " + std::to_string(g);
           UCP_ASSIGN_OR_RETURN(const Partitions refs,
                                GroupPartitions(fp32->items()[g], state, g, where,
-                                               "base_optimizer_state.state"));
+                                               "base_optimizer_state.state", StateNames(ck)));
           file.groups.push_back(refs);
           const PyValue* m = maps->items()[g];
           if (m->kind() != PyKind::kDict) {
@@ -275,6 +290,9 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
     e.numel = NumElementsOrDie(t.shape);
     e.dtype = t.dtype;
     TensorInfo stored = t;
+    UCP_ASSIGN_OR_RETURN(e.qkv_blocks,
+                         QkvRowBlocks(ck.model().params[mi->second], t.shape, tp, ck.qkv_layout()),
+                         ck.dir().string());
     // The fragments of the TP shard (pp, tp) of p, in dp order, checked to tile it.
     auto fragment_list = [&]() -> Result<int32_t> {
       auto [li, inserted] = lists.try_emplace({t.pp, t.tp, t.param}, 0);
@@ -305,9 +323,10 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
       return li->second;
     };
     if (t.kind == TensorKind::kOptimSlice) {
-      e.state = static_cast<int>(std::find(std::begin(kStates), std::end(kStates), t.state) -
-                                 std::begin(kStates));
-      if (e.state >= 3) return InternalError("view tensor of unknown state " + t.state);
+      e.state = static_cast<int>(std::find(names.begin(), names.end(), t.state) - names.begin());
+      if (e.state >= static_cast<int>(names.size())) {
+        return InternalError("view tensor of unknown state " + t.state);
+      }
       UCP_ASSIGN_OR_RETURN(e.list, fragment_list());
     } else if (t.kind == TensorKind::kModelSlice && ck.zero3()) {
       // ZeRO-3 saves no module weights (`module` holds empty placeholders); the engine's
@@ -375,6 +394,15 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
     }
     src->records_.push_back(Record{fi, *it});
   }
+  // And every other tensor record of the files opened (buffers, step counters, states no view
+  // tensor reads): the checksums cover every tensor byte of those files, read or not (issue 14).
+  for (size_t fi = 0; fi < src->files_.size(); ++fi) {
+    for (const torch::StorageRecord& r : src->files_[fi]->torch.storages()) {
+      if (keys.count({static_cast<int32_t>(fi), r.key}) == 0) {
+        src->records_.push_back(Record{static_cast<int32_t>(fi), r});
+      }
+    }
+  }
   return src;
 }
 
@@ -409,14 +437,24 @@ Status DeepSpeedTensorSource::ReadFlatRange(const TensorInfo& t, int64_t begin, 
                            " bytes, of " + std::to_string(e.numel) + " elements");
   }
   if (begin == end) return Status::Ok();
-  if (e.state < 0) return ReadModel(e, begin, end, out).WithContext("tensor \"" + t.name + "\"");
+  // A fused QKV stored in another row order is read block by block where its rows are.
+  return ForEachStoredRange(
+      e.qkv_blocks, begin, end, [&](int64_t view_begin, int64_t stored, int64_t n) -> Status {
+        std::span<std::byte> part = out.subspan(static_cast<size_t>((view_begin - begin) * item),
+                                                static_cast<size_t>(n * item));
+        return ReadStored(e, stored, stored + n, part).WithContext("tensor \"" + t.name + "\"");
+      });
+}
+
+Status DeepSpeedTensorSource::ReadStored(const Entry& e, int64_t begin, int64_t end,
+                                         std::span<std::byte> out) const {
+  if (e.state < 0) return ReadModel(e, begin, end, out);
   if (e.cast) {
     std::vector<std::byte> fp32(static_cast<size_t>((end - begin) * 4));
-    UCP_RETURN_IF_ERROR(ReadFragments(e, begin, end, fp32), "tensor \"" + t.name + "\"");
-    return CastElements(DType::kFp32, fp32, e.dtype, out, end - begin)
-        .WithContext("tensor \"" + t.name + "\"");
+    UCP_RETURN_IF_ERROR(ReadFragments(e, begin, end, fp32));
+    return CastElements(DType::kFp32, fp32, e.dtype, out, end - begin);
   }
-  return ReadFragments(e, begin, end, out).WithContext("tensor \"" + t.name + "\"");
+  return ReadFragments(e, begin, end, out);
 }
 
 Status DeepSpeedTensorSource::ReadFragments(const Entry& e, int64_t begin, int64_t end,
@@ -452,6 +490,30 @@ Status DeepSpeedTensorSource::CheckUnchanged() const {
 Status DeepSpeedTensorSource::VerifyChecksums() const {
   for (int64_t i = 0; i < num_records(); ++i) UCP_RETURN_IF_ERROR(VerifyRecord(i));
   return Status::Ok();
+}
+
+void DeepSpeedTensorSource::BeginVerifiedReads() const {
+  for (const auto& f : files_) f->torch.VerifyReads();
+}
+
+Status DeepSpeedTensorSource::FinishVerifiedRecord(int64_t i) const {
+  const Record& r = records_[static_cast<size_t>(i)];
+  return files_[static_cast<size_t>(r.file)]->torch.FinishVerifiedReads(r.storage);
+}
+
+Status DeepSpeedTensorSource::VerifiedReadsFailure() const {
+  for (const auto& f : files_) UCP_RETURN_IF_ERROR(f->torch.VerifyReadsFailure());
+  return Status::Ok();
+}
+
+int64_t DeepSpeedTensorSource::record_bytes(int64_t i) const {
+  return records_[static_cast<size_t>(i)].storage.num_bytes;
+}
+
+int64_t DeepSpeedTensorSource::verify_bytes_reread() const {
+  int64_t total = 0;
+  for (const auto& f : files_) total += f->torch.verify_bytes_reread();
+  return total;
 }
 
 }  // namespace ucp::deepspeed

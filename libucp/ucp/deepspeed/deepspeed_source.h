@@ -4,7 +4,8 @@
 //
 //   pp<P>.tp<T>/optim/<local>/<state>  fp32, the TP shard: its fragments, in dp order, in the
 //       dp*sp optimizer files of (P, T), located by param_slice_mappings and read as byte ranges
-//       of single_partition_of_fp32_groups[g] / base_optimizer_state.state[g].exp_avg|exp_avg_sq.
+//       of single_partition_of_fp32_groups[g] / base_optimizer_state.state[g].<state>, for each
+//       optimizer state (DeepSpeedCheckpoint::optimizer_states: exp_avg, momentum_buffer, ...).
 //   ZeRO-3: each sub-group's fp32_flat_groups[i] and optimizer_state_dict.state[i] hold this dp
 //       rank's ceil(numel / (dp*sp))-element piece of every parameter of the sub-group, in
 //       param_shapes order (zero_to_fp32.py's reconstruction); the fragments are derived from that.
@@ -14,6 +15,9 @@
 //       read from the first stage's (DeepSpeed keeps the copies in sync, and the plan's check ops
 //       still compare the fp32 / Adam copies of both stages). ZeRO-3 saves no weights: the fp32
 //       fragments rounded to the training dtype, as the engine restores them.
+//
+// A fused QKV that the files hold per-rank-blocks (Megatron-DeepSpeed since PR #441,
+// DeepSpeedCheckpoint::qkv_layout) is served in the view's per-group row order (qkv_layout.h).
 //
 // Every view tensor is resolved to its files, records and fragments once, at Open; a read is a
 // hash lookup plus preads, safe from many threads at once.
@@ -30,6 +34,7 @@
 #include "ucp/base/result.h"
 #include "ucp/convert/plan.h"
 #include "ucp/deepspeed/deepspeed_checkpoint.h"
+#include "ucp/deepspeed/qkv_layout.h"
 #include "ucp/exec/executor.h"
 #include "ucp/io/torch/torch_file.h"
 
@@ -38,8 +43,9 @@ namespace ucp::deepspeed {
 class DeepSpeedTensorSource final : public exec::TensorSource {
  public:
   /// Opens every optimizer file and every file holding module weights of `checkpoint` (pickles
-  /// only) and resolves each tensor of convert::DescribeLayout(model, view) with states fp32,
-  /// exp_avg, exp_avg_sq plus model. `checkpoint` must have been opened with bind_model.
+  /// only) and resolves each tensor of convert::DescribeLayout(model, view) with states fp32 and
+  /// the checkpoint's optimizer states, plus model. `checkpoint` must have been opened with
+  /// bind_model.
   /// Errors: those of TorchFile::Open (kNotFound, kDataLoss for a truncated or corrupt file,
   /// naming it); kDataLoss naming file and parameter for a missing key or partition, a fragment
   /// outside its partition, fragments that do not tile their TP shard exactly, or a module
@@ -58,7 +64,7 @@ class DeepSpeedTensorSource final : public exec::TensorSource {
   /// The view's tensors as the files hold them (shapes and dtypes from the files).
   const std::vector<convert::TensorInfo>& tensors() const { return infos_; }
 
-  /// Every zip record holding tensor data the view reads, for VerifyRecord.
+  /// Every tensor record of the files opened (those the view reads first), for VerifyRecord.
   int64_t num_records() const { return static_cast<int64_t>(records_.size()); }
   /// Streams record `i` (bounded memory) and compares its CRC-32 with the zip directory's.
   /// Records of legacy (non-zip) files and records whose directory CRC is 0 carry none and pass.
@@ -66,6 +72,17 @@ class DeepSpeedTensorSource final : public exec::TensorSource {
   Status VerifyRecord(int64_t i) const;
   /// VerifyRecord for every record, in order. Errors: the first failure.
   Status VerifyChecksums() const;
+  /// One read of the source (issue 14): every file checks its records' CRC-32 from the bytes
+  /// the reads return (TorchFile::VerifyReads). Call before the reads start.
+  void BeginVerifiedReads() const;
+  /// After the last read: record `i`'s CRC-32 from what the reads covered plus the bytes they
+  /// did not, read now (TorchFile::FinishVerifiedReads). Errors: as VerifyRecord.
+  Status FinishVerifiedRecord(int64_t i) const;
+  /// The first record found corrupt during the reads, or Ok.
+  Status VerifiedReadsFailure() const;
+  /// Bytes of record `i`; bytes the FinishVerifiedRecord calls read.
+  int64_t record_bytes(int64_t i) const;
+  int64_t verify_bytes_reread() const;
   /// Whether every file opened is still the one read (device, inode, size, mtime; issue 16 #8).
   /// Errors: kDataLoss naming the file and what changed.
   Status CheckUnchanged() const override;
@@ -80,6 +97,8 @@ class DeepSpeedTensorSource final : public exec::TensorSource {
   };
   DeepSpeedTensorSource() = default;
   Status ReadModel(const Entry& e, int64_t begin, int64_t end, std::span<std::byte> out) const;
+  /// Elements [begin, end) of the shard as the files hold it (the fused QKV's stored order).
+  Status ReadStored(const Entry& e, int64_t begin, int64_t end, std::span<std::byte> out) const;
   Status ReadFragments(const Entry& e, int64_t begin, int64_t end, std::span<std::byte> out) const;
   /// ZeRO-3: records file `fi` (data-parallel rank `dp_rank` of tp rank `tp_rank`) sub-group
   /// partitions in `file` and each parameter's piece in `frags` (engine name -> fragments).

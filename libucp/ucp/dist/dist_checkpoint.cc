@@ -21,6 +21,7 @@
 #include "ucp/io/hdf5/h5_file.h"
 #include "ucp/io/interrupt.h"
 #include "ucp/io/raw_file.h"
+#include "ucp/io/read_verifier.h"
 #include "ucp/io/streamed_dataset.h"
 
 namespace ucp::dist {
@@ -366,6 +367,10 @@ struct DistReader::Impl {
   DistManifest manifest;
   std::unique_ptr<RankLayout[]> layouts;
   mutable io::RawFileCache files;
+  // VerifyReads (issue 14): one XXH3 record per manifest tensor, in (rank, tensor) order; or
+  // null.
+  mutable std::unique_ptr<io::ReadVerifier> verifier;
+  mutable std::map<const DistTensor*, int32_t> record_of;
 
   fs::path PathOf(int64_t rank) const { return dir / RankFileName(rank); }
 
@@ -557,10 +562,45 @@ Status DistReader::ReadFlatRange(int64_t rank, std::string_view name, int64_t be
                                 std::to_string((end_elem - begin_elem) * size));
   }
   if (out.empty()) return Status::Ok();
-  return impl_->ReadAt(rank, *t, begin_elem, end_elem, out);
+  UCP_RETURN_IF_ERROR(impl_->ReadAt(rank, *t, begin_elem, end_elem, out));
+  if (impl_->verifier == nullptr) return Status::Ok();
+  return impl_->verifier->Observe(impl_->record_of.at(t), begin_elem * size, out);
 }
 
-Status DistReader::Verify(int part, int parts) const {
+void DistReader::VerifyReads() const {
+  auto v = std::make_unique<io::ReadVerifier>();
+  impl_->record_of.clear();
+  for (const DistRankFile& r : impl_->manifest.ranks) {
+    for (const DistTensor& t : r.tensors) {
+      const int64_t size = DTypeSizeBytes(t.dtype);
+      const uint64_t want = *io::ParseXxh3(t.checksum, "checksum");  // validated by the parser
+      const Impl* impl = impl_.get();
+      const int64_t rank = r.rank;
+      const DistTensor* tp = &t;
+      impl_->record_of[&t] = v->AddXxh3(
+          NumElementsOrDie(t.shape) * size, want,
+          impl_->PathOf(rank).string() + ": tensor \"" + t.name +
+              "\": checksum of the data differs from the manifest's " + t.checksum,
+          [impl, rank, tp, size](int64_t offset, std::span<std::byte> out) {
+            return impl->ReadAt(rank, *tp, offset / size,
+                                (offset + static_cast<int64_t>(out.size())) / size, out);
+          });
+    }
+  }
+  impl_->verifier = std::move(v);
+}
+
+int64_t DistReader::verify_bytes_reread() const {
+  return impl_->verifier == nullptr ? 0 : impl_->verifier->bytes_reread();
+}
+
+Status DistReader::Verify(int part, int parts) const { return VerifyShare(part, parts, false); }
+
+Status DistReader::FinishVerifiedReads(int part, int parts) const {
+  return VerifyShare(part, parts, true);
+}
+
+Status DistReader::VerifyShare(int part, int parts, bool finish_reads) const {
   // Every rank file's dataset list, then every tensor hashed in bounded pieces straight from
   // its file, tensors in parallel. The first failure in (rank, name) order is reported.
   struct Item {
@@ -585,6 +625,20 @@ Status DistReader::Verify(int part, int parts) const {
       return DataLossError(f.path().string() + ": holds " + std::to_string(names->size()) +
                            " datasets, the manifest lists " + std::to_string(r.tensors.size()));
     }
+  }
+  if (finish_reads && impl_->verifier != nullptr) {
+    // One read of the source: each tensor's hash from the conversion's reads, finished by
+    // reading only what they did not cover.
+    UCP_RETURN_IF_ERROR(impl_->verifier->FirstFailure());
+    std::vector<Status> results(items.size());
+    tbb::parallel_for(size_t{0}, items.size(), [&](size_t i) {
+      results[i] = [&]() -> Status {
+        UCP_RETURN_IF_ERROR(impl_->OffsetOf(items[i].rank, *items[i].t).status());
+        return impl_->verifier->Finish(impl_->record_of.at(items[i].t));
+      }();
+    });
+    for (Status& s : results) UCP_RETURN_IF_ERROR(s);
+    return Status::Ok();
   }
   std::vector<Status> results(items.size());
   tbb::parallel_for(size_t{0}, items.size(), [&](size_t i) {

@@ -131,10 +131,22 @@ class DistReader {
   /// Share `part` of `parts` of that work (rank files and tensors dealt round-robin), for
   /// processes that verify one checkpoint together.
   Status Verify(int part, int parts) const;
+  /// One read of the source (issue 14): from this call on, each tensor's checksum is computed
+  /// from the bytes ReadFlatRange returns, in element order (XXH3 is hashed in order: a range
+  /// read ahead of where a tensor's hash stopped is left for FinishVerifiedReads), and a tensor
+  /// is compared as soon as its last byte has been hashed (that read fails with kDataLoss
+  /// naming the file and tensor). Call before the reads start.
+  void VerifyReads() const;
+  /// After the last read: Verify's checks for share `part` of `parts`, each tensor's checksum
+  /// finished by reading only the bytes its hash has not covered. Without VerifyReads: Verify.
+  Status FinishVerifiedReads(int part, int parts) const;
+  /// Bytes FinishVerifiedReads read only for their checksums.
+  int64_t verify_bytes_reread() const;
 
  private:
   struct Impl;
   explicit DistReader(std::unique_ptr<Impl> impl);
+  Status VerifyShare(int part, int parts, bool finish_reads) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -30,7 +30,12 @@ using convert::TensorInfo;
 namespace {
 
 constexpr int64_t kMinWindowBytes = int64_t{64} << 10;
-constexpr int64_t kMaxWindowBytes = int64_t{32} << 20;
+// A window is read into, checksummed (the source's read verification) and written out of
+// while it is still in the core's cache: a window of 4 MiB or more falls out of it between those
+// passes and the kernel's copy into the page cache alone then costs 3-4x its CPU time (sys time
+// of `ucp extract` of GPT-2 small: 0.5 s at 1-2 MiB windows, 1.9 s at 4 MiB, 2.2 s at 8 MiB;
+// docs/PERFORMANCE.md, "DeepSpeed extraction").
+constexpr int64_t kMaxWindowBytes = int64_t{1} << 20;
 // A gather reads a source span in one call when the box fills at least 1/kSpanDensity of it and
 // the span fits kSpanReadBytes; otherwise row by row. Copying the gaps from the page cache costs
 // about what a syscall per short row does (a tp=4 column slice: 3x the bytes, 1/rows the calls;

@@ -61,8 +61,9 @@ class TensorSink {
 
 struct ExecOptions {
   /// Upper bound on the bytes of buffers in flight (windows, read scratch); 0: unbounded. Sets
-  /// the window size (a quarter of the budget per thread, between 64 KiB and 32 MiB) and holds
-  /// back new targets while spent.
+  /// the window size (a quarter of the budget per thread, between 64 KiB and 1 MiB, so that a
+  /// window stays in cache while it is read, checked and written) and holds back new targets
+  /// while spent.
   int64_t memory_limit_bytes = int64_t{512} << 20;
   /// Bytes per window; 0 derives it from memory_limit_bytes and the thread count.
   int64_t window_bytes = 0;

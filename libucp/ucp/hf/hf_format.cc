@@ -511,7 +511,10 @@ Result<exec::ExecStats> WriteHf(const CheckpointSource& src, const fs::path& dst
       Plan to_universal,
       convert::PlanConversion(meta.model, meta.layout, layout::UniversalLayout(), po),
       "--format hf");
-  if (run.verify_source_checksums) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
+  // One read of the source (issue 14): checksums from the reads below where the source can
+  // (checked before the rename), else a pass now.
+  const bool streamed = run.verify_source_checksums && src.BeginVerifiedReads();
+  if (run.verify_source_checksums && !streamed) UCP_RETURN_IF_ERROR(src.VerifyChecksums());
   // Replicated copies must agree, as in any extraction.
   if (std::any_of(to_universal.ops.begin(), to_universal.ops.end(),
                   [](const Op& op) { return op.kind == OpKind::kCheckEqual; })) {
@@ -519,7 +522,9 @@ Result<exec::ExecStats> WriteHf(const CheckpointSource& src, const fs::path& dst
     std::erase_if(checks.ops, [](const Op& op) { return op.kind != OpKind::kCheckEqual; });
     checks.targets.clear();
     NullSink null;
-    UCP_RETURN_IF_ERROR(exec::ExecutePlan(checks, src, null).status());
+    Status checked = exec::ExecutePlan(checks, src, null).status();
+    if (!checked.ok() && streamed) checked = api::FinishVerifiedRun(src, checked, 0, 1);
+    UCP_RETURN_IF_ERROR(checked);
   }
 
   // The export plan: HF tensors (rank = shard) from the universal tensors.
@@ -585,6 +590,10 @@ Result<exec::ExecStats> WriteHf(const CheckpointSource& src, const fs::path& dst
     exec::ExecOptions eo = api::ExecOptionsOf(run);
     eo.run_checks = false;  // the extraction checks ran above
     Result<exec::ExecStats> stats = exec::ExecutePlan(out, view, sink, eo);
+    if (streamed) {
+      Status verified = api::FinishVerifiedRun(src, stats.status(), 0, 1);
+      if (!verified.ok()) return fail(verified);
+    }
     if (!stats.ok()) return fail(stats.status());
     for (st::SafetensorsWriter& w : writers) {
       Status c = w.Commit();

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <vector>
 #include <string>
@@ -163,7 +164,17 @@ Status RawFile::ReadAt(int64_t offset, std::span<std::byte> out) const {
     }
     done += static_cast<size_t>(n);
   }
+  CountSourceBytesRead(static_cast<int64_t>(out.size()));
   return Status::Ok();
+}
+
+namespace {
+std::atomic<int64_t> g_source_bytes_read{0};
+}  // namespace
+
+int64_t SourceBytesRead() { return g_source_bytes_read.load(std::memory_order_relaxed); }
+void CountSourceBytesRead(int64_t bytes) {
+  g_source_bytes_read.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 Status RawFile::WriteAt(int64_t offset, std::span<const std::byte> data) {

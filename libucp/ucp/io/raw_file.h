@@ -44,6 +44,13 @@ Result<FileIdentity> FdFileIdentity(int fd);
 /// removed: the output would no longer match the source's checksums; kIoError (stat failed).
 Status CheckFileUnchanged(const std::filesystem::path& path, const FileIdentity& seen);
 
+/// Bytes read from checkpoint files by this process so far (RawFile::ReadAt and the torch
+/// reader's file reads), for the instrumentation that shows a verified conversion reads each
+/// source byte once (issue 14). Relaxed; a running total.
+int64_t SourceBytesRead();
+/// Adds `bytes` to SourceBytesRead (the readers that pread files themselves).
+void CountSourceBytesRead(int64_t bytes);
+
 class RawFile {
  public:
   /// Opens an existing file for reading.

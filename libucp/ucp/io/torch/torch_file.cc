@@ -10,6 +10,7 @@
 #include "ucp/base/checked_math.h"
 #include "ucp/base/progress.h"
 #include "ucp/base/status_macros.h"
+#include "ucp/io/read_verifier.h"
 #include "ucp/io/torch/zip_reader.h"
 
 namespace ucp::torch {
@@ -96,6 +97,14 @@ struct TorchFile::Impl {
   PyArena arena;
   const PyValue* root = nullptr;
   Storages storages;
+  // VerifyReads: one checksummed record per storage record (same index), or null.
+  std::unique_ptr<io::ReadVerifier> verifier;
+
+  // Hands bytes [offset, offset + bytes.size()) of `rec`'s record to the verifier, if on.
+  Status Observe(const StorageRecord& rec, int64_t offset, std::span<const std::byte> bytes) const {
+    if (verifier == nullptr) return Status::Ok();
+    return verifier->Observe(static_cast<int32_t>(&rec - storages.records.data()), offset, bytes);
+  }
 
   Status OpenZip();
   Status OpenLegacy();
@@ -387,6 +396,8 @@ Result<Tensor> TorchFile::ReadTensor(const TensorRef& ref) const {
   if (ref.IsContiguous() && span_bytes == t.num_bytes()) {
     UCP_RETURN_IF_ERROR(impl_->source->ReadAt(rec->data_offset + first_byte,
                                               std::span<std::byte>(t.data(), t.num_bytes())));
+    UCP_RETURN_IF_ERROR(
+        impl_->Observe(*rec, first_byte, std::span<const std::byte>(t.data(), t.num_bytes())));
     if (check_crc && Crc32(std::span<const std::byte>(t.data(), t.num_bytes())) != rec->crc32) {
       return DataLossError("crc32 mismatch in storage '" + rec->key + "' of " + name());
     }
@@ -395,6 +406,7 @@ Result<Tensor> TorchFile::ReadTensor(const TensorRef& ref) const {
   // Strided: read the touched extent once, then gather (offsets rebased to the extent).
   UCP_ASSIGN_OR_RETURN(HostBuffer extent, HostBuffer::Allocate(span_bytes));
   UCP_RETURN_IF_ERROR(impl_->source->ReadAt(rec->data_offset + first_byte, extent.bytes()));
+  UCP_RETURN_IF_ERROR(impl_->Observe(*rec, first_byte, extent.bytes()));
   if (check_crc && Crc32(extent.bytes()) != rec->crc32) {
     return DataLossError("crc32 mismatch in storage '" + rec->key + "' of " + name());
   }
@@ -422,7 +434,57 @@ Status TorchFile::ReadTensorBytes(const TensorRef& ref, int64_t byte_offset,
                            ") is outside the " + Num(total) + " bytes of the tensor of storage '" +
                            ref.storage.key + "' in " + name());
   }
-  return impl_->source->ReadAt(rec->data_offset + ref.storage_offset * item + byte_offset, out);
+  const int64_t at = ref.storage_offset * item + byte_offset;
+  UCP_RETURN_IF_ERROR(impl_->source->ReadAt(rec->data_offset + at, out));
+  return impl_->Observe(*rec, at, out);
+}
+
+namespace {
+std::string CrcMismatch(const StorageRecord& rec, const std::string& file) {
+  return "crc32 mismatch in record 'data/" + rec.key + "' of " + file + " (" + Num(rec.num_bytes) +
+         " bytes)";
+}
+uint64_t CrcPiece(std::span<const std::byte> bytes, uint64_t seed) {
+  return Crc32(bytes, static_cast<uint32_t>(seed));
+}
+uint64_t CrcCombine(uint64_t a, uint64_t b, int64_t len_b) {
+  return Crc32Combine(static_cast<uint32_t>(a), static_cast<uint32_t>(b), len_b);
+}
+}  // namespace
+
+void TorchFile::VerifyReads() {
+  impl_->verifier.reset();
+  if (impl_->format != TorchFormat::kZip || !impl_->options.verify_crc32) return;
+  auto v = std::make_unique<io::ReadVerifier>();
+  const std::shared_ptr<const ByteSource> source = impl_->source;
+  for (const StorageRecord& rec : impl_->storages.records) {
+    const int64_t base = rec.data_offset;
+    v->AddCombinable(rec.num_bytes, rec.crc32, {&CrcPiece, &CrcCombine}, CrcMismatch(rec, name()),
+                     [source, base](int64_t offset, std::span<std::byte> out) {
+                       return source->ReadAt(base + offset, out);
+                     });
+  }
+  impl_->verifier = std::move(v);
+}
+
+Status TorchFile::FinishVerifiedReads(const StorageRecord& storage) const {
+  if (impl_->verifier == nullptr) return VerifyStorageCrc32(storage);
+  auto it = impl_->storages.index.find(storage.key);
+  if (it == impl_->storages.index.end()) {
+    return NotFoundError("storage '" + storage.key + "' is not in " + name());
+  }
+  return impl_->verifier->Finish(static_cast<int32_t>(it->second));
+}
+
+Status TorchFile::VerifyReadsFailure() const {
+  return impl_->verifier == nullptr ? Status::Ok() : impl_->verifier->FirstFailure();
+}
+
+int64_t TorchFile::verify_bytes_observed() const {
+  return impl_->verifier == nullptr ? 0 : impl_->verifier->bytes_observed();
+}
+int64_t TorchFile::verify_bytes_reread() const {
+  return impl_->verifier == nullptr ? 0 : impl_->verifier->bytes_reread();
 }
 
 Status TorchFile::VerifyStorageCrc32(const StorageRecord& rec) const {
@@ -438,8 +500,7 @@ Status TorchFile::VerifyStorageCrc32(const StorageRecord& rec) const {
     progress::AddBytes(static_cast<int64_t>(chunk.size()));  // the checksum pass's progress
   }
   if (crc != rec.crc32) {
-    return DataLossError("crc32 mismatch in record 'data/" + rec.key + "' of " + name() + " (" +
-                         Num(rec.num_bytes) + " bytes)");
+    return DataLossError(CrcMismatch(rec, name()));
   }
   return Status::Ok();
 }

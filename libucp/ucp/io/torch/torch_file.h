@@ -82,6 +82,25 @@ class TorchFile {
   /// Errors: kDataLoss naming the file and record on a mismatch; kIoError.
   Status VerifyStorageCrc32(const StorageRecord& storage) const;
 
+  /// One read of the source (issue 14): from this call on, each storage record's CRC-32 is
+  /// computed from the bytes ReadTensorBytes and ReadTensor return (pieces in any order, from
+  /// many threads), and a record is compared as soon as its last byte has been read: the read
+  /// that completes a corrupt record fails with kDataLoss naming the file and record. Zip files
+  /// read with verify_crc32 only (legacy files record no checksums). Not thread-safe: call it
+  /// before the reads start; calling it again starts over.
+  void VerifyReads();
+  /// After the last read: with VerifyReads on, reads only the bytes of `storage`'s record that
+  /// no read returned (padding, states the plan does not need) and compares its CRC-32; without
+  /// it, VerifyStorageCrc32. Thread-safe across records.
+  /// Errors: as VerifyStorageCrc32.
+  Status FinishVerifiedReads(const StorageRecord& storage) const;
+  /// The first record (in storages() order) whose CRC-32 failed during the reads, or Ok.
+  Status VerifyReadsFailure() const;
+  /// Since VerifyReads: bytes whose CRC came from the conversion's reads, and bytes
+  /// FinishVerifiedReads read only for their CRC.
+  int64_t verify_bytes_observed() const;
+  int64_t verify_bytes_reread() const;
+
   /// Checks that the file is still the one opened: same device, inode, size and mtime (issue 16
   /// #8). Called after the last read and before committing an output made from it. Ok for a
   /// file opened from a buffer.

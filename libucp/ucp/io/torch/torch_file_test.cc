@@ -268,6 +268,25 @@ TEST(Crc32, SlicedEqualsReference) {
   EXPECT_EQ(Crc32(all.subspan(100), Crc32(all.first(100))), Crc32(all));
 }
 
+// The carry-less multiplication path (x86-64 with PCLMULQDQ: 64 bytes and more, in 16-byte
+// blocks) equals the reference across its block boundaries and on a large buffer.
+TEST(Crc32, FoldedEqualsReference) {
+  std::vector<std::byte> buf((1 << 20) + 77);
+  uint32_t x = 777;
+  for (std::byte& b : buf) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  const auto all = std::span<const std::byte>(buf);
+  for (size_t n : {63, 64, 65, 79, 80, 127, 128, 129, 143, 144, 191, 192, 255, 256, 1000, 4113}) {
+    for (size_t start : {0, 1, 7, 15}) {
+      const auto piece = all.subspan(start, n);
+      ASSERT_EQ(Crc32(piece, 0xdeadbeefu), Crc32Reference(piece, 0xdeadbeefu)) << start << " " << n;
+    }
+  }
+  EXPECT_EQ(Crc32(all), Crc32Reference(all));
+}
+
 // Combining the CRCs of two pieces equals the CRC of their concatenation, for every split of a
 // buffer (including empty pieces), and over many pieces in order, as the streamed writers use it.
 TEST(Crc32, CombineEqualsCrcOfConcatenation) {

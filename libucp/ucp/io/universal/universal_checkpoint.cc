@@ -21,6 +21,7 @@
 #include "ucp/io/hdf5/h5_file.h"
 #include "ucp/io/interrupt.h"
 #include "ucp/io/raw_file.h"
+#include "ucp/io/read_verifier.h"
 #include "ucp/io/safe_name.h"
 #include "ucp/io/streamed_dataset.h"
 
@@ -405,6 +406,10 @@ struct UniversalReader::Impl {
   std::unordered_map<std::string, size_t> by_name;
   std::unique_ptr<ParamLayout[]> layouts;
   mutable RawFileCache files;
+  // VerifyReads (issue 14): one XXH3 record per (parameter, state), record_base[pi] + si; or
+  // null.
+  mutable std::unique_ptr<ReadVerifier> verifier;
+  mutable std::vector<int32_t> record_base;
 
   Status Err(const UniversalParamInfo& p, std::string_view state, const std::string& msg) const {
     return DataLossError("file " + (dir / p.file).string() + ", parameter '" + p.name + "'" +
@@ -519,6 +524,58 @@ struct UniversalReader::Impl {
     return CheckSum(p, s, Xxh3_64(out.bytes));
   }
 
+  // The parameter file's attributes (name, shape, step) and datasets against the manifest.
+  Status CheckAttributes(const UniversalParamInfo& p, const H5File& f) const {
+    auto name = f.ReadStringAttribute("", kAttrName);
+    if (!name.ok()) return Err(p, "", "attribute name: " + name.status().message());
+    if (*name != p.name) {
+      return Err(p, "", "attribute name is '" + *name + "', not the parameter's name");
+    }
+    auto shape = f.ReadInt64ArrayAttribute("", kAttrShape);
+    if (!shape.ok()) return Err(p, "", "attribute shape: " + shape.status().message());
+    if (*shape != p.shape) {
+      return Err(p, "",
+                 "attribute shape is " + ShapeToString(*shape) + " but the manifest says " +
+                     ShapeToString(p.shape));
+    }
+    auto step = f.ReadInt64Attribute("", kAttrStep);
+    if (!step.ok()) return Err(p, "", "attribute step: " + step.status().message());
+    if (*step != manifest.step) {
+      return Err(p, "",
+                 "attribute step is " + std::to_string(*step) + " but the manifest says " +
+                     std::to_string(manifest.step));
+    }
+    UCP_ASSIGN_OR_RETURN(auto datasets, f.ListDatasets(), "while verifying " + f.path().string());
+    for (const auto& d : datasets) {
+      if (FindState(p, d) == nullptr) {
+        return Err(p, d, "dataset is in the file but not in the manifest's states");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Elements of state si of parameter pi as bytes [offset, offset + out.size()) of its
+  // little-endian contents (whole elements), from the file or through HDF5.
+  Status ReadStateBytes(size_t pi, size_t si, int64_t offset, std::span<std::byte> out) const {
+    const UniversalParamInfo& p = manifest.params[pi];
+    const UniversalStateInfo& s = p.states[si];
+    UCP_ASSIGN_OR_RETURN(int64_t at, OffsetOf(pi, si));
+    if (at >= 0) {
+      UCP_ASSIGN_OR_RETURN(std::shared_ptr<const RawFile> raw, files.Get(dir / p.file));
+      Status st = raw->ReadAt(at + offset, out);
+      return st.ok() ? st : Err(p, s.name, st.message());
+    }
+    const int64_t size = DTypeSizeBytes(s.dtype);
+    UCP_ASSIGN_OR_RETURN(H5File f, OpenFile(p));
+    return f.ReadFlatRange(s.name, offset / size,
+                           (offset + static_cast<int64_t>(out.size())) / size, out);
+  }
+
+  Status Observe(size_t pi, size_t si, int64_t byte_offset, std::span<const std::byte> b) const {
+    if (verifier == nullptr) return Status::Ok();
+    return verifier->Observe(record_base[pi] + static_cast<int32_t>(si), byte_offset, b);
+  }
+
   Status CheckSum(const UniversalParamInfo& p, const UniversalStateInfo& s, uint64_t got) const {
     const uint64_t want = *ParseXxh3(s.checksum, "checksum");  // validated by the parser
     if (got != want) {
@@ -627,10 +684,62 @@ Status UniversalReader::ReadStateFlatRange(std::string_view param, std::string_v
     UCP_ASSIGN_OR_RETURN(std::shared_ptr<const RawFile> raw, impl_->files.Get(impl_->dir / p.file));
     Status st = raw->ReadAt(offset + begin_elem * size, out);
     if (!st.ok()) return impl_->Err(p, s.name, st.message());
-    return Status::Ok();
+  } else {
+    UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
+    UCP_RETURN_IF_ERROR(f.ReadFlatRange(s.name, begin_elem, end_elem, out));
   }
-  UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
-  return f.ReadFlatRange(s.name, begin_elem, end_elem, out);
+  return impl_->Observe(ps.first, ps.second, begin_elem * size, out);
+}
+
+void UniversalReader::VerifyReads() const {
+  auto v = std::make_unique<ReadVerifier>();
+  impl_->record_base.clear();
+  for (size_t pi = 0; pi < impl_->manifest.params.size(); ++pi) {
+    const UniversalParamInfo& p = impl_->manifest.params[pi];
+    impl_->record_base.push_back(v->num_records());
+    const int64_t n = NumElementsOrDie(p.shape);
+    for (size_t si = 0; si < p.states.size(); ++si) {
+      const UniversalStateInfo& s = p.states[si];
+      const uint64_t want = *ParseXxh3(s.checksum, "checksum");  // validated by the parser
+      const Impl* impl = impl_.get();
+      v->AddXxh3(n * DTypeSizeBytes(s.dtype), want,
+                 "file " + (impl_->dir / p.file).string() + ", parameter '" + p.name +
+                     "', state '" + s.name + "': field checksum: the data does not hash to the "
+                     "manifest's " + s.checksum,
+                 [impl, pi, si](int64_t offset, std::span<std::byte> out) {
+                   return impl->ReadStateBytes(pi, si, offset, out);
+                 });
+    }
+  }
+  impl_->verifier = std::move(v);
+}
+
+Status UniversalReader::FinishVerifiedReads(int part, int parts) const {
+  if (impl_->verifier == nullptr) return Verify(part, parts);
+  UCP_RETURN_IF_ERROR(impl_->verifier->FirstFailure());
+  std::vector<Status> results(impl_->manifest.params.size());
+  tbb::parallel_for(size_t{0}, impl_->manifest.params.size(), [&](size_t pi) {
+    if (static_cast<int>(pi % parts) != part) return;
+    const UniversalParamInfo& p = impl_->manifest.params[pi];
+    results[pi] = [&]() -> Status {
+      {
+        UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
+        UCP_RETURN_IF_ERROR(impl_->CheckAttributes(p, f));
+      }
+      for (size_t si = 0; si < p.states.size(); ++si) {
+        UCP_RETURN_IF_ERROR(impl_->OffsetOf(pi, si).status());
+        UCP_RETURN_IF_ERROR(
+            impl_->verifier->Finish(impl_->record_base[pi] + static_cast<int32_t>(si)));
+      }
+      return Status::Ok();
+    }();
+  });
+  for (Status& st : results) UCP_RETURN_IF_ERROR(st);
+  return Status::Ok();
+}
+
+int64_t UniversalReader::verify_bytes_reread() const {
+  return impl_->verifier == nullptr ? 0 : impl_->verifier->bytes_reread();
 }
 
 Status UniversalReader::Verify(int part, int parts) const {
@@ -641,31 +750,9 @@ Status UniversalReader::Verify(int part, int parts) const {
     if (static_cast<int>(pi % parts) != part) return;
     const UniversalParamInfo& p = impl_->manifest.params[pi];
     results[pi] = [&]() -> Status {
-      UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
-      auto name = f.ReadStringAttribute("", kAttrName);
-      if (!name.ok()) return impl_->Err(p, "", "attribute name: " + name.status().message());
-      if (*name != p.name) {
-        return impl_->Err(p, "", "attribute name is '" + *name + "', not the parameter's name");
-      }
-      auto shape = f.ReadInt64ArrayAttribute("", kAttrShape);
-      if (!shape.ok()) return impl_->Err(p, "", "attribute shape: " + shape.status().message());
-      if (*shape != p.shape) {
-        return impl_->Err(p, "",
-                          "attribute shape is " + ShapeToString(*shape) +
-                              " but the manifest says " + ShapeToString(p.shape));
-      }
-      auto step = f.ReadInt64Attribute("", kAttrStep);
-      if (!step.ok()) return impl_->Err(p, "", "attribute step: " + step.status().message());
-      if (*step != impl_->manifest.step) {
-        return impl_->Err(p, "",
-                          "attribute step is " + std::to_string(*step) + " but the manifest says " +
-                              std::to_string(impl_->manifest.step));
-      }
-      UCP_ASSIGN_OR_RETURN(auto datasets, f.ListDatasets(), "while verifying " + f.path().string());
-      for (const auto& d : datasets) {
-        if (FindState(p, d) == nullptr) {
-          return impl_->Err(p, d, "dataset is in the file but not in the manifest's states");
-        }
+      {
+        UCP_ASSIGN_OR_RETURN(H5File f, impl_->OpenFile(p));
+        UCP_RETURN_IF_ERROR(impl_->CheckAttributes(p, f));
       }
       UCP_ASSIGN_OR_RETURN(int64_t n, NumElements(p.shape, "parameter '" + p.name + "'"));
       for (size_t si = 0; si < p.states.size(); ++si) {

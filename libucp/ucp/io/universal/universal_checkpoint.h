@@ -147,6 +147,19 @@ class UniversalReader {
   /// verify one checkpoint together.
   Status Verify(int part, int parts) const;
 
+  /// One read of the source (issue 14): from this call on, each state's checksum is computed
+  /// from the bytes ReadStateFlatRange returns, in element order (XXH3 is hashed in order: a
+  /// range read ahead of where a state's hash stopped is left for FinishVerifiedReads), and a
+  /// state is compared as soon as its last byte has been hashed (that read fails with
+  /// kDataLoss naming file, parameter and state). Call before the reads start.
+  void VerifyReads() const;
+  /// After the last read: Verify's checks for share `part` of `parts` (parameters dealt
+  /// round-robin), each state's checksum finished by reading only the bytes its hash has not
+  /// covered. Without VerifyReads: Verify(part, parts). Errors: as Verify.
+  Status FinishVerifiedReads(int part, int parts) const;
+  /// Bytes FinishVerifiedReads read only for their checksums.
+  int64_t verify_bytes_reread() const;
+
  private:
   struct Impl;
   explicit UniversalReader(std::unique_ptr<Impl> impl);
