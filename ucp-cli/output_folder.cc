@@ -1,6 +1,7 @@
 // The output folder rules of the writing commands (output_folder.h).
 #include "ucp-cli/output_folder.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -220,6 +221,29 @@ void AbandonOutput(const OutputTarget& t) {
   if (!t.staging.empty()) io::RemoveTreeBestEffort(t.staging);
 }
 
+namespace {
+
+// The PID of a "<temporary>.removing-PID" name (interrupt.cc's claimed name), or 0.
+int64_t RemovingPid(const std::string& name) {
+  constexpr std::string_view kMark = ".removing-";
+  const size_t at = name.rfind(kMark);
+  if (at == std::string::npos) return 0;
+  const std::string digits = name.substr(at + kMark.size());
+  if (digits.empty() || digits.size() > 9 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return 0;
+  }
+  return std::stoll(digits);
+}
+
+// Whether process `pid` exists on this machine (signal 0 checks without sending; EPERM: it
+// exists under another user).
+bool ProcessAlive(int64_t pid) {
+  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+}  // namespace
+
 std::vector<StaleTemporary> FindStaleTemporaries(const fs::path& dst_in) {
   const fs::path dst = io::WithoutTrailingSlash(dst_in);
   std::vector<StaleTemporary> out;
@@ -232,7 +256,9 @@ std::vector<StaleTemporary> FindStaleTemporaries(const fs::path& dst_in) {
          it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (name.size() > start.size() && name.starts_with(start)) {
-        out.push_back({shown / name, TreeBytes(it->path())});
+        const int64_t pid = RemovingPid(name);
+        if (pid > 0 && ProcessAlive(pid)) continue;  // its owner is removing it right now
+        out.push_back({shown / name, TreeBytes(it->path()), pid});
       }
     }
     ec.clear();
@@ -246,17 +272,43 @@ std::vector<StaleTemporary> FindStaleTemporaries(const fs::path& dst_in) {
   return out;
 }
 
-void WarnStaleTemporaries(const fs::path& dst, const std::string& command, std::ostream& err) {
-  const std::vector<StaleTemporary> stale = FindStaleTemporaries(dst);
-  if (stale.empty()) return;
-  err << command << ": warning: " << stale.size() << " unfinished output"
-      << (stale.size() == 1 ? "" : "s") << " of an earlier, interrupted run next to "
-      << io::WithoutTrailingSlash(dst).string() << ":";
-  for (size_t i = 0; i < stale.size(); ++i) {
-    err << (i == 0 ? " " : ", ") << stale[i].path.string() << " (" << HumanBytes(stale[i].bytes)
-        << ")";
+std::vector<StaleTemporary> TidyBeforeWrite(const fs::path& dst, const std::string& command,
+                                            std::ostream& err, bool remove, bool speak) {
+  std::vector<StaleTemporary> removed, kept;
+  for (StaleTemporary& s : FindStaleTemporaries(dst)) {
+    if (s.removing_pid > 0 && remove) {
+      io::RemoveTreeBestEffort(s.path);
+      std::error_code ec;
+      if (!fs::exists(fs::symlink_status(s.path, ec))) {
+        removed.push_back(std::move(s));
+        continue;
+      }
+    }
+    if (s.removing_pid == 0) kept.push_back(std::move(s));
   }
-  err << "; `ucp clean " << io::WithoutTrailingSlash(dst).string() << "` removes them\n";
+  const std::string shown_dst = io::WithoutTrailingSlash(dst).string();
+  if (speak && !removed.empty()) {
+    err << command << ": removed " << removed.size() << " leftover"
+        << (removed.size() == 1 ? "" : "s") << " of an interrupted run's cleanup next to "
+        << shown_dst << ":";
+    for (size_t i = 0; i < removed.size(); ++i) {
+      err << (i == 0 ? " " : ", ") << removed[i].path.string() << " ("
+          << HumanBytes(removed[i].bytes) << ", its process " << removed[i].removing_pid
+          << " is gone)";
+    }
+    err << "\n";
+  }
+  if (speak && !kept.empty()) {
+    err << command << ": warning: " << kept.size() << " unfinished output"
+        << (kept.size() == 1 ? "" : "s") << " of an earlier, interrupted run next to "
+        << shown_dst << ":";
+    for (size_t i = 0; i < kept.size(); ++i) {
+      err << (i == 0 ? " " : ", ") << kept[i].path.string() << " (" << HumanBytes(kept[i].bytes)
+          << ")";
+    }
+    err << "; `ucp clean " << shown_dst << "` removes them\n";
+  }
+  return removed;
 }
 
 }  // namespace ucp::cli

@@ -58,19 +58,29 @@ Result<std::string> FinishOutput(const OutputTarget& target);
 void AbandonOutput(const OutputTarget& target);
 
 /// An unfinished output next to `dst`: DST.tmp-XXXXXX (a folder an interrupted or killed run
-/// left), with its size.
+/// left), with its size. `removing_pid` > 0 for DST.tmp-XXXXXX.removing-PID: a temporary that
+/// process PID had renamed to remove it (io/interrupt.h) and that it did not finish removing,
+/// as when mpirun SIGKILLs its ranks about a second after forwarding a SIGTERM. Such a folder is
+/// garbage by construction (its owner only ever removes it).
 struct StaleTemporary {
   std::filesystem::path path;
   int64_t bytes = 0;
+  int64_t removing_pid = 0;
 };
 
 /// The unfinished outputs next to `dst` (`dst`'s siblings named `<name of dst>.tmp-*`) and, when
-/// `dst` is a folder, the --into-root staging folders inside it (`ucp.tmp-*`).
+/// `dst` is a folder, the --into-root staging folders inside it (`ucp.tmp-*`). A `.removing-PID`
+/// folder whose process is still alive is being removed by it, and is not listed.
 std::vector<StaleTemporary> FindStaleTemporaries(const std::filesystem::path& dst);
 
-/// Prints one warning line on `err` when FindStaleTemporaries(dst) finds any.
-void WarnStaleTemporaries(const std::filesystem::path& dst, const std::string& command,
-                          std::ostream& err);
+/// What a writing command does about FindStaleTemporaries(dst) before it writes: removes the
+/// abandoned removals (removing_pid > 0, their process gone; only when `remove`: the root of an
+/// MPI job) and says so in one line on `err`, and warns in one line about the other unfinished
+/// outputs, which it keeps (`ucp clean` removes them). `speak` false (--quiet, or not the root):
+/// nothing is printed. Returns the removed folders.
+std::vector<StaleTemporary> TidyBeforeWrite(const std::filesystem::path& dst,
+                                            const std::string& command, std::ostream& err,
+                                            bool remove, bool speak);
 
 /// "19.1 MiB"
 std::string HumanBytes(int64_t bytes);

@@ -136,6 +136,11 @@ expect_fail 5 'model "gpt-tiny" has layers=4' -- \
   "$ucp" convert "$data/megatron_tp2_pp1_dp2_bf16" "$work/out" --layout tp=1 --model gpt-tiny
 expect_fail 5 'not a model of family "llama"' -- \
   "$ucp" extract "$data/megatron_tp2_pp1_dp2_bf16" "$work/out" --model llama-tiny
+# Planner errors state DeepSpeed's own layout (dp=2,zero=1), not the view it is planned in
+# (dp=1,zero=0; issue 15 #8).
+expect_fail 5 "target layout tp=3,pp=1,dp=2,sp=1,ep=1,zero=1;" -- \
+  "$ucp" convert "$data/megatron_tp2_pp1_dp2_bf16" "$work/out" --layout tp=3
+! grep -q "zero=0" "$work/err" || { echo "the error names the internal view:"; cat "$work/err"; exit 1; }
 expect_fail 3 "--model applies to DeepSpeed checkpoints" -- \
   "$ucp" verify "$work/megatron_tp2_pp1_dp2_bf16" --model gpt-tiny
 

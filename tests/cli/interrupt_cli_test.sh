@@ -3,7 +3,8 @@
 # `mpirun -np 2`, where the signal goes to mpirun, which forwards it) stop it with exit 130 / 143
 # and one line saying what was removed; nothing is left behind (no DST, no DST.tmp-*) and the
 # source is unchanged. Then an interrupted run's leftover (a SIGKILL cannot be handled) draws a
-# warning on the next run and `ucp clean DST` removes it. Usage: BIN_DIR.
+# warning on the next run and `ucp clean DST` removes it; a removal cut short by SIGKILL
+# (DST.tmp-X.removing-PID, PID gone) is removed by the next run. Usage: BIN_DIR.
 #
 # Each signal is made to land at a known moment: the process is frozen with SIGSTOP as soon as
 # the moment is seen (its temporary folder exists: "convert"; or right after start, before it
@@ -41,10 +42,12 @@ wait_for_temp() {
 }
 
 wait_for_watcher() {  # PID: until its main thread blocks SIGINT and SIGTERM (bits 2 and 15)
-  local blk
+  local blk exe
   for ((n = 0; n < 2000; n++)); do
+    # ucp itself: the forked shell before exec may block the same signals for a moment.
+    exe=$(readlink "/proc/$1/exe" 2>/dev/null || true)
     blk=$(awk '/^SigBlk:/ {print $2}' "/proc/$1/status" 2>/dev/null || true)
-    [ -n "$blk" ] && (( (0x$blk & 0x4002) == 0x4002 )) && return 0
+    [ "${exe##*/}" = ucp ] && [ -n "$blk" ] && (( (0x$blk & 0x4002) == 0x4002 )) && return 0
     sleep 0.002
   done
   echo "FAIL: process $1 never blocked SIGINT/SIGTERM"; fail=1
@@ -168,5 +171,32 @@ grep -q "removed $left" clean.txt || { echo "FAIL: clean output"; cat clean.txt;
 "$ucp" verify killed >/dev/null || { echo "FAIL: clean touched killed"; fail=1; }
 "$ucp" clean killed | grep -q "no unfinished output next to killed" || { echo "FAIL: clean twice"; fail=1; }
 echo "stale temporary: warned ($(head -c 120 warn.txt)...), removed by ucp clean"
+# A removal cut short (mpirun SIGKILLs its ranks about a second after forwarding SIGTERM)
+# leaves DST.tmp-X.removing-PID, garbage by construction: the next run removes it when process
+# PID is gone (saying so, and in --json), leaves one whose process is alive (it is being
+# removed), and still only warns about a plain DST.tmp-*.
+sleep 0 &
+dead=$!
+wait "$dead"
+mkdir -p "g.tmp-aaaaaa.removing-$dead/sub" "g.tmp-bbbbbb.removing-$$" g.tmp-cccccc
+head -c 100000 /dev/zero >"g.tmp-aaaaaa.removing-$dead/sub/x"
+"$ucp" convert small g --layout tp=1 --json >g.json 2>g.err
+grep -q "removed 1 leftover of an interrupted run's cleanup next to g: g.tmp-aaaaaa.removing-$dead (97.7 KiB, its process $dead is gone)" g.err ||
+  { echo "FAIL: no removal of the abandoned .removing- folder said"; cat g.err; fail=1; }
+[ ! -e "g.tmp-aaaaaa.removing-$dead" ] || { echo "FAIL: g.tmp-aaaaaa.removing-$dead left"; fail=1; }
+[ -d "g.tmp-bbbbbb.removing-$$" ] || { echo "FAIL: removed a folder a live process is removing"; fail=1; }
+grep -q "warning: 1 unfinished output of an earlier, interrupted run next to g: g.tmp-cccccc" g.err ||
+  { echo "FAIL: plain stale temporary not warned about"; cat g.err; fail=1; }
+/usr/bin/python3 -c '
+import json, sys
+j = json.load(open("g.json"))
+got = [(x["path"], x["pid"]) for x in j["removed_leftovers"]]
+assert got == [("g.tmp-aaaaaa.removing-" + sys.argv[1], int(sys.argv[1]))], got' "$dead" ||
+  { echo "FAIL: --json removed_leftovers"; fail=1; }
+mkdir "g.tmp-dddddd.removing-$dead"
+"$ucp" clean g | grep -q "removed g.tmp-cccccc" || { echo "FAIL: clean of g"; fail=1; }
+[ ! -e "g.tmp-dddddd.removing-$dead" ] && [ -d "g.tmp-bbbbbb.removing-$$" ] ||
+  { echo "FAIL: clean and .removing- folders"; ls -d g.tmp-*; fail=1; }
+echo "abandoned removal: $(head -1 g.err | cut -c1-150)..."
 [ "$fail" = 0 ] && echo "interrupt_cli_test: ok"
 exit $fail

@@ -67,10 +67,11 @@ grep -q "^wrote u_tp2 at tp=2,pp=1,dp=1" out.txt || fail "5: convert from univer
 "$ucp" convert "$dsgpt" dsu --format deepspeed-universal --layout tp=2 >/dev/null   # DS -> DS universal
 [ -f dsu/zero/optimizer_state.pt ] || fail "5: deepspeed-universal from a DeepSpeed folder"
 ls -d dsu.tmp-* 2>/dev/null && fail "5: staging folder left behind"
-# Not read back yet: recognised and said so, rather than taken for a broken ZeRO folder.
-expect 7 "DeepSpeed's universal layout" -- "$ucp" inspect dsu
+# Read back: every format ucp writes is a source (the fixture's args give the model).
+"$ucp" inspect dsu | grep -q "^format: *deepspeed-universal$" || fail "5: inspect deepspeed-universal"
+"$ucp" diff dsu "$dsgpt" | grep -q "^equal: " || fail "5: deepspeed-universal read back"
 expect 2 "missing --layout" -- "$ucp" reshard u r
-echo "5: reshard of a DeepSpeed folder, convert from universal, deepspeed-universal from DeepSpeed: ok"
+echo "5: reshard of a DeepSpeed folder, convert from universal, deepspeed-universal from DeepSpeed and back: ok"
 
 # --- 6: help -----------------------------------------------------------------------------------
 for how in "help convert" "convert --help" "convert -h" "convert help"; do
@@ -95,9 +96,9 @@ echo "6: help CMD / CMD -h / CMD help, examples, missing SRC, did you mean, -V: 
 "$ucp" version --json >j.json && json j.json 'j["ok"] and j["version"]'
 "$ucp" inspect "$ds" --json >j.json
 json j.json 'j["decides_layouts"]["heads"] == 4 and j["decides_layouts"]["kv_heads"] == 2 and j["decides_layouts"]["layers"] == 2'
-json j.json 'j["fitting"]["tp"] == [1, 2] and j["fitting"]["pp"] == [1, 2]'
+json j.json 'j["fitting"]["tp"] == [1, 2, 4] and j["fitting"]["pp"] == [1, 2]'
 "$ucp" inspect "$ds" >i.txt
-grep -q "^fits: *tp 1, 2; pp 1, 2$" i.txt || fail "7: inspect fits line"
+grep -q "^fits: *tp 1, 2, 4; pp 1, 2$" i.txt || fail "7: inspect fits line"
 "$ucp" verify "$ds" --json >j.json && json j.json 'j["ok"] and j["source"]["stored_bytes"] > 0'
 "$ucp" diff g g_tp1 --json >j.json && json j.json 'j["equal"] and j["parameter_states_compared"] > 0'
 "$ucp" generate g2 --model gpt-tiny --layout tp=1 --json >j.json && json j.json 'j["output"]["bytes_written"] > 0'
@@ -123,9 +124,9 @@ echo "8: inspect and verify show tp=2,pp=2,dp=2,zero=1: ok"
 
 # --- 9: errors that say what to do ------------------------------------------------------------------
 expect 5 "tp values that fit" -- "$ucp" convert "$ds" x --layout tp=3
-grep -q "tp values that fit llama: 1, 2)" err.txt || fail "9: tp list: $(cat err.txt)"
+grep -q "tp values that fit llama: 1, 2, 4)" err.txt || fail "9: tp list: $(cat err.txt)"
 expect 4 "presets in" -- "$ucp" generate x --model nosuch --layout tp=1
-grep -q "gpt-tiny, gpt2-medium, gpt2-small, llama-tiny, llama-tiny-tied, mixtral-tiny" err.txt || fail "9: presets"
+grep -q "gpt-tiny, gpt2-medium, gpt2-small, llama-13b, llama-3b, llama-tiny, llama-tiny-tied, mixtral-tiny" err.txt || fail "9: presets"
 expect 7 "--format deepspeed writes this model" -- "$ucp" convert u x --format deepspeed-universal
 cp -r "$ds" dsbad && rm dsbad/global_step7/bf16_zero_pp_rank_1_mp_rank_03_optim_states.pt
 expect 4 "bf16_zero_pp_rank_1_mp_rank_03_optim_states.pt" -- "$ucp" verify dsbad
@@ -150,7 +151,7 @@ grep -q "^model: *mine" i.txt || fail "10: --data-dir"
 expect 4 "presets in data/models: mine" -- "$ucp" plan --model gpt-tiny --from tp=1 --to tp=2 --data-dir data
 "$ucp" generate --help >gen_help.txt
 "$ucp" convert --help >conv_help.txt
-for p in gpt-tiny gpt2-medium gpt2-small llama-tiny llama-tiny-tied mixtral-tiny; do
+for p in gpt-tiny gpt2-medium gpt2-small llama-13b llama-3b llama-tiny llama-tiny-tied mixtral-tiny; do
   grep -q "$p" gen_help.txt || fail "10: preset $p not in generate --help"
   grep -q "$p" conv_help.txt || fail "10: preset $p not in convert --help"
 done

@@ -9,7 +9,7 @@ namespace ucp::cli {
 namespace {
 
 Status RunGenerate(const po::variables_map& vm, CommandIo& io) {
-  UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, "generate"));
+  UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, "generate", true));
   // DST is positional like every other command's; --out is the older spelling.
   if (vm.count("dst") && vm.count("out")) {
     return InvalidArgumentError("DST given twice (positional and --out); give it once");

@@ -17,7 +17,8 @@ constexpr const char* kDecisive[] = {"layers",      "heads", "kv_heads",
 Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   const std::string path = vm["path"].as<std::string>();
   UCP_ASSIGN_OR_RETURN(auto src,
-                       OpenCheckpoint(path, "PATH", vm["model"].as<std::string>(), DataDir(vm)));
+                       OpenCheckpoint(path, "PATH", vm["model"].as<std::string>(), DataDir(vm),
+                                      false, vm["qkv-layout"].as<std::string>()));
   const api::CheckpointMeta& m = src->meta();
   int64_t stored_bytes = 0, numel = 0;
   const auto stored = src->StoredTensors();

@@ -67,12 +67,19 @@ struct RunSetup {
   }
   bool quiet = false;                        // --quiet
   std::unique_ptr<ProgressDisplay> display;  // stderr progress (progress.h); null when quiet
+  std::unique_ptr<ProgressReporter> reporter;  // an MPI job's other processes: counts to the root
   /// Ends the progress display before the command prints its result.
-  void Done() { display.reset(); }
+  void Done() {
+    reporter.reset();
+    display.reset();
+  }
 };
 
+/// `shared_job`: the command's processes share one job under MPI (generate, convert, extract,
+/// reshard), so the root shows the whole job's progress; the others run it each on their own.
 inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, CommandIo& io,
-                                                  const std::string& what) {
+                                                  const std::string& what,
+                                                  bool shared_job = false) {
   auto setup = std::make_unique<RunSetup>();
   const int threads = vm["threads"].as<int>();
   if (threads < 0) {
@@ -86,9 +93,16 @@ inline Result<std::unique_ptr<RunSetup>> SetupRun(const po::variables_map& vm, C
   setup->options.verify_source_checksums = vm.count("skip-checksums") == 0;
   setup->options.group = io.group;
   setup->quiet = vm.count("quiet") > 0;
-  // Bytes, rate, ETA and phase on stderr (progress.h); only the root of an MPI job draws.
+  // Bytes, rate, ETA and phase on stderr (progress.h); only the root of an MPI job draws, and
+  // for a shared job it adds the other processes' counts, which they report to it.
+  api::ProcessGroup* job = shared_job && io.group != nullptr && io.group->CarriesProgressReports()
+                               ? io.group
+                               : nullptr;
   if (!setup->quiet && (io.group == nullptr || io.group->is_root())) {
-    setup->display = std::make_unique<ProgressDisplay>(io.err, "ucp " + what, io.is_terminal);
+    setup->display = std::make_unique<ProgressDisplay>(io.err, "ucp " + what, io.is_terminal,
+                                                       PlainLineInterval(), job);
+  } else if (!setup->quiet && job != nullptr) {
+    setup->reporter = std::make_unique<ProgressReporter>(*job);
   }
   return setup;
 }
@@ -142,7 +156,11 @@ inline void AddModelOption(po::options_description& opts) {
       "DeepSpeed sources: a model preset (" + JoinNames(PresetNames(api::UcpDataDir())) +
       "), a model .json file or a rule-set family (default: the family from the parameter "
       "names, hyper-parameters from the Megatron args and the shapes)";
-  opts.add_options()("model", po::value<std::string>()->default_value(""), help.c_str());
+  opts.add_options()("model", po::value<std::string>()->default_value(""), help.c_str())(
+      "qkv-layout", po::value<std::string>()->default_value(""),
+      "DeepSpeed sources: the fused QKV's row order where the files do not record it: "
+      "per-group (Megatron-DeepSpeed before PR #441) or per-rank-blocks (since PR #441); "
+      "default per-group");
 }
 
 /// --json: one JSON object on stdout (errors too, with their exit code).
@@ -155,9 +173,11 @@ inline void AddJsonOption(po::options_description& opts) {
 /// names one side's model).
 inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(
     const std::string& path, const std::string& what, const std::string& model,
-    const std::filesystem::path& data_dir, bool model_may_not_apply = false) {
+    const std::filesystem::path& data_dir, bool model_may_not_apply = false,
+    const std::string& qkv_layout = "") {
   api::SourceOptions options;
   options.model = model;
+  options.qkv_layout = qkv_layout;
   Result<std::unique_ptr<api::CheckpointSource>> opened =
       api::CheckpointSource::Open(path, data_dir, options);
   if (!opened.ok()) {
@@ -166,6 +186,10 @@ inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(
     return WithPresetHint(Status(s.code(), what + ": " + s.message()), model, data_dir);
   }
   std::unique_ptr<api::CheckpointSource> src = std::move(*opened);
+  if (!qkv_layout.empty() && !model_may_not_apply && !src->meta().model_from_options) {
+    return InvalidArgumentError("--qkv-layout applies to DeepSpeed checkpoints; " + what + " " +
+                                path + " is " + src->meta().format);
+  }
   if (!model.empty() && !model_may_not_apply && !src->meta().model_from_options) {
     return InvalidArgumentError(
         "--model applies to DeepSpeed checkpoints (formats that do not "
@@ -208,6 +232,39 @@ inline std::string IntList(const std::vector<int>& v) {
 
 /// A layout the model cannot take (kFailedPrecondition) gets the values of the offending axes
 /// that fit ("tp values that fit: 1, 2, 4").
+/// Planner errors name the layouts the planner saw. A source read through a view of its own
+/// layout (a DeepSpeed folder, dp=2,zero=1, is planned as dp=1,zero=0) and a format that plans
+/// into such a view are stated in the user's terms instead (issue 15 #8): the source's own
+/// layout (CheckpointMeta::own_layout) and the layout that was asked for (`target`, unless
+/// universal).
+inline Status InOwnLayouts(Status s, const api::CheckpointMeta& meta,
+                           const layout::Layout* target) {
+  if (s.ok()) return s;
+  std::string m = s.message();
+  auto restate = [&m](const std::string& key, const std::string& wanted,
+                      const std::string* only_if) {
+    for (size_t pos = m.find(key); pos != std::string::npos; pos = m.find(key, pos)) {
+      const size_t begin = pos + key.size();
+      size_t end = m.find_first_of("; )", begin);
+      if (end == std::string::npos) end = m.size();
+      const std::string said = m.substr(begin, end - begin);
+      // (A universal step of the run, an extraction first, is what it says.)
+      if (said != wanted && said != "universal" && (only_if == nullptr || said == *only_if)) {
+        m.replace(begin, end - begin, wanted);
+      }
+      pos = begin;
+    }
+  };
+  if (meta.native_layout) {
+    const std::string view = layout::ToString(meta.layout);
+    restate("source layout ", layout::ToString(*meta.native_layout), &view);
+  }
+  if (target != nullptr && !target->universal) {
+    restate("target layout ", layout::ToString(*target), nullptr);
+  }
+  return Status(s.code(), m);
+}
+
 inline Status WithFitHint(Status s, const api::CheckpointMeta& meta, const layout::Layout& l) {
   if (s.ok() || s.code() != StatusCode::kFailedPrecondition || l.universal) return s;
   std::string hint;
@@ -379,7 +436,11 @@ inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& set
   const std::string dst = vm["dst"].as<std::string>();
   // DST's rules (not SRC, empty folder, --into-root) and the stale-temporaries warning:
   // output_folder.h.
-  if (!setup.quiet) WarnStaleTemporaries(dst, "ucp " + target.command, io.err);
+  // An interrupted run's abandoned removals (DST.tmp-X.removing-PID) go; other leftovers draw
+  // a warning (output_folder.h). The root removes; every process would find the same.
+  const bool root = io.group == nullptr || io.group->is_root();
+  const std::vector<StaleTemporary> tidied =
+      TidyBeforeWrite(dst, "ucp " + target.command, io.err, root, !setup.quiet);
   UCP_ASSIGN_OR_RETURN(OutputTarget placement,
                        PrepareOutput(src_path, dst, format, vm.count("into-root") > 0,
                                      src.meta().step, io.group));
@@ -387,7 +448,9 @@ inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& set
       api::WriteCheckpoint(src, format, placement.write_to.string(), request);
   if (!written.ok()) {
     if (io.group == nullptr || io.group->is_root()) AbandonOutput(placement);
-    return WithFitHint(written.status(), src.meta(), target.layout);
+    return WithFitHint(
+        InOwnLayouts(written.status(), src.meta(), f->takes_layout() ? &target.layout : nullptr),
+        src.meta(), target.layout);
   }
   std::string placed;
   {
@@ -427,6 +490,11 @@ inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& set
     out["bytes_written"] = stats.bytes_written;
     if (!placed.empty()) out["placed"] = placed;
     j["output"] = out;
+    json::OrderedJson gone = json::OrderedJson::array();
+    for (const StaleTemporary& t : tidied) {
+      gone.push_back({{"path", t.path.string()}, {"bytes", t.bytes}, {"pid", t.removing_pid}});
+    }
+    j["removed_leftovers"] = gone;
     j["bytes_read"] = stats.bytes_read;
     j["peak_buffer_bytes"] = stats.peak_in_flight_bytes;
     j["elapsed_s"] = seconds;
@@ -446,6 +514,9 @@ inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& set
          << secs << "\n";
   io.out << "  from:   " << src.meta().format << " " << src_path << " at "
          << layout::ToString(src.meta().own_layout()) << "\n";
+  if (!src.meta().qkv_layout_origin.empty()) {
+    io.out << "  QKV:    " << src.meta().qkv_layout << " (" << src.meta().qkv_layout_origin << ")\n";
+  }
   io.out << "  format: " << format << " (" << target.format_origin << ")\n";
   if (!placed.empty()) io.out << "  placed: " << placed << "\n";
   io.out << "  output: " << summary.files << " files, " << HumanBytes(summary.bytes)
@@ -466,11 +537,12 @@ inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& set
 /// convert / extract / reshard: open SRC, decide the output, write it.
 inline Status RunConversion(const po::variables_map& vm, CommandIo& io,
                             const ConversionKind& kind) {
-  UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, kind.command));
+  UCP_ASSIGN_OR_RETURN(auto setup, SetupRun(vm, io, kind.command, true));
   const std::string src_path = vm["src"].as<std::string>();
   const std::filesystem::path data_dir = DataDir(vm);
   UCP_ASSIGN_OR_RETURN(auto src,
-                       OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>(), data_dir));
+                       OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>(), data_dir,
+                                      false, vm["qkv-layout"].as<std::string>()));
   UCP_ASSIGN_OR_RETURN(ConversionTarget target, DecideTarget(vm, *src, src_path, kind));
   return RunWrite(vm, io, *setup, *src, src_path, target);
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ucp/base/result.h"
@@ -31,6 +32,28 @@ class ProcessGroup {
   /// ok when all are ok, else the error of the lowest failing rank (its code, and its message
   /// prefixed with "process R: " when the group has several processes).
   Status Agree(const Status& mine);
+
+  // --- progress reports (ucp-cli/progress.h: the root of a job shows the whole job's bytes) ---
+  // A side channel that never blocks and never mixes with the operation's own messages: the
+  // processes' reporter threads post their counters while the operation runs in the main thread,
+  // and the root's display thread takes what has arrived. A process that stops reporting (it
+  // finished, or failed) only leaves its last counts in the root's view.
+
+  /// Whether this group carries progress reports (several processes and a transport that a
+  /// second thread may use while the operation runs).
+  virtual bool CarriesProgressReports() const { return false; }
+  /// Not the root: posts `report` to the root without waiting for it to arrive. Returns false,
+  /// posting nothing, while the previous report is still on its way (the caller retries later
+  /// with newer counts) or when the group carries no reports.
+  virtual bool PostProgressReport(const std::string& report) {
+    (void)report;
+    return false;
+  }
+  /// The root: the reports that have arrived, as (rank, report) in arrival order; never waits.
+  virtual std::vector<std::pair<int, std::string>> TakeProgressReports() { return {}; }
+  /// Not the root: waits at most `timeout_s` seconds for the posted report to leave this
+  /// process (called when reporting ends, before the process exits); then gives up on it.
+  virtual void FlushProgressReports(double timeout_s) { (void)timeout_s; }
 };
 
 /// The group of this process alone (no transport).

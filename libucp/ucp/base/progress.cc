@@ -14,6 +14,7 @@ struct State {
   std::atomic<int64_t> done{0};
   std::atomic<int64_t> total{0};
   std::atomic<int64_t> serial{0};
+  std::vector<PhaseCount> finished;  // guarded by mu
 };
 
 State& S() {
@@ -26,6 +27,11 @@ State& S() {
 void BeginPhase(std::string_view phase, int64_t total_bytes) {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.phase.empty()) {
+    if (s.finished.size() == kMaxFinishedPhases) s.finished.erase(s.finished.begin());
+    s.finished.push_back({s.phase, s.done.load(std::memory_order_relaxed),
+                          s.total.load(std::memory_order_relaxed)});
+  }
   s.phase = std::string(phase);
   s.done.store(0, std::memory_order_relaxed);
   s.total.store(total_bytes, std::memory_order_relaxed);
@@ -42,6 +48,7 @@ Snapshot Read() {
   out.done = s.done.load(std::memory_order_relaxed);
   out.total = s.total.load(std::memory_order_relaxed);
   out.serial = s.serial.load(std::memory_order_relaxed);
+  out.finished = s.finished;
   return out;
 }
 

@@ -278,6 +278,15 @@ Status WriteUniversalTree(const io::UniversalReader& reader, const fs::path& tmp
       }
     }
   } else {
+    // The model the manifest records, so that ucp reads the folder back without --model.
+    UCP_ASSIGN_OR_RETURN(json::Json cs,
+                         json::ParseStrict(m.client_state_json.empty() ? "{}" : m.client_state_json,
+                                           reader.dir().string() + ": client_state",
+                                           StatusCode::kDataLoss));
+    const json::Json* ucp_model = nullptr;
+    if (cs.is_object() && cs.contains("ucp_model") && cs["ucp_model"].is_object()) {
+      ucp_model = &cs["ucp_model"];
+    }
     for (int i = 0; i < options.tp * options.pp; ++i) {
       torch::TorchWriter w;
       torch::PyArena& a = w.arena();
@@ -291,6 +300,26 @@ Status WriteUniversalTree(const io::UniversalReader& reader, const fs::path& tmp
       dims->SetItem(a.Str("tp_degree"), a.Int(options.tp));
       d->SetItem(a.Str("checkpoint_parallel_dimensions"), dims);
       d->SetItem(a.Str("ds_version"), a.Str("0.16.9"));
+      if (ucp_model != nullptr) {
+        const std::string where = reader.dir().string() + ": client_state.ucp_model";
+        torch::PyValue* um = a.Dict();
+        for (const char* k : {"name", "family", "dtype"}) {
+          if (!ucp_model->contains(k) || !(*ucp_model)[k].is_string()) {
+            return DataLossError(where + "." + k + " is not a string");
+          }
+          um->SetItem(a.Str(k), a.Str((*ucp_model)[k].get<std::string>()));
+        }
+        if (!ucp_model->contains("hyper") || !(*ucp_model)["hyper"].is_object()) {
+          return DataLossError(where + ".hyper is not an object");
+        }
+        torch::PyValue* hyper = a.Dict();
+        for (const auto& [k, v] : (*ucp_model)["hyper"].items()) {
+          if (!v.is_number_integer()) return DataLossError(where + ".hyper." + k + " is not an integer");
+          hyper->SetItem(a.Str(k), a.Int(v.get<int64_t>()));
+        }
+        um->SetItem(a.Str("hyper"), hyper);
+        d->SetItem(a.Str("ucp_model"), um);
+      }
       char buf[64];
       std::snprintf(buf, sizeof buf, "mp_rank_%02d_model_states.pt", i);
       UCP_RETURN_IF_ERROR(w.Write(tmp / buf, *d));
@@ -300,6 +329,12 @@ Status WriteUniversalTree(const io::UniversalReader& reader, const fs::path& tmp
 }
 
 }  // namespace
+
+Result<patterns::RuleSet> SelectUniversalRuleSet(const fs::path& rules_dir,
+                                                 const std::string& model,
+                                                 const std::vector<std::string>& names) {
+  return SelectRuleSet(rules_dir, model, names);
+}
 
 Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const fs::path& dst_in,
                                const DeepSpeedUniversalOptions& options) {

@@ -5,9 +5,12 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "ucp/base/result.h"
 #include "ucp/base/status.h"
 #include "ucp/io/universal/universal_checkpoint.h"
+#include "ucp/patterns/model.h"
 
 namespace ucp::deepspeed {
 
@@ -26,7 +29,9 @@ struct DeepSpeedUniversalOptions {
 
 /// Writes DeepSpeed's universal layout at `dst` (a new folder): zero/<engine name>/{fp32,
 /// exp_avg,exp_avg_sq}.pt as dicts {'param': tensor, 'cat_dim': d, ['vocab_tensor': True]},
-/// zero/<engine name>/step.pt, zero/optimizer_state.pt and mp_rank_XX_model_states.pt, built in
+/// zero/<engine name>/step.pt, zero/optimizer_state.pt and mp_rank_XX_model_states.pt (those
+/// written from scratch record the model as `ucp_model` {name, family, dtype, hyper}, so that
+/// ucp reads the folder back: deepspeed_universal_source.h), built in
 /// a `dst.tmp-XXXXXX` sibling and renamed into place. Nothing is written outside dst: DeepSpeed's
 /// dirname(dst)/latest_universal pointer is the caller's to write (`ucp ... --into-root`).
 /// Engine names follow the naming the
@@ -35,6 +40,14 @@ struct DeepSpeedUniversalOptions {
 /// two, names no rule set fits); kUnimplemented (a rule kind DeepSpeed's loader cannot cut:
 /// average, fuse other than dim-0 interleaved_groups, pad_strip off dim 0, axis ep); errors of
 /// UniversalReader, DeepSpeedCheckpoint::Open (model_states_from) and TorchWriter.
+/// The rule set for `model` (a family or a preset) in `rules_dir`, or, when it is empty, the one
+/// rule set there that gives every canonical name in `names` exactly one rule.
+/// Errors: kInvalidArgument (a name matched by no rule or two, names two rule sets fit),
+/// kNotFound (no rule set), the errors of patterns::LoadRuleSet / LoadModel.
+Result<patterns::RuleSet> SelectUniversalRuleSet(const std::filesystem::path& rules_dir,
+                                                 const std::string& model,
+                                                 const std::vector<std::string>& names);
+
 Status WriteDeepSpeedUniversal(const io::UniversalReader& reader, const std::filesystem::path& dst,
                                const DeepSpeedUniversalOptions& options = {});
 

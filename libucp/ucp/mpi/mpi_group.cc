@@ -3,9 +3,13 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace ucp::mpi {
@@ -23,10 +27,25 @@ std::mutex init_mu;
 int live_groups = 0;
 bool we_initialised = false;
 
+// Progress reports travel on their own communicator (a duplicate of the world made when the
+// group is), so they can never match a receive of the operation's collectives, with one tag.
+constexpr int kProgressTag = 7;
+
 class WorldGroupImpl final : public api::ProcessGroup {
  public:
-  WorldGroupImpl(int rank, int size) : rank_(rank), size_(size) {}
+  WorldGroupImpl(int rank, int size, MPI_Comm progress, bool threads)
+      : rank_(rank), size_(size), progress_(progress), threads_(threads) {}
   ~WorldGroupImpl() override {
+    {
+      // A report nobody took is dropped, not waited for: the root may have ended first.
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) {
+        AbandonPending();
+        if (progress_ != MPI_COMM_NULL) MPI_Comm_free(&progress_);
+      }
+    }
     std::lock_guard<std::mutex> lock(init_mu);
     if (--live_groups == 0 && we_initialised) {
       int finalized = 0;
@@ -70,9 +89,89 @@ class WorldGroupImpl final : public api::ProcessGroup {
     return out;
   }
 
+  bool CarriesProgressReports() const override {
+    return threads_ && size_ > 1 && progress_ != MPI_COMM_NULL;
+  }
+
+  // One report in flight at a time, sent with MPI_Isend from the caller's buffer: a tiny
+  // message that MPI sends eagerly, so the operation's thread never waits for the root.
+  bool PostProgressReport(const std::string& report) override {
+    if (!CarriesProgressReports() || rank_ == 0) return false;
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    if (pending_ != MPI_REQUEST_NULL) {
+      int done = 0;
+      if (MPI_Test(&pending_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) return false;
+    }
+    sending_ = report;
+    if (MPI_Isend(sending_.data(), static_cast<int>(sending_.size()), MPI_CHAR, 0, kProgressTag,
+                  progress_, &pending_) != MPI_SUCCESS) {
+      pending_ = MPI_REQUEST_NULL;
+      return false;
+    }
+    return true;
+  }
+
+  // Matched probes (MPI_Improbe + MPI_Mrecv) take exactly the message found, whatever other
+  // threads do; only messages that have arrived are taken.
+  std::vector<std::pair<int, std::string>> TakeProgressReports() override {
+    std::vector<std::pair<int, std::string>> out;
+    if (!CarriesProgressReports() || rank_ != 0) return out;
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    for (int i = 0; i < 4 * size_; ++i) {  // bounded: a flood cannot keep the caller here
+      int found = 0;
+      MPI_Message msg;
+      MPI_Status st;
+      if (MPI_Improbe(MPI_ANY_SOURCE, kProgressTag, progress_, &found, &msg, &st) != MPI_SUCCESS ||
+          !found) {
+        break;
+      }
+      int n = 0;
+      MPI_Get_count(&st, MPI_CHAR, &n);
+      std::string text(static_cast<size_t>(std::max(n, 0)), '\0');
+      if (MPI_Mrecv(text.data(), n, MPI_CHAR, &msg, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      out.emplace_back(st.MPI_SOURCE, std::move(text));
+    }
+    return out;
+  }
+
+  void FlushProgressReports(double timeout_s) override {
+    if (!CarriesProgressReports() || rank_ == 0) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(progress_mu_);
+        if (pending_ == MPI_REQUEST_NULL) return;
+        int done = 0;
+        if (MPI_Test(&pending_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
+          pending_ = MPI_REQUEST_NULL;
+          return;
+        }
+        if (std::chrono::steady_clock::now() >= until) {
+          AbandonPending();
+          return;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
  private:
+  // Lets MPI complete or drop the report in flight without anyone waiting on it; its buffer is
+  // left allocated (a few bytes), as MPI may still read it. Called with progress_mu_ held.
+  void AbandonPending() {
+    if (pending_ == MPI_REQUEST_NULL) return;
+    MPI_Request_free(&pending_);
+    static_cast<void>(new std::string(std::move(sending_)));  // deliberately never freed
+    sending_.clear();
+  }
+
   int rank_;
   int size_;
+  std::mutex progress_mu_;
+  MPI_Comm progress_;
+  bool threads_;  // MPI_THREAD_MULTIPLE: a reporter thread may call MPI beside the operation
+  MPI_Request pending_ = MPI_REQUEST_NULL;
+  std::string sending_;  // the buffer of the report in flight
 };
 
 }  // namespace
@@ -90,18 +189,28 @@ Result<std::unique_ptr<api::ProcessGroup>> WorldGroup() {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    // Only the thread that calls ucp's operations talks to MPI.
-    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    // The operation's thread runs the collectives; a progress thread posts or takes reports
+    // on a communicator of its own beside it (MPI_THREAD_MULTIPLE). An MPI that cannot
+    // gives no progress reports, nothing else changes.
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Init_thread");
     we_initialised = true;
   }
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
   // Errors come back as return codes, not as an abort of the whole job.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // Collective: every process makes its group at the same point (ucp's main, a trainer's
+  // start). Every process duplicates, whatever its thread level, so the calls match.
+  MPI_Comm progress = MPI_COMM_NULL;
+  const int dup = MPI_Comm_dup(MPI_COMM_WORLD, &progress);
+  if (dup != MPI_SUCCESS) return MpiError(dup, "MPI_Comm_dup");
   ++live_groups;
-  return std::unique_ptr<api::ProcessGroup>(new WorldGroupImpl(rank, size));
+  return std::unique_ptr<api::ProcessGroup>(
+      new WorldGroupImpl(rank, size, progress, level == MPI_THREAD_MULTIPLE));
 }
 
 }  // namespace ucp::mpi

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# DeepSpeed's universal layout read back (issue 15 #5): what `--format deepspeed-universal`
+# writes goes through inspect / verify / diff / extract / convert, and comes back bitwise:
+#   ucp (generated gpt-tiny at tp=2) -> extract -> deepspeed-universal -> ucp diff equal, extract
+#   back -> diff equal, convert to ucp / deepspeed / deepspeed-universal again -> diff equal;
+#   a Megatron fixture's universal folder whose model-state files are the fixture's (Megatron
+#   args, no recorded model) read without --model, equal to the fixture's extraction;
+# and each bad folder (truncated or corrupt .pt, missing parameter folder or state file, a state
+# of the wrong shape) is one error line with its exit code (docs/errors.md) and no output.
+set -euo pipefail
+src=$1 bin=$2
+ucp=$bin/ucp
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+"$ucp" generate g --model gpt-tiny --layout tp=2,pp=1,dp=1 --seed 3 >/dev/null
+"$ucp" extract g g.u >/dev/null
+"$ucp" reshard g.u dsu --layout tp=2,pp=1 --format deepspeed-universal >/dev/null
+"$ucp" inspect dsu >inspect.txt
+grep -q "^format: *deepspeed-universal$" inspect.txt
+grep -q "^model: *gpt-tiny (rule set gpt, bf16)$" inspect.txt
+"$ucp" inspect dsu --json | /usr/bin/python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["format"] == "deepspeed-universal" and j["layout"] == "universal", j
+assert j["source_framework"] == "megatron-deepspeed", j'
+"$ucp" verify dsu | grep -q "^ok: dsu (deepspeed-universal, universal, 52 parameters)"
+"$ucp" diff dsu g.u | grep -q "^equal: 208 parameter states"
+"$ucp" diff g dsu | grep -q "^equal: 208 parameter states"
+"$ucp" extract dsu back.u >/dev/null
+"$ucp" diff back.u g.u | grep -q "^equal: "
+# The extraction's files hold what the original's hold, dataset by dataset (h5py).
+/usr/bin/python3 - g.u back.u <<'PY'
+import json, sys, h5py
+def load(d):
+    m = json.load(open(d + "/manifest.json"))
+    out = {}
+    for p in m["params"]:
+        with h5py.File(d + "/" + p["file"], "r") as f:
+            out[p["name"]] = {s["name"]: f[s["name"]][()].tobytes() for s in p["states"]}
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a == b, sorted(k for k in a if a[k] != b.get(k))
+print("ucp -> deepspeed-universal -> ucp:", len(a), "parameters x", len(next(iter(a.values()))),
+      "states bitwise")
+PY
+"$ucp" convert dsu c --format ucp --layout tp=4,pp=2 >/dev/null
+"$ucp" diff c g | grep -q "^equal: "
+"$ucp" convert dsu ds --format deepspeed --layout tp=2,pp=1,dp=2,zero=1 >/dev/null
+"$ucp" diff ds g | grep -q "^equal: "
+"$ucp" convert dsu dsu2 --format deepspeed-universal >/dev/null
+"$ucp" diff dsu2 g.u | grep -q "^equal: "
+echo "gpt-tiny: ucp -> deepspeed-universal -> inspect, verify, diff, extract, convert: ok"
+
+# A universal folder carrying a Megatron fixture's model-state files: the model comes from their
+# args and the tensors' shapes.
+fixture=$src/tests/data/deepspeed/megatron_tp2_pp1_dp2_bf16
+"$ucp" extract "$fixture" m.u >/dev/null
+"$ucp" reshard m.u m.dsu --layout tp=2,pp=1 --format deepspeed-universal \
+  --model-states-from "$fixture" >/dev/null
+"$ucp" inspect m.dsu | grep -q "model from Megatron args and shapes"
+"$ucp" diff m.dsu m.u | grep -q "^equal: "
+"$ucp" diff m.dsu "$fixture" | grep -q "^equal: "
+echo "megatron fixture: universal folder with its args read without --model: ok"
+
+# expect_fail CODE TEXT -- COMMAND...: exit CODE, one stderr line holding TEXT, no output folder.
+expect_fail() {
+  local code=$1 text=$2
+  shift 3
+  set +e
+  "$@" >/dev/null 2>err
+  local got=$?
+  set -e
+  if [ "$got" != "$code" ] || ! grep -qF -- "$text" err || [ "$(wc -l <err)" != 1 ]; then
+    echo "expected exit $code and \"$text\" from: $*"; echo "got exit $got:"; cat err; exit 1
+  fi
+  [ ! -e out ] || { echo "output left behind by: $*"; exit 1; }
+}
+bad() { rm -rf bad; cp -r dsu bad; }
+p=bad/zero/3.self_attention.query_key_value.weight
+
+bad
+f=$p/fp32.pt
+truncate -s $(($(stat -c %s "$f") / 2)) "$f"
+expect_fail 6 "$f" -- "$ucp" extract bad out
+expect_fail 6 'parameter "layers.1.self_attention.query_key_value.weight", state fp32' -- \
+  "$ucp" inspect bad
+
+bad
+f=$p/exp_avg.pt
+off=$(/usr/bin/python3 -c 'import struct, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+i = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+raw = open(sys.argv[1], "rb").read()
+n, m = struct.unpack("<HH", raw[i.header_offset + 26:i.header_offset + 30])
+print(i.header_offset + 30 + n + m + 8)  # a byte inside the tensor data' "$f")
+printf '\x7f' | dd of="$f" bs=1 seek="$off" conv=notrunc status=none
+expect_fail 6 "crc32 mismatch" -- "$ucp" verify bad
+expect_fail 6 "exp_avg.pt" -- "$ucp" convert bad out --format ucp --layout tp=1
+
+bad
+rm -r "$p"
+expect_fail 4 "bad/zero/3.self_attention.query_key_value.weight: missing" -- \
+  "$ucp" convert bad out --format ucp --layout tp=1
+bad
+rm "$p/exp_avg_sq.pt"
+expect_fail 4 "$p/exp_avg_sq.pt: missing" -- "$ucp" verify bad
+bad
+cp bad/zero/3.self_attention.dense.weight/exp_avg.pt "$p/exp_avg.pt"
+expect_fail 6 "'param' shape [64, 64] differs from fp32.pt's [192, 64]" -- "$ucp" diff bad g.u
+bad
+rm bad/mp_rank_00_model_states.pt
+expect_fail 4 "mp_rank_00_model_states.pt: missing" -- "$ucp" inspect bad
+echo "deepspeed-universal cli: ok"
