@@ -112,4 +112,10 @@ expect_fail 6 "'param' shape [64, 64] differs from fp32.pt's [192, 64]" -- "$ucp
 bad
 rm bad/mp_rank_00_model_states.pt
 expect_fail 4 "mp_rank_00_model_states.pt: missing" -- "$ucp" inspect bad
+# An optimizer without Adam's moments (the SGD fixture) has no place in the layout: exit 7
+# naming the states, nothing written.
+expect_fail 7 "states [momentum_buffer]) has no exp_avg" -- \
+  "$ucp" convert "$src/tests/data/deepspeed/megatron_sgd_tp2_pp1_dp2_fp16_zero2" sgd.u \
+  --format deepspeed-universal
+[ -z "$(ls -d sgd.u* 2>/dev/null)" ] || { echo "SGD to deepspeed-universal left output"; exit 1; }
 echo "deepspeed-universal cli: ok"

@@ -183,6 +183,20 @@ Status WriteUniversalTree(const io::UniversalReader& reader, const fs::path& tmp
   fs::create_directories(tmp / "zero", ec);
   if (ec) return IoError("cannot create " + (tmp / "zero").string() + ": " + ec.message());
   const io::UniversalManifest& m = reader.manifest();
+  // The layout holds Adam's two moments beside fp32 (what ds_to_universal writes and the
+  // universal loader reads); another optimizer's states have nowhere to go.
+  for (const char* s : {"exp_avg", "exp_avg_sq"}) {
+    if (std::find(m.optimizer_states.begin(), m.optimizer_states.end(), s) ==
+        m.optimizer_states.end()) {
+      std::string have;
+      for (const std::string& o : m.optimizer_states) {
+        if (o != "fp32") have += (have.empty() ? "" : ", ") + o;
+      }
+      return UnimplementedError("the source's optimizer (" + m.optimizer_kind + ", states [" +
+                                have + "]) has no " + s +
+                                ": DeepSpeed's universal checkpoint holds Adam's states only");
+    }
+  }
   EngineNameContext context;
   context.tied_embeddings = true;
   for (const auto& p : m.params) {
