@@ -185,11 +185,13 @@ void ProgressReporter::Loop() {
   // The last report, with every phase's final counts; bounded waits, so a root that is gone
   // (a failed job) keeps no process here.
   const std::string report = EncodeProgress(progress::Read(), true);
-  const Clock::time_point until = Clock::now() + std::chrono::seconds(1);
+  // (Seconds, not milliseconds: on a loaded machine the root may take a while to drain the
+  // report before it.)
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(3);
   while (!group_.PostProgressReport(report) && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  group_.FlushProgressReports(2.0);
+  group_.FlushProgressReports(3.0);
 }
 
 ProgressDisplay::ProgressDisplay(std::ostream& err, std::string label, bool terminal,
@@ -205,8 +207,9 @@ ProgressDisplay::ProgressDisplay(std::ostream& err, std::string label, bool term
 ProgressDisplay::~ProgressDisplay() {
   if (job_ != nullptr) {
     // Every process's last report, so that the last lines hold the whole job's final counts;
-    // a process that died sends none, which costs at most this wait.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    // a process that died sends none, which costs at most this wait (generous: a loaded machine
+    // can delay a live process's last report by seconds, and the wait ends when all are in).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
     while (ended_count_.load() < job_->size() - 1 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
