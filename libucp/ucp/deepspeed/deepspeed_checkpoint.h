@@ -33,6 +33,23 @@ class PyValue;
 
 namespace ucp::deepspeed {
 
+/// ucp's hyper-parameters that Megatron's args carry, and each one's argument name
+/// (megatron/arguments.py): read from rank 0's args by the DeepSpeed and universal sources.
+struct MegatronArgName {
+  const char* hyper;
+  const char* arg;
+};
+inline constexpr MegatronArgName kMegatronArgNames[] = {
+    {"hidden", "hidden_size"},
+    {"layers", "num_layers"},
+    {"heads", "num_attention_heads"},
+    {"kv_heads", "num_key_value_heads"},
+    {"head_dim", "kv_channels"},
+    {"ffn_hidden", "ffn_hidden_size"},
+    {"max_positions", "max_position_embeddings"},
+    {"make_vocab_size_divisible_by", "make_vocab_size_divisible_by"},
+};
+
 /// One parameter as the checkpoint's param_shapes list it.
 struct DeepSpeedParam {
   std::string name;         ///< ucp canonical name ("layers.0.self_attention.dense.weight")

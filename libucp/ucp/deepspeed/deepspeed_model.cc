@@ -164,28 +164,12 @@ std::optional<int64_t> SolveFor(const std::string& expr, const std::string& unkn
   return x;
 }
 
-// The Megatron argument names of ucp's hyper-parameters (megatron/arguments.py).
-struct ArgName {
-  const char* hyper;
-  const char* arg;
-};
-constexpr ArgName kArgs[] = {
-    {"hidden", "hidden_size"},
-    {"layers", "num_layers"},
-    {"heads", "num_attention_heads"},
-    {"kv_heads", "num_key_value_heads"},
-    {"head_dim", "kv_channels"},
-    {"ffn_hidden", "ffn_hidden_size"},
-    {"max_positions", "max_position_embeddings"},
-    {"make_vocab_size_divisible_by", "make_vocab_size_divisible_by"},
-};
-
 // Hyper-parameters the Megatron args give (unset arguments are None and skipped).
 // Errors: kDataLoss for a value no model has (beyond 2^31), naming the argument.
 Result<std::map<std::string, int64_t>> FromArgs(const PyValue* args, const std::string& file) {
   std::map<std::string, int64_t> out;
   if (args == nullptr) return out;
-  for (const ArgName& a : kArgs) {
+  for (const MegatronArgName& a : kMegatronArgNames) {
     const PyValue* v = args->Get(a.arg);
     if (v != nullptr && v->kind() == PyKind::kInt && v->int_value() > 0) {
       if (v->int_value() > (int64_t{1} << 31)) {

@@ -1,4 +1,5 @@
 // DeepSpeed's universal layout as a ucp universal source (see deepspeed_universal_source.h).
+#include "ucp/deepspeed/deepspeed_checkpoint.h"
 #include "ucp/deepspeed/deepspeed_universal_source.h"
 
 #include <tbb/parallel_for.h>
@@ -160,17 +161,6 @@ std::optional<DType> FirstTensorDType(const PyValue* v, int depth = 0) {
   return std::nullopt;
 }
 
-// The Megatron argument names of ucp's hyper-parameters (megatron/arguments.py).
-constexpr std::pair<const char*, const char*> kArgs[] = {
-    {"hidden", "hidden_size"},
-    {"layers", "num_layers"},
-    {"heads", "num_attention_heads"},
-    {"kv_heads", "num_key_value_heads"},
-    {"head_dim", "kv_channels"},
-    {"ffn_hidden", "ffn_hidden_size"},
-    {"max_positions", "max_position_embeddings"},
-    {"make_vocab_size_divisible_by", "make_vocab_size_divisible_by"},
-};
 
 bool IsIdentifier(const std::string& s) {
   if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
@@ -238,7 +228,7 @@ Result<ModelChoice> ChooseModel(const fs::path& rules_dir, const std::string& mo
   c.spec.family = rules.family;
   c.spec.name = rules.family;
   if (args != nullptr) {
-    for (const auto& [hyper, arg] : kArgs) {
+    for (const auto& [hyper, arg] : kMegatronArgNames) {
       const PyValue* v = args->Get(arg);
       if (v != nullptr && v->kind() == PyKind::kInt && v->int_value() > 0) {
         if (v->int_value() > (int64_t{1} << 31)) {
