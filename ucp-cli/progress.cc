@@ -133,19 +133,26 @@ std::vector<std::pair<std::string, int>> KeysOf(const std::vector<JobPhase>& pha
 }  // namespace
 
 JobView CombineProgress(const progress::Snapshot& root,
-                        const std::map<int, progress::Snapshot>& others) {
+                        const std::map<int, progress::Snapshot>& others, JobState state) {
   JobView v;
   v.phases = PhasesOf(root);
   if (v.phases.empty()) return v;
   const auto keys = KeysOf(v.phases);
   v.shown = v.phases.size() - 1;
+  // A process not heard from in any phase yet (on a loaded machine it may start its share after
+  // the root has finished its own) holds the job at its first phase: showing a later one would
+  // end the earlier phases' lines on the root's share alone.
+  if (state == JobState::kSomeUnheard) v.shown = 0;
   for (const auto& [rank, snap] : others) {
     const std::vector<JobPhase> theirs = PhasesOf(snap);
     if (theirs.empty()) continue;
     const auto their_keys = KeysOf(theirs);
-    // A process still in a phase the root has left holds the job in it.
+    // A process still in a phase the root has left holds the job in it (not once the job has
+    // ended: then every process is done, whatever its last report said).
     const auto it = std::find(keys.begin(), keys.end(), their_keys.back());
-    if (it != keys.end()) v.shown = std::min(v.shown, static_cast<size_t>(it - keys.begin()));
+    if (it != keys.end() && state != JobState::kEnded) {
+      v.shown = std::min(v.shown, static_cast<size_t>(it - keys.begin()));
+    }
     for (size_t i = 0; i < keys.size(); ++i) {
       const auto j = std::find(their_keys.begin(), their_keys.end(), keys[i]);
       if (j == their_keys.end()) continue;
@@ -219,9 +226,10 @@ ProgressDisplay::~ProgressDisplay() {
   if (terminal_ && drew_) err_ << "\r\033[K" << std::flush;
 }
 
-JobView ProgressDisplay::View() {
+JobView ProgressDisplay::View(bool ended) {
   const progress::Snapshot mine = progress::Read();
-  if (job_ != nullptr) {
+  if (job_ == nullptr) return CombineProgress(mine, others_);
+  {
     for (auto& [rank, text] : job_->TakeProgressReports()) {
       progress::Snapshot s;
       bool last = false;
@@ -233,11 +241,28 @@ JobView ProgressDisplay::View() {
       }
     }
   }
-  return CombineProgress(mine, others_);
+  unheard_ = 0;
+  for (int rank = 1; rank < job_->size() && !ended; ++rank) {
+    const auto it = others_.find(rank);
+    if (!ended_[rank] && (it == others_.end() || PhasesOf(it->second).empty())) ++unheard_;
+  }
+  const JobState state = ended          ? JobState::kEnded
+                         : unheard_ > 0 ? JobState::kSomeUnheard
+                                        : JobState::kRunning;
+  return CombineProgress(mine, others_, state);
 }
 
 std::string ProgressDisplay::Line(const JobPhase& p, double secs) const {
   std::string line = label_ + ": " + p.phase;
+  if (unheard_ > 0) {
+    // The job's total is not known while a process has not reported: no percentage or ETA
+    // that would have to go backwards when it does.
+    const int n = job_->size();
+    line += " " + HumanBytes(p.done);
+    if (p.total > 0) line += " of " + HumanBytes(p.total);
+    line += " from " + std::to_string(n - unheard_) + " of " + std::to_string(n) + " processes";
+    return line;
+  }
   if (p.total > 0 || p.done > 0) {
     line += " " + HumanBytes(p.done);
     if (p.total > 0) {
@@ -278,7 +303,7 @@ void ProgressDisplay::Loop() {
   while (true) {
     const bool stopping = stop_.load();
     if (!stopping) std::this_thread::sleep_for(tick);
-    const JobView v = View();
+    const JobView v = View(stopping);
     if (v.phases.empty()) {
       if (stopping) break;
       continue;

@@ -65,8 +65,15 @@ struct JobView {
   size_t shown = 0;
   int64_t serial = 0;  ///< changes when `shown` does
 };
+/// What the root knows of the other processes when it combines their counts.
+enum class JobState {
+  kRunning,      ///< every process has reported a phase: the job is in the earliest one
+  kSomeUnheard,  ///< a process has not reported a phase yet: the job is at its first phase
+  kEnded,        ///< the operation is over everywhere: the job is in the root's last phase
+};
 JobView CombineProgress(const progress::Snapshot& root,
-                        const std::map<int, progress::Snapshot>& others);
+                        const std::map<int, progress::Snapshot>& others,
+                        JobState state = JobState::kRunning);
 
 /// Not the root: posts this process's counters to the root every `every_s` seconds (when they
 /// changed) until destroyed, then a last report, waiting a moment for it to leave.
@@ -92,7 +99,7 @@ class ProgressDisplay {
   /// root of a group that carries progress reports) the counts are the whole job's.
   ProgressDisplay(std::ostream& err, std::string label, bool terminal,
                   double every_s = PlainLineInterval(), api::ProcessGroup* job = nullptr);
-  /// Stops (the root of a job first waits up to 2 s for every process's last report); a
+  /// Stops (the root of a job first waits up to 6 s for every process's last report); a
   /// terminal's line is cleared so what follows starts on a clean line.
   ~ProgressDisplay();
   ProgressDisplay(const ProgressDisplay&) = delete;
@@ -100,7 +107,9 @@ class ProgressDisplay {
 
  private:
   void Loop();
-  JobView View();  // this process's counters, and the others' reports when a job's root
+  // This process's counters, and the others' reports when a job's root (`ended`: the
+  // operation is over, so no process holds the job in an earlier phase).
+  JobView View(bool ended);
   std::string Line(const JobPhase& p, double secs) const;
   std::ostream& err_;
   std::string label_;
@@ -110,6 +119,7 @@ class ProgressDisplay {
   std::map<int, progress::Snapshot> others_;  // the latest report of each other process
   std::map<int, bool> ended_;                 // the processes whose last report came
   std::atomic<int> ended_count_{0};
+  int unheard_ = 0;  // other processes not heard from in any phase yet (the display thread's)
   std::atomic<bool> stop_{false};
   bool drew_ = false;
   std::thread thread_;
