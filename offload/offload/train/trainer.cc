@@ -8,6 +8,8 @@
 // forward sees exactly the weights the checkpoint's `model/` tensors hold (what a GPU would hold).
 #include "offload/train/trainer.h"
 
+#include <unistd.h>
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -907,7 +909,14 @@ Status Trainer::Impl::FinishSave() {
     if (cfg.keep > 0) {
       auto all = RunCheckpoints(opts.out);
       for (size_t i = 0; i + static_cast<size_t>(cfg.keep) < all.size(); ++i) {
-        io::RemoveTreeBestEffort(all[i].second);
+        // Renamed out of the way first: a kill during the removal then leaves a `.tmp-` folder
+        // (refused by readers, cleared by the resumed run), never a step_N missing files.
+        const fs::path& old = all[i].second;
+        fs::path doomed = old;
+        doomed += std::string(io::kTempMarker) + "removing-" + std::to_string(::getpid());
+        std::error_code ec;
+        fs::rename(old, doomed, ec);
+        if (!ec) io::RemoveTreeBestEffort(doomed);  // (a failed rename keeps the old one)
       }
     }
   }
