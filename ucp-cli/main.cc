@@ -224,6 +224,10 @@ int Run(int argc, char** argv) {
     PrintCommandHelp(*cmd, std::cout);
     return 0;
   }
+  // A signal from here on names the command the user typed (under MPI every process speaks
+  // until the group is known; then only the root does, below).
+  io::SetInterruptContext(std::string(UCP_PROGRAM " ") + cmd->name, true,
+                          isatty(STDERR_FILENO) != 0);
   const bool as_json = WantsJson(argc, argv);
   Declared d(*cmd);
   po::variables_map vm;
