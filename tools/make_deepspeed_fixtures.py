@@ -208,14 +208,21 @@ def engine_name(model, canon, flavour):
     return "language_model.encoder." + canon
 
 
+def stage_layers(model, pp, stage):
+    """The transformer layers of pipeline stage `stage`: model.stages (layers per stage, as
+    PipelineModule's partition_method cut them) when set, else the even split."""
+    counts = getattr(model, "stages", None) or [model.layers // pp] * pp
+    start = sum(counts[:stage])
+    return range(start, start + counts[stage])
+
+
 def stage_params(model, pp, stage):
     """Canonical names held by pipeline stage `stage`, in module order (tied embeddings first)."""
-    per = model.layers // pp
     embed = [n for n in model.params if n.startswith("embedding.")]
     names = []
     if stage == 0 or stage == pp - 1 and model.tied:
         names += embed
-    for i in range(stage * per, (stage + 1) * per):
+    for i in stage_layers(model, pp, stage):
         names += [f"layers.{i}.{s}" for s in model.layer_suffixes()]
     if stage == pp - 1:
         names += [n for n in model.params if n.startswith("final_layernorm.")]
@@ -502,12 +509,11 @@ def write_layer_files(folder, model, pp, s, r, slices, lp_dtype):
     """GPTModelPipe's layer files: spec index 1 the embedding (the tied module's only file), 2..L+1
     the layers, L+2 the final norm, L+3 the untied head (the tied head is a function: no file)."""
     L = model.layers
-    per = L // pp
     layers = {}
     if s == 0:
         layers[1] = {k[len("embedding."):]: slices[k]["fp32"] for k in model.params
                      if k.startswith("embedding.")}
-    for i in range(s * per, (s + 1) * per):
+    for i in stage_layers(model, pp, s):
         layers[i + 2] = {suf: slices[f"layers.{i}.{suf}"]["fp32"] for suf in model.layer_suffixes()}
     if s == pp - 1:
         layers[L + 2] = {k.split(".")[-1]: slices[k]["fp32"] for k in model.params
@@ -631,6 +637,13 @@ QKV_LAYOUTS = {
 SGD_LAYOUTS = {
     "megatron_sgd_tp2_pp1_dp2_fp16_zero2": (2, 1, 2, 1, "fp16", "zero2", "gpt", True),
 }
+# Uneven pipeline stages: a 3-layer GPTModelPipe at pp=2 holds 2 + 1 transformer layers, the
+# split partition_method 'type:transformer' (Megatron-DeepSpeed's) and 'uniform' both give for
+# its spec list [fn, embedding, 3 layers, norm, tied head] (partition_balanced / _uniform cut
+# it at index 4).
+UNEVEN_LAYOUTS = {
+    "megatron_uneven_tp2_pp2_dp2_bf16": (2, 2, 2, 1, "bf16", "bf16", "pipe", False),
+}
 MIXTRAL_LAYOUTS = {
     "deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1": (1, 1, 2, 1, "bf16", "zero1", "plain", False),
 }
@@ -670,6 +683,12 @@ def main():
     save_expected(os.path.join(a.out, "expected_sgd.pt"), sgd)
     for i, (name, spec) in enumerate(SGD_LAYOUTS.items()):
         write_layout(os.path.join(a.out, name), sgd, *spec, seed=350 + i)
+
+    uneven = Model("gpt", 16, 4, 3, 50, 16, 8, seed=13)
+    uneven.stages = [2, 1]
+    save_expected(os.path.join(a.out, "expected_uneven.pt"), uneven)
+    for i, (name, spec) in enumerate(UNEVEN_LAYOUTS.items()):
+        write_layout(os.path.join(a.out, name), uneven, *spec, seed=400 + i)
 
     mixtral = Model("mixtral", 16, 4, 2, 36, 16, 4, seed=9, kv_heads=2, ffn=8, experts=4)
     save_expected(os.path.join(a.out, "expected_mixtral.pt"), mixtral)

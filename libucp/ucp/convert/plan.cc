@@ -155,7 +155,7 @@ class CatalogBuilder {
       if (p.stage == patterns::StagePlacement::kLayer && first_layer == nullptr) first_layer = &p;
       if (p.is_expert()) has_experts_ = true;
     }
-    auto st = layout::AssignStages(model_.num_layers, layout_.pp);
+    auto st = layout::AssignStages(model_.num_layers, layout_);
     if (!st.ok()) {
       return st.status().WithContext(
           "model " + Q(model_.spec.name) +

@@ -111,7 +111,8 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
   target.num_layers = model.num_layers;
   auto tied = model.spec.hyper.find("tied_embeddings");
   target.tied_embeddings = tied != model.spec.hyper.end() && tied->second != 0;
-  UCP_ASSIGN_OR_RETURN(layout::StageAssignment stages, layout::AssignStages(model.num_layers, l.pp),
+  UCP_ASSIGN_OR_RETURN(layout::StageAssignment stages,
+                       layout::AssignStages(model.num_layers, l.pp, l.stages),
                        "model \"" + model.spec.name + "\" at pp=" + std::to_string(l.pp));
   const EngineNameContext names{model.num_layers, target.tied_embeddings};
   std::vector<std::string> engine_names(model.params.size());

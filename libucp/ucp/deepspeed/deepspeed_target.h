@@ -51,6 +51,8 @@ struct DeepSpeedLayout {
   int zero_stage = 1;
   Naming naming = Naming::kMegatronPipe;
   ParamGrouping grouping = ParamGrouping::kMegatron;
+  /// Transformer layers per pipeline stage (layout::Layout::stages); empty: the even split.
+  std::vector<int64_t> stages;
 };
 
 /// One trainable parameter in one (pp, tp) rank's flat buffers.

@@ -55,9 +55,24 @@ Status Validate(const Layout& l) {
     return InvalidArgumentError("layout ep=" + std::to_string(l.ep) + " does not divide dp=" +
                                 std::to_string(l.dp) + " (ep is carved out of dp)");
   }
-  if (l.universal &&
-      (l.tp != 1 || l.pp != 1 || l.dp != 1 || l.sp != 1 || l.ep != 1 || l.zero_stage != 0)) {
-    return InvalidArgumentError("layout universal must have every size 1 and zero=0");
+  if (l.universal && (l.tp != 1 || l.pp != 1 || l.dp != 1 || l.sp != 1 || l.ep != 1 ||
+                      l.zero_stage != 0 || !l.stages.empty())) {
+    return InvalidArgumentError("layout universal must have every size 1, zero=0 and no stages");
+  }
+  if (!l.stages.empty()) {
+    if (static_cast<int64_t>(l.stages.size()) != l.pp) {
+      return InvalidArgumentError("layout stages=" + StagesToString(l.stages) + " names " +
+                                  std::to_string(l.stages.size()) + " stages, pp=" +
+                                  std::to_string(l.pp) + " (one count per pipeline stage)");
+    }
+    for (size_t s = 0; s < l.stages.size(); ++s) {
+      if (l.stages[s] < 1 || l.stages[s] > kMaxStageLayers) {
+        return InvalidArgumentError("layout stages=" + StagesToString(l.stages) + ": stage " +
+                                    std::to_string(s) + " has " + std::to_string(l.stages[s]) +
+                                    " layers (must be 1.." + std::to_string(kMaxStageLayers) +
+                                    ")");
+      }
+    }
   }
   return Status::Ok();
 }
@@ -71,9 +86,39 @@ int* FieldOf(Layout& l, int k) {
   return fields[k];
 }
 
+// `4+4+2` into per-stage counts, each a positive integer within kMaxStageLayers.
+Status ParseStages(std::string_view token, std::string_view value, std::vector<int64_t>& out) {
+  out.clear();
+  size_t pos = 0;
+  while (pos <= value.size()) {
+    size_t plus = value.find('+', pos);
+    if (plus == std::string_view::npos) plus = value.size();
+    std::string_view item = value.substr(pos, plus - pos);
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size()) {
+      return InvalidArgumentError("layout token " + Q(token) + ": " + Q(item) +
+                                  " is not an integer (expected layers per stage, e.g. "
+                                  "stages=4+4+2)");
+    }
+    if (v < 1 || v > kMaxStageLayers) {
+      return InvalidArgumentError("layout token " + Q(token) + ": a stage must hold 1.." +
+                                  std::to_string(kMaxStageLayers) + " layers, not " +
+                                  std::to_string(v));
+    }
+    if (out.size() >= static_cast<size_t>(kMaxAxisSize)) {
+      return InvalidArgumentError("layout token " + Q(token) + ": more than " +
+                                  std::to_string(kMaxAxisSize) + " stages");
+    }
+    out.push_back(v);
+    pos = plus + 1;
+  }
+  return Status::Ok();
+}
+
 // The tokens of a non-universal layout string into `l` (missing keys keep l's values), marking
 // the keys named; each token checked alone, the whole not validated.
-Status ParseTokens(std::string_view text, Layout& l, bool (&seen)[6]) {
+Status ParseTokens(std::string_view text, Layout& l, bool (&seen)[6], bool& stages_seen) {
   if (text.empty()) return InvalidArgumentError("layout \"\": empty (expected tp=..,pp=..,dp=..)");
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -86,13 +131,21 @@ Status ParseTokens(std::string_view text, Layout& l, bool (&seen)[6]) {
     }
     std::string_view key = token.substr(0, eq);
     std::string_view value = token.substr(eq + 1);
+    if (key == "stages") {
+      if (stages_seen)
+        return InvalidArgumentError("layout token " + Q(token) + ": duplicate key " + Q(key));
+      stages_seen = true;
+      UCP_RETURN_IF_ERROR(ParseStages(token, value, l.stages));
+      pos = comma + 1;
+      continue;
+    }
     int k = -1;
     for (int i = 0; i < 6; ++i) {
       if (kKeys[i] == key) k = i;
     }
     if (k < 0) {
       return InvalidArgumentError("layout token " + Q(token) + ": unknown key " + Q(key) +
-                                  " (expected tp, pp, dp, sp, ep, zero)");
+                                  " (expected tp, pp, dp, sp, ep, zero, stages)");
     }
     if (seen[k])
       return InvalidArgumentError("layout token " + Q(token) + ": duplicate key " + Q(key));
@@ -121,7 +174,10 @@ Result<Layout> ParseLayout(std::string_view text) {
   if (text == "universal") return UniversalLayout();
   Layout l;
   bool seen[6] = {false, false, false, false, false, false};
-  UCP_RETURN_IF_ERROR(ParseTokens(text, l, seen));
+  bool stages_seen = false;
+  UCP_RETURN_IF_ERROR(ParseTokens(text, l, seen, stages_seen));
+  // `stages=4+4+2` says how many stages there are; a pp beside it must agree (Validate).
+  if (stages_seen && !seen[1]) l.pp = static_cast<int>(l.stages.size());
   UCP_RETURN_IF_ERROR(Validate(l));
   return l;
 }
@@ -133,7 +189,8 @@ Result<PartialLayout> ParsePartialLayout(std::string_view text) {
     return p;
   }
   Layout l;
-  UCP_RETURN_IF_ERROR(ParseTokens(text, l, p.given));
+  UCP_RETURN_IF_ERROR(ParseTokens(text, l, p.given, p.stages_given));
+  if (p.stages_given && !p.given[1]) l.pp = static_cast<int>(l.stages.size());
   p.values = l;
   return p;
 }
@@ -144,6 +201,7 @@ std::string PartialLayout::Keys() const {
   for (int k = 0; k < 6; ++k) {
     if (given[k]) out += (out.empty() ? "" : ",") + std::string(kKeys[k]);
   }
+  if (stages_given) out += out.empty() ? "stages" : ",stages";
   return out;
 }
 
@@ -165,6 +223,16 @@ Result<Layout> MergeLayout(const Layout& base, const PartialLayout& partial) {
   // Expert parallelism is carved out of dp: a kept ep that the new dp cannot hold gives way to
   // it (ep=1) rather than turning `--layout dp=1` into an error about a key the user never named.
   if (!partial.given[4] && partial.given[2] && l.ep > 1 && l.dp % l.ep != 0) l.ep = 1;
+  if (partial.stages_given) {
+    l.stages = values.stages;
+    if (!partial.given[1]) l.pp = static_cast<int>(l.stages.size());
+  } else if (partial.given[1] && l.pp != base.pp) {
+    // The source's stage counts describe its pipeline, not the new one: a new pp takes the even
+    // split unless stages are given with it.
+    l.stages.clear();
+  } else if (!base.universal && !l.stages.empty()) {
+    kept += (kept.empty() ? "" : ",") + std::string("stages=") + StagesToString(l.stages);
+  }
   Status st = Validate(l);
   if (!st.ok() && !kept.empty()) {
     return Status(st.code(), st.message() + " (keys not given keep the source's values: " + kept +
@@ -176,9 +244,33 @@ Result<Layout> MergeLayout(const Layout& base, const PartialLayout& partial) {
 
 std::string ToString(const Layout& l) {
   if (l.universal) return "universal";
-  return "tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp) +
-         ",dp=" + std::to_string(l.dp) + ",sp=" + std::to_string(l.sp) +
-         ",ep=" + std::to_string(l.ep) + ",zero=" + std::to_string(l.zero_stage);
+  std::string out = "tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp) +
+                    ",dp=" + std::to_string(l.dp) + ",sp=" + std::to_string(l.sp) +
+                    ",ep=" + std::to_string(l.ep) + ",zero=" + std::to_string(l.zero_stage);
+  if (!l.stages.empty()) out += ",stages=" + StagesToString(l.stages);
+  return out;
+}
+
+std::string StagesToString(std::span<const int64_t> counts) {
+  std::string out;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    out += (i ? "+" : "") + std::to_string(counts[i]);
+  }
+  return out;
+}
+
+bool IsEvenSplit(std::span<const int64_t> counts) {
+  for (int64_t c : counts) {
+    if (c != counts.front()) return false;
+  }
+  return true;
+}
+
+std::vector<int64_t> StageCounts(const StageAssignment& a) {
+  std::vector<int64_t> out;
+  out.reserve(a.layers.size());
+  for (const IndexRange& r : a.layers) out.push_back(r.size());
+  return out;
 }
 
 int64_t WorldSize(const Layout& l) { return static_cast<int64_t>(l.tp) * l.sp * l.dp * l.pp; }
@@ -342,8 +434,28 @@ Result<StageAssignment> AssignStages(int64_t num_layers, int pp,
   StageAssignment a;
   if (explicit_counts.empty()) {
     if (num_layers % pp != 0) {
-      return FailedPreconditionError(std::to_string(num_layers) + " layers not divisible by pp=" +
-                                     std::to_string(pp) + " (give explicit per-stage counts)");
+      if (num_layers < pp) {
+        return FailedPreconditionError(std::to_string(num_layers) +
+                                       " layers not divisible by pp=" + std::to_string(pp) +
+                                       " (and too few for one layer per stage: pp <= " +
+                                       std::to_string(num_layers) + ")");
+      }
+      // No default: Megatron-LM refuses such a pp, DeepSpeed's partition_method splits its
+      // whole layer list (embeddings and norms included), so the transformer split depends on
+      // the model code. The two orders of the near-even split are the usual choices.
+      const int64_t q = num_layers / pp;
+      const int64_t r = num_layers % pp;
+      std::vector<int64_t> front(pp, q), back(pp, q);
+      for (int64_t s = 0; s < r; ++s) {
+        front[s] += 1;
+        back[pp - 1 - s] += 1;
+      }
+      return FailedPreconditionError(
+          std::to_string(num_layers) + " layers not divisible by pp=" + std::to_string(pp) +
+          " (give the layers per stage, e.g. stages=" + StagesToString(front) +
+          " (front-loaded, the way DeepSpeed's partition_uniform cuts a list) or stages=" +
+          StagesToString(back) +
+          "; a DeepSpeed checkpoint's own split is read from its files)");
     }
     const int64_t n = num_layers / pp;
     for (int s = 0; s < pp; ++s) a.layers.push_back({s * n, (s + 1) * n});
@@ -368,6 +480,10 @@ Result<StageAssignment> AssignStages(int64_t num_layers, int pp,
                                 std::to_string(num_layers) + " layers");
   }
   return a;
+}
+
+Result<StageAssignment> AssignStages(int64_t num_layers, const Layout& l) {
+  return AssignStages(num_layers, l.pp, l.stages);  // callers name the layout
 }
 
 Result<ExpertPlacement> PlaceExperts(int64_t num_experts, int ep) {

@@ -25,9 +25,18 @@ struct Layout {
   int ep = 1;  ///< expert parallel, carved out of dp for expert parameters; must divide dp
   int zero_stage = 0;
   bool universal = false;
+  /// Transformer layers per pipeline stage, in stage order (`stages=4+4+2`), or empty for the
+  /// even split. When given it has pp entries, each >= 1; that they sum to the model's layers is
+  /// checked where the model is known (AssignStages). Uneven pipelines need it: peers disagree on
+  /// a default (Megatron-LM refuses, DeepSpeed's partition_method splits its whole layer list,
+  /// embeddings included), so ucp never guesses one.
+  std::vector<int64_t> stages;
 
   friend bool operator==(const Layout&, const Layout&) = default;
 };
+
+/// Largest number of layers one stage of `stages=` may name (a typo guard, like kMaxAxisSize).
+inline constexpr int64_t kMaxStageLayers = int64_t{1} << 24;
 
 /// Largest size of one axis (tp, pp, dp, sp, ep) a layout may ask for.
 inline constexpr int kMaxAxisSize = 1 << 16;
@@ -39,11 +48,13 @@ inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 /// The universal layout (what `--from universal` / `--to universal` means).
 Layout UniversalLayout();
 
-/// Parses `tp=2,pp=2,dp=4[,sp=1][,ep=1][,zero=1]` (keys in any order, each at most once; missing
-/// keys are 1, zero defaults to 0) or the word `universal`.
+/// Parses `tp=2,pp=2,dp=4[,sp=1][,ep=1][,zero=1][,stages=4+4+2]` (keys in any order, each at
+/// most once; missing keys are 1, zero defaults to 0; `stages` without `pp` sets pp to its
+/// length) or the word `universal`.
 /// Errors: kInvalidArgument naming the token for an unknown key, a duplicate key, a value that is
 /// not a positive integer, a size above kMaxAxisSize, a world size above kMaxWorldSize, a zero
-/// stage outside 0..3, ep not dividing dp, or an empty string.
+/// stage outside 0..3, ep not dividing dp, a stages list whose length is not pp, or an empty
+/// string.
 Result<Layout> ParseLayout(std::string_view text);
 
 /// A layout string that may name only some keys (`--layout tp=1`): the keys it names, to be
@@ -51,6 +62,7 @@ Result<Layout> ParseLayout(std::string_view text);
 struct PartialLayout {
   Layout values;  ///< the named keys' values (the others as ParseLayout defaults them)
   bool given[6] = {false, false, false, false, false, false};  ///< tp, pp, dp, sp, ep, zero
+  bool stages_given = false;                                   ///< `stages=`
   bool universal = false;                                      ///< the word `universal`
   /// The keys named, "tp,zero" (or "universal").
   std::string Keys() const;
@@ -63,11 +75,13 @@ Result<PartialLayout> ParsePartialLayout(std::string_view text);
 
 /// `base` with the keys `partial` names replaced; a universal partial gives the universal
 /// layout, a universal base keeps nothing (sizes 1, zero 0). A kept ep that does not divide a
-/// given dp becomes 1 (ep is carved out of dp).
+/// given dp becomes 1 (ep is carved out of dp). Kept stages go when a given pp differs from the
+/// base's (they describe the old pipeline); given stages without pp set pp to their length.
 /// Errors: kInvalidArgument as Validate, saying which keys were kept from `base`.
 Result<Layout> MergeLayout(const Layout& base, const PartialLayout& partial);
 
-/// The canonical form: `tp=2,pp=2,dp=4,sp=1,ep=1,zero=1`, or `universal`.
+/// The canonical form: `tp=2,pp=2,dp=4,sp=1,ep=1,zero=1[,stages=4+4+2]` (stages only when
+/// given), or `universal`.
 std::string ToString(const Layout& layout);
 
 /// Checks the invariants ParseLayout enforces (for layouts built in code).
@@ -175,10 +189,21 @@ struct StageAssignment {
   }
 };
 /// Even split of num_layers over pp stages, or the explicit per-stage counts when given.
-/// Errors: kFailedPrecondition "<n> layers not divisible by pp=<pp>" (no explicit list);
-/// kInvalidArgument when the explicit list has the wrong length, a count < 1, or a sum != layers.
+/// Errors: kFailedPrecondition "<n> layers not divisible by pp=<pp>" (no explicit list), listing
+/// the uneven splits to choose from (`stages=4+3+3`, front-loaded as DeepSpeed's
+/// partition_uniform, or back-loaded); kInvalidArgument when the explicit list has the wrong
+/// length, a count < 1, or a sum != layers.
 Result<StageAssignment> AssignStages(int64_t num_layers, int pp,
                                      std::span<const int64_t> explicit_counts = {});
+/// The stage assignment of a layout: AssignStages(num_layers, l.pp, l.stages).
+Result<StageAssignment> AssignStages(int64_t num_layers, const Layout& l);
+
+/// Per-stage layer counts of an assignment (what `stages=` spells).
+std::vector<int64_t> StageCounts(const StageAssignment& a);
+/// True when the counts are the even split (all equal).
+bool IsEvenSplit(std::span<const int64_t> counts);
+/// `4+4+2`.
+std::string StagesToString(std::span<const int64_t> counts);
 
 /// Experts placed over ep ranks: rank e holds experts [e * per_rank, (e + 1) * per_rank).
 struct ExpertPlacement {

@@ -12,6 +12,7 @@
 namespace ucp::layout {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::ucp::testing::StatusIs;
 
@@ -152,6 +153,70 @@ TEST(Stages, EvenExplicitAndErrors) {
   const int64_t wrong[] = {1, 3, 3};
   EXPECT_THAT(AssignStages(6, 3, wrong),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("sum to 7, model has 6")));
+}
+
+TEST(Stages, NoDefaultForAnUnevenSplitListsTheChoices) {
+  // 10 layers over pp=3: no peer agrees on a default, so the error names both near-even splits.
+  EXPECT_THAT(AssignStages(10, 3),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("10 layers not divisible by pp=3"),
+                             HasSubstr("stages=4+3+3"), HasSubstr("stages=3+3+4"))));
+  EXPECT_THAT(AssignStages(2, 3), StatusIs(StatusCode::kFailedPrecondition,
+                                           HasSubstr("too few for one layer per stage")));
+  UCP_ASSERT_OK_AND_ASSIGN(Layout l, ParseLayout("pp=3,stages=4+4+2"));
+  UCP_ASSERT_OK_AND_ASSIGN(StageAssignment a, AssignStages(10, l));
+  EXPECT_EQ(a.layers[2], (IndexRange{8, 10}));
+  EXPECT_EQ(StageCounts(a), (std::vector<int64_t>{4, 4, 2}));
+  EXPECT_THAT(AssignStages(11, l),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("per-stage counts sum to 10, model has 11 layers")));
+  const int64_t even[] = {3, 3}, uneven[] = {3, 2};
+  EXPECT_TRUE(IsEvenSplit(even));
+  EXPECT_FALSE(IsEvenSplit(uneven));
+}
+
+TEST(ParseLayout, StagesParsePrintAndCheck) {
+  UCP_ASSERT_OK_AND_ASSIGN(Layout l, ParseLayout("stages=4+4+2,tp=2"));
+  EXPECT_EQ(l.pp, 3);  // pp from the list's length
+  EXPECT_EQ(l.stages, (std::vector<int64_t>{4, 4, 2}));
+  EXPECT_EQ(ToString(l), "tp=2,pp=3,dp=1,sp=1,ep=1,zero=0,stages=4+4+2");
+  UCP_ASSERT_OK_AND_ASSIGN(Layout back, ParseLayout(ToString(l)));
+  EXPECT_EQ(back, l);
+  UCP_ASSERT_OK_AND_ASSIGN(Layout even, ParseLayout("pp=3"));
+  EXPECT_EQ(ToString(even), "tp=1,pp=3,dp=1,sp=1,ep=1,zero=0");
+  EXPECT_THAT(ParseLayout("pp=2,stages=4+4+2"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("names 3 stages, pp=2")));
+  EXPECT_THAT(ParseLayout("stages=4+0"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"stages=4+0\"")));
+  EXPECT_THAT(ParseLayout("stages=4++2"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("\"\" is not an integer")));
+  EXPECT_THAT(ParseLayout("stages=4,stages=4"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("duplicate key \"stages\"")));
+  EXPECT_THAT(ParseLayout("stages="),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("is not an integer")));
+  EXPECT_THAT(ParseLayout("stages=99999999999"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("a stage must hold")));
+}
+
+TEST(MergeLayout, StagesKeptGivenOrDroppedWithANewPp) {
+  UCP_ASSERT_OK_AND_ASSIGN(Layout base, ParseLayout("tp=2,stages=4+4+2"));
+  UCP_ASSERT_OK_AND_ASSIGN(PartialLayout p, ParsePartialLayout("tp=1"));
+  UCP_ASSERT_OK_AND_ASSIGN(Layout m, MergeLayout(base, p));
+  EXPECT_EQ(ToString(m), "tp=1,pp=3,dp=1,sp=1,ep=1,zero=0,stages=4+4+2");
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("pp=2"));
+  UCP_ASSERT_OK_AND_ASSIGN(m, MergeLayout(base, p));
+  EXPECT_EQ(ToString(m), "tp=2,pp=2,dp=1,sp=1,ep=1,zero=0");
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("stages=6+4"));
+  EXPECT_EQ(p.Keys(), "stages");
+  UCP_ASSERT_OK_AND_ASSIGN(m, MergeLayout(base, p));
+  EXPECT_EQ(ToString(m), "tp=2,pp=2,dp=1,sp=1,ep=1,zero=0,stages=6+4");
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("universal"));
+  UCP_ASSERT_OK_AND_ASSIGN(m, MergeLayout(base, p));
+  EXPECT_EQ(ToString(m), "universal");
+  // The same pp given again keeps the source's counts.
+  UCP_ASSERT_OK_AND_ASSIGN(p, ParsePartialLayout("pp=3"));
+  UCP_ASSERT_OK_AND_ASSIGN(m, MergeLayout(base, p));
+  EXPECT_EQ(m.stages, (std::vector<int64_t>{4, 4, 2}));
 }
 
 TEST(Experts, PlacementAndRenumbering) {
