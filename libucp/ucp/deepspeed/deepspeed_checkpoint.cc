@@ -58,6 +58,10 @@ struct FileNames {
   std::string optim_prefix;
   std::map<int, int> layer_files_per_index;  // layer index -> count
   std::map<std::pair<int, int>, std::string> zero3;  // ZeRO-3 model states: (dp, mp) -> name
+  // DeepSpeed-MoE (engine.py _save_moe_checkpoint): (moe layer, global expert, mp) -> name, and
+  // the expert-parallel optimizer files (ep rank, mp) -> name.
+  std::map<std::tuple<int, int, int>, std::string> experts;
+  std::map<std::pair<int, int>, std::string> expp;
 };
 
 Result<FileNames> ListFiles(const fs::path& dir) {
@@ -66,9 +70,14 @@ Result<FileNames> ListFiles(const fs::path& dir) {
       R"((bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
   static const std::regex layer_re(R"(layer_(\d+)-model_(\d+)-model_states\.pt)");
   static const std::regex zero3_re(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
-  // DeepSpeed's MoE layer saves its experts apart from the module (deepspeed_ucp.md 8).
-  static const std::regex moe_re(
-      R"(layer_\d+_expert_\d+_mp_rank_\d+_model_states\.pt|(bf16_|fp16_)?expp_rank_\d+_mp_rank_\d+_optim_states\.pt)");
+  // DeepSpeed's MoE layer saves its experts apart from the module (deepspeed_ucp.md 8), one file
+  // per (MoE layer, global expert, mp rank), and one expp_rank file per expert-parallel rank.
+  static const std::regex expert_re(R"(layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt)");
+  static const std::regex expp_re(
+      R"((bf16_|fp16_)?expp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
+  // Before `num_experts` became a list, DeepSpeed saved expert_E_mp_rank_TT files without the
+  // MoE layer (load_moe_state_dict's old_moe_load).
+  static const std::regex legacy_expert_re(R"(expert_\d+_mp_rank_\d+_model_states\.pt)");
   std::vector<std::string> names;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -83,12 +92,22 @@ Result<FileNames> ListFiles(const fs::path& dir) {
   };
   for (const std::string& n : names) {
     std::smatch m;
-    if (std::regex_match(n, moe_re)) {
-      return UnimplementedError("checkpoint folder " + dir.string() + " holds " + n +
-                                ", an expert file of DeepSpeed's MoE layer, which ucp does not "
-                                "read (experts that are ordinary parameters are read)");
+    if (std::regex_match(n, legacy_expert_re)) {
+      return UnimplementedError(
+          "checkpoint folder " + dir.string() + " holds " + n +
+          ", a DeepSpeed-MoE expert file of the legacy form without the MoE layer index; ucp "
+          "reads layer_L_expert_E_mp_rank_TT_model_states.pt (the missing piece is the legacy "
+          "form's layer-less expert numbering)");
     }
-    if (std::regex_match(n, m, mp_re)) {
+    if (std::regex_match(n, m, expert_re)) {
+      const std::optional<int> l = RankIndex(m[1]), e = RankIndex(m[2]), mp = RankIndex(m[3]);
+      if (!l || !e || !mp) return bad_index(n);
+      f.experts[{*l, *e, *mp}] = n;
+    } else if (std::regex_match(n, m, expp_re)) {
+      const std::optional<int> e = RankIndex(m[2]), mp = RankIndex(m[3]);
+      if (!e || !mp) return bad_index(n);
+      f.expp[{*e, *mp}] = n;
+    } else if (std::regex_match(n, m, mp_re)) {
       const std::optional<int> i = RankIndex(m[1]);
       if (!i) return bad_index(n);
       f.mp[*i] = n;
@@ -174,13 +193,23 @@ layout::Layout DeepSpeedCheckpoint::view() const {
   layout::Layout l;
   l.tp = tp_;
   l.pp = pp_;
+  l.stages = stages_;
   return l;  // dp = sp = ep = 1, zero 0
 }
 
 std::string DeepSpeedCheckpoint::LayoutString() const {
   const std::string zero = optimizer_ == "zero2" ? "2" : optimizer_ == "zero3" ? "3" : "1";
   return "tp=" + std::to_string(tp_) + ",pp=" + std::to_string(pp_) + ",dp=" + std::to_string(dp_) +
-         ",sp=" + std::to_string(sp_) + ",zero=" + zero;
+         ",sp=" + std::to_string(sp_) + (ep_ > 1 ? ",ep=" + std::to_string(ep_) : "") +
+         ",zero=" + zero +
+         (stages_.empty() ? "" : ",stages=" + layout::StagesToString(stages_));
+}
+
+std::string DeepSpeedCheckpoint::ExpertFile(int moe_layer, int64_t expert, int mp_rank) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "layer_%d_expert_%lld_mp_rank_%02d_model_states.pt", moe_layer,
+                static_cast<long long>(expert), mp_rank);
+  return buf;
 }
 
 std::string DeepSpeedCheckpoint::ModelStatesFile(int pp_rank, int tp_rank) const {
@@ -303,6 +332,89 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
                            " partitions x " + std::to_string(num_mp) + " model-parallel ranks");
     }
   }
+  // DeepSpeed-MoE: expert files per (MoE layer, expert, mp rank), one expp_rank file per
+  // expert-parallel rank and mp rank (engine.py _save_moe_checkpoint; the expp files hold
+  // {'optimizer': None} under ZeRO, whose partitions are in the zero_pp_rank files).
+  ck.moe_ = !files.experts.empty();
+  if (!ck.moe_ && !files.expp.empty()) {
+    return NotFoundError("checkpoint folder " + ck.dir_.string() + " holds " +
+                         files.expp.begin()->second +
+                         " (DeepSpeed-MoE) but no layer_*_expert_*_mp_rank_*_model_states.pt");
+  }
+  if (ck.moe_) {
+    const std::string where = (ck.dir_ / files.mp.at(0)).string();
+    if (ck.zero3_files_ || ck.pp_ != 1) {
+      return UnimplementedError(
+          "checkpoint folder " + ck.dir_.string() + " holds DeepSpeed-MoE expert files with " +
+          (ck.zero3_files_ ? std::string("ZeRO-3 model states")
+                           : "pipeline stages (pp=" + std::to_string(ck.pp_) + ")") +
+          "; ucp reads DeepSpeed-MoE at ZeRO-1/2 without pipeline stages (the missing piece is "
+          "the expert files' MoE-layer numbering per stage and ZeRO-3's expert sub-groups)");
+    }
+    const PyValue* ne = root.Get("num_experts");
+    if (ne == nullptr || ne->kind() != PyKind::kList || ne->items().empty()) {
+      return DataLossError(where +
+                           ": num_experts is not a list of expert counts per MoE layer, but the "
+                           "folder holds DeepSpeed-MoE expert files (" +
+                           files.experts.begin()->second + ")");
+    }
+    for (const PyValue* v : ne->items()) {
+      UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(v, where + ": num_experts"));
+      if (n < 1 || n > (int64_t{1} << 20)) {
+        return DataLossError(where + ": num_experts holds " + std::to_string(n));
+      }
+      ck.num_experts_.push_back(n);
+    }
+    // Expert-parallel ranks: expp_rank_0 .. expp_rank_{ep-1}, for every mp rank.
+    ck.ep_ = files.expp.empty() ? 0 : files.expp.rbegin()->first.first + 1;
+    if (ck.ep_ == 0) {
+      return NotFoundError("checkpoint folder " + ck.dir_.string() +
+                           " holds DeepSpeed-MoE expert files but no "
+                           "expp_rank_0_mp_rank_00_optim_states.pt");
+    }
+    for (int e = 0; e < ck.ep_; ++e) {
+      for (int m = 0; m < num_mp; ++m) {
+        if (!files.expp.contains({e, m})) {
+          char buf[80];
+          std::snprintf(buf, sizeof buf, "expp_rank_%d_mp_rank_%02d_optim_states.pt", e, m);
+          return NotFoundError("checkpoint folder " + ck.dir_.string() + " lacks " + buf + " (" +
+                               std::to_string(ck.ep_) + " expert-parallel ranks)");
+        }
+      }
+    }
+    if (dp_sp % ck.ep_ != 0) {
+      return DataLossError("checkpoint folder " + ck.dir_.string() + ": " +
+                           std::to_string(ck.ep_) + " expert-parallel ranks (expp_rank files) do "
+                           "not divide the " + std::to_string(dp_sp) +
+                           " data-parallel optimizer partitions");
+    }
+    size_t want = 0;
+    for (size_t l = 0; l < ck.num_experts_.size(); ++l) {
+      const int64_t n = ck.num_experts_[l];
+      if (n % ck.ep_ != 0) {
+        return DataLossError(where + ": MoE layer " + std::to_string(l) + " has " +
+                             std::to_string(n) + " experts, not a multiple of ep=" +
+                             std::to_string(ck.ep_));
+      }
+      for (int64_t e = 0; e < n; ++e) {
+        for (int m = 0; m < num_mp; ++m) {
+          if (!files.experts.contains({static_cast<int>(l), static_cast<int>(e), m})) {
+            return NotFoundError("checkpoint folder " + ck.dir_.string() + " lacks " +
+                                 ExpertFile(static_cast<int>(l), e, m) + " (num_experts of " +
+                                 files.mp.at(0) + ": MoE layer " + std::to_string(l) + " has " +
+                                 std::to_string(n) + " experts)");
+          }
+        }
+      }
+      want += static_cast<size_t>(n) * static_cast<size_t>(num_mp);
+    }
+    if (files.experts.size() != want) {
+      return DataLossError("checkpoint folder " + ck.dir_.string() + " has " +
+                           std::to_string(files.experts.size()) +
+                           " expert files, but num_experts of " + files.mp.at(0) + " makes " +
+                           std::to_string(want));
+    }
+  }
   // Frozen parameters (requires_grad=False) have no optimizer state, and a universal checkpoint
   // holds fp32, exp_avg and exp_avg_sq for every parameter.
   if (const PyValue* frozen = root.Get("frozen_param_shapes");
@@ -357,7 +469,16 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   }
 
   // Parameters: param_shapes of every (pp, tp) rank. A parameter keeps the position of its first
-  // listing, so the order is the engine's (stage by stage, tp rank 0 first).
+  // listing, so the order is the engine's (stage by stage, tp rank 0 first). DeepSpeed-MoE saves
+  // no param_shapes: the module's tensors (the experts removed), then each expert file's.
+  struct Listed {
+    std::string name;
+    Shape shape;
+    int group = 0;
+    int moe_layer = -1;
+    int64_t expert = -1;
+    std::string file;
+  };
   bool naming_known = false;
   std::map<std::string, size_t> index;  // canonical -> params_
   for (int s = 0; s < ck.pp_; ++s) {
@@ -370,66 +491,116 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
         UCP_ASSIGN_OR_RETURN(owned, TorchFile::Open(ck.dir_ / fname));
         file = &*owned;
       }
-      UCP_ASSIGN_OR_RETURN(const PyValue* shapes, file->root().Find("param_shapes", fname));
-      if (shapes->kind() != PyKind::kList) {
-        return DataLossError(fname + ": param_shapes is a " +
-                             std::string(PyKindName(shapes->kind())) + ", not a list of groups");
-      }
-      for (size_t g = 0; g < shapes->items().size(); ++g) {
-        const PyValue* group = shapes->items()[g];
-        if (group->kind() != PyKind::kDict) {
-          return DataLossError(fname + ": param_shapes[" + std::to_string(g) + "] is not a dict");
+      std::vector<Listed> listed;
+      if (ck.moe_) {
+        UCP_ASSIGN_OR_RETURN(const PyValue* module, file->root().Find("module", fname));
+        if (module->kind() != PyKind::kDict) {
+          return DataLossError(fname + ": module is not a state dict");
         }
-        for (const auto& [k, v] : group->entries()) {
-          if (k->kind() != PyKind::kStr) {
-            return DataLossError(fname + ": param_shapes[" + std::to_string(g) +
-                                 "] has a key that is not a str");
+        for (const auto& [k, v] : module->entries()) {
+          if (k->kind() != PyKind::kStr || v->kind() != PyKind::kTensor) {
+            return DataLossError(fname + ": module has an entry that is not name -> tensor");
           }
-          if (!naming_known) {
-            ck.naming_ = DetectNaming(k->str());
-            naming_known = true;
-          }
-          UCP_ASSIGN_OR_RETURN(std::string canon, CanonicalName(k->str(), ck.naming_), fname);
-          UCP_ASSIGN_OR_RETURN(Shape shape,
-                               AsShape(v, fname + ": param_shapes[\"" + k->str() + "\"]"));
-          // Sizes from a file are checked before any arithmetic uses them.
-          for (int64_t d : shape) {
-            if (d > (int64_t{1} << 40)) {
-              return DataLossError(fname + ": param_shapes[\"" + k->str() + "\"] " +
-                                   ShapeString(shape) + " has an implausible dim");
+          listed.push_back(Listed{k->str(), v->tensor().size, 0, -1, -1, fname});
+        }
+        for (int l = 0; l < static_cast<int>(ck.num_experts_.size()); ++l) {
+          for (int64_t e = 0; e < ck.num_experts_[static_cast<size_t>(l)]; ++e) {
+            const std::string ename = ExpertFile(l, e, mp);
+            UCP_ASSIGN_OR_RETURN(TorchFile ef, TorchFile::Open(ck.dir_ / ename));
+            if (ef.root().kind() != PyKind::kDict || ef.root().entries().empty()) {
+              return DataLossError(ename + ": not a non-empty state dict of expert " +
+                                   std::to_string(e));
+            }
+            for (const auto& [k, v] : ef.root().entries()) {
+              if (k->kind() != PyKind::kStr || v->kind() != PyKind::kTensor) {
+                return DataLossError(ename + ": an entry is not name -> tensor");
+              }
+              Result<int64_t> at = DeepSpeedExpertIndex(k->str());
+              if (!at.ok() || *at != e) {
+                return DataLossError(ename + ": \"" + k->str() +
+                                     "\" is not a parameter of expert " + std::to_string(e) +
+                                     " (deepspeed_experts." + std::to_string(e) + ".…)");
+              }
+              listed.push_back(Listed{k->str(), v->tensor().size, 0, l, e, ename});
             }
           }
-          UCP_RETURN_IF_ERROR(
-              CheckedProduct(shape, fname + ": param_shapes[\"" + k->str() + "\"]").status());
-          auto [it, inserted] = index.try_emplace(canon, ck.params_.size());
-          if (inserted) {
-            DeepSpeedParam p;
-            p.name = canon;
-            p.engine_name = k->str();
-            p.group = static_cast<int>(g);
-            p.shapes.resize(static_cast<size_t>(ck.pp_) * ck.tp_);
-            ck.params_.push_back(std::move(p));
-          }
-          DeepSpeedParam& p = ck.params_[it->second];
-          if (p.engine_name != k->str()) {
-            return DataLossError(fname + ": parameters \"" + p.engine_name + "\" and \"" +
-                                 k->str() + "\" both map to \"" + canon + "\"");
-          }
-          std::optional<Shape>& slot = p.shapes[static_cast<size_t>(mp)];
-          if (slot.has_value()) {
-            return DataLossError(fname + ": parameter \"" + k->str() + "\" listed twice");
-          }
-          if (p.stages.empty() || p.stages.back() != s) p.stages.push_back(s);
-          // A pipeline replica (the tied embedding on the last stage) must agree with the first.
-          const std::optional<Shape>& first =
-              p.shapes[static_cast<size_t>(p.stages.front()) * ck.tp_ + r];
-          if (p.stages.front() != s && first.has_value() && *first != shape) {
-            return DataLossError(fname + ": parameter \"" + k->str() + "\" has shape " +
-                                 ShapeString(shape) + " but " + ShapeString(*first) +
-                                 " on pipeline stage " + std::to_string(p.stages.front()));
-          }
-          slot = std::move(shape);
         }
+      } else {
+        UCP_ASSIGN_OR_RETURN(const PyValue* shapes, file->root().Find("param_shapes", fname));
+        if (shapes->kind() != PyKind::kList) {
+          return DataLossError(fname + ": param_shapes is a " +
+                               std::string(PyKindName(shapes->kind())) + ", not a list of groups");
+        }
+        for (size_t g = 0; g < shapes->items().size(); ++g) {
+          const PyValue* group = shapes->items()[g];
+          if (group->kind() != PyKind::kDict) {
+            return DataLossError(fname + ": param_shapes[" + std::to_string(g) + "] is not a dict");
+          }
+          for (const auto& [k, v] : group->entries()) {
+            if (k->kind() != PyKind::kStr) {
+              return DataLossError(fname + ": param_shapes[" + std::to_string(g) +
+                                   "] has a key that is not a str");
+            }
+            UCP_ASSIGN_OR_RETURN(Shape shape,
+                                 AsShape(v, fname + ": param_shapes[\"" + k->str() + "\"]"));
+            listed.push_back(
+                Listed{k->str(), std::move(shape), static_cast<int>(g), -1, -1, fname});
+          }
+        }
+      }
+      for (Listed& x : listed) {
+        const std::string& name = x.name;
+        const std::string& lname = x.file;
+        if (!naming_known) {
+          ck.naming_ = DetectNaming(name);
+          naming_known = true;
+        }
+        if (IsDeepSpeedExpertName(name) && x.expert < 0) {
+          return DataLossError(lname + ": \"" + name +
+                               "\" is an expert of a DeepSpeed-MoE layer, but the folder holds no "
+                               "layer_*_expert_* files");
+        }
+        UCP_ASSIGN_OR_RETURN(std::string canon, CanonicalName(name, ck.naming_), lname);
+        Shape& shape = x.shape;
+        // Sizes from a file are checked before any arithmetic uses them.
+        for (int64_t d : shape) {
+          if (d > (int64_t{1} << 40)) {
+            return DataLossError(lname + ": param_shapes[\"" + name + "\"] " +
+                                 ShapeString(shape) + " has an implausible dim");
+          }
+        }
+        UCP_RETURN_IF_ERROR(
+            CheckedProduct(shape, lname + ": param_shapes[\"" + name + "\"]").status());
+        auto [it, inserted] = index.try_emplace(canon, ck.params_.size());
+        if (inserted) {
+          DeepSpeedParam p;
+          p.name = canon;
+          p.engine_name = name;
+          p.group = x.group;
+          p.moe_layer = x.moe_layer;
+          p.expert = x.expert;
+          p.shapes.resize(static_cast<size_t>(ck.pp_) * ck.tp_);
+          ck.params_.push_back(std::move(p));
+        }
+        DeepSpeedParam& p = ck.params_[it->second];
+        if (p.engine_name != name) {
+          return DataLossError(lname + ": parameters \"" + p.engine_name + "\" and \"" + name +
+                               "\" both map to \"" + canon + "\"");
+        }
+        std::optional<Shape>& slot = p.shapes[static_cast<size_t>(mp)];
+        if (slot.has_value()) {
+          return DataLossError(lname + ": parameter \"" + name + "\" listed twice");
+        }
+        if (p.stages.empty() || p.stages.back() != s) p.stages.push_back(s);
+        // A pipeline replica (the tied embedding on the last stage) must agree with the first.
+        const std::optional<Shape>& first =
+            p.shapes[static_cast<size_t>(p.stages.front()) * ck.tp_ + r];
+        if (p.stages.front() != s && first.has_value() && *first != shape) {
+          return DataLossError(lname + ": parameter \"" + name + "\" has shape " +
+                               ShapeString(shape) + " but " + ShapeString(*first) +
+                               " on pipeline stage " + std::to_string(p.stages.front()));
+        }
+        slot = std::move(shape);
       }
     }
   }
@@ -449,15 +620,22 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     }
     if ((stage == 3) != ck.zero3_files_) {
       return DataLossError(optim0 + ": zero_stage " + std::to_string(stage) + " but the folder " +
-                           (ck.zero3_files_ ? "holds ZeRO-3 model states (zero_pp_rank_*_model_states.pt)"
-                                            : "holds mp_rank_*_model_states.pt, not ZeRO-3's"));
+                           (ck.zero3_files_
+                                ? "holds ZeRO-3 model states (zero_pp_rank_*_model_states.pt)"
+                                : "holds mp_rank_*_model_states.pt, not ZeRO-3's"));
     }
     ck.optimizer_ = stage == 1 ? "zero1" : stage == 2 ? "zero2" : "zero3";
   } else if (ck.zero3_files_) {
-    return DataLossError(optim0 + ": optimizer_state_dict has no zero_stage, but the folder holds "
-                                  "ZeRO-3 model states (zero_pp_rank_*_model_states.pt)");
+    return DataLossError(optim0 +
+                         ": optimizer_state_dict has no zero_stage, but the folder holds "
+                         "ZeRO-3 model states (zero_pp_rank_*_model_states.pt)");
   } else {
     ck.optimizer_ = "bf16_optimizer";
+  }
+  if (ck.moe_ && ck.optimizer_ == "bf16_optimizer") {
+    return UnimplementedError(optim0 + ": DeepSpeed-MoE with BF16_Optimizer; ucp reads "
+                                       "DeepSpeed-MoE under ZeRO-1/2 (the missing piece is "
+                                       "BF16_Optimizer's expert-parallel partitions)");
   }
   // ZeRO-3 keeps the torch optimizer's state_dict under optimizer_state_dict (stage3.py
   // _rigid_state_dict), ZeRO-1/2 and BF16_Optimizer under base_optimizer_state.

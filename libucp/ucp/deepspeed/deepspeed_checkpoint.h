@@ -59,6 +59,11 @@ struct DeepSpeedParam {
   std::vector<std::optional<Shape>> shapes;
   /// Stages whose param_shapes list it, ascending (a tied embedding: the first and the last).
   std::vector<int> stages;
+  /// A DeepSpeed-MoE expert parameter: its MoE layer (the engine's count of MoE modules in
+  /// named_modules order) and global expert index, so its weight is in
+  /// layer_<moe_layer>_expert_<expert>_mp_rank_TT_model_states.pt; -1 for other parameters.
+  int moe_layer = -1;
+  int64_t expert = -1;
 };
 
 struct OpenOptions {
@@ -93,7 +98,8 @@ class DeepSpeedCheckpoint {
   /// matched by no rule or by two, a hyper-parameter the checkpoint does not determine and no
   /// preset gives, a bad rule set); kFailedPrecondition (a checkpoint that is not the model: a
   /// parameter missing on either side, a TP shard shape, pipeline stage or hyper-parameter that
-  /// differs from the model's); kUnimplemented (DeepSpeed-MoE expert files, elastic
+  /// differs from the model's); kUnimplemented (DeepSpeed-MoE's legacy
+  /// expert_E_mp_rank files or MoE with pipeline stages, ZeRO-3 or BF16_Optimizer, elastic
   /// checkpoints, ZeRO-3 with pipeline stages, optimizer state that is not per-element, frozen
   /// parameters); for the QKV order
   /// (DecideQkvLayout) kInvalidArgument (a --qkv-layout the checkpoint contradicts) and
@@ -108,6 +114,15 @@ class DeepSpeedCheckpoint {
   int dp_sp() const { return dp_ * sp_; }
   int dp() const { return dp_; }
   int sp() const { return sp_; }
+  /// DeepSpeed-MoE: the expert-parallel size (expp_rank_* files), 1 without MoE layers.
+  int ep() const { return ep_; }
+  /// Whether the model has DeepSpeed-MoE layers (layer_*_expert_* files; engine.py
+  /// _save_moe_checkpoint): the module of mp_rank_XX_model_states.pt lacks the experts and the
+  /// file has no param_shapes; expert e's weights are in its own files and its optimizer state
+  /// in the "moe" param groups, partitioned over the expert data-parallel group.
+  bool moe() const { return moe_; }
+  /// Experts per MoE layer (the model states' num_experts), in MoE-layer order.
+  const std::vector<int64_t>& num_experts() const { return num_experts_; }
   int64_t iteration() const { return iteration_; }
   int64_t step() const { return step_; }
   /// The training dtype of the module weights.
@@ -175,6 +190,9 @@ class DeepSpeedCheckpoint {
   std::string OptimStatesFile(int pp_rank, int tp_rank, int dp_rank) const;
   /// GPTModelPipe: the low-precision weights of spec `layer_index` on tp rank `tp_rank`.
   static std::string LayerFile(int64_t layer_index, int tp_rank);
+  /// DeepSpeed-MoE: expert `expert` (global index) of MoE layer `moe_layer` on model-parallel
+  /// rank `mp_rank` (engine.py _get_expert_ckpt_name).
+  static std::string ExpertFile(int moe_layer, int64_t expert, int mp_rank);
 
  private:
   Status BindModel(const OpenOptions& options, const torch::PyValue* args,
@@ -183,7 +201,9 @@ class DeepSpeedCheckpoint {
                          const torch::PyValue* recorded, const std::string& file);
 
   std::filesystem::path dir_;
-  int tp_ = 1, pp_ = 1, dp_ = 1, sp_ = 1;
+  int tp_ = 1, pp_ = 1, dp_ = 1, sp_ = 1, ep_ = 1;
+  bool moe_ = false;
+  std::vector<int64_t> num_experts_;
   int64_t iteration_ = 0, step_ = 0;
   DType dtype_ = DType::kFp32;
   Naming naming_ = Naming::kPlain;
@@ -202,6 +222,9 @@ class DeepSpeedCheckpoint {
   patterns::ResolvedModel model_;
   std::string model_origin_;
   std::vector<int> ds_index_;
+  // Transformer layers per pipeline stage as the files hold them (stage_assignment.h); empty
+  // for the even split. Part of view() and LayoutString().
+  std::vector<int64_t> stages_;
   QkvLayout qkv_layout_ = QkvLayout::kPerGroup;
   std::string qkv_layout_origin_;
 };

@@ -43,6 +43,7 @@ struct LayoutCase {
   const char* family;
   size_t num_params;
   const char* origin;
+  int ep = 1;  // DeepSpeed-MoE's expert-parallel size (expp_rank files)
 };
 
 const LayoutCase kLayouts[] = {
@@ -60,6 +61,10 @@ const LayoutCase kLayouts[] = {
      Naming::kMegatronGpt, DType::kFp16, "zero1", "llama", 15, "Megatron args"},
     {"deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1", "expected_mixtral.pt", "models/mixtral-plain.json",
      1, 1, 2, 1, Naming::kPlain, DType::kBf16, "zero1", "mixtral", 29, "model file"},
+    // Written by the real DeepSpeed 0.14.4 engine (tests/peer/ds_moe_peer.py fixture): MoE layers
+    // with 4 experts at ep=2 over dp=4, so each expert group is cut into 2 partitions.
+    {"deepspeed_moe_tp1_pp1_dp4_ep2_fp32_zero1", "expected_moe.pt", "models/mixtral-plain.json", 1,
+     1, 4, 1, Naming::kPlain, DType::kFp32, "zero1", "mixtral", 29, "model file", 2},
 };
 
 OpenOptions Options(const LayoutCase& c) {
@@ -99,7 +104,10 @@ TEST_P(LayoutTest, OpenReportsTopologyAndModel) {
                                              std::to_string(c.pp) + ",dp=1,sp=1,ep=1,zero=0");
   EXPECT_EQ(ck.LayoutString(), "tp=" + std::to_string(c.tp) + ",pp=" + std::to_string(c.pp) +
                                    ",dp=" + std::to_string(c.dp) + ",sp=" + std::to_string(c.sp) +
+                                   (c.ep > 1 ? ",ep=" + std::to_string(c.ep) : "") +
                                    ",zero=" + (std::string(c.optimizer) == "zero2" ? "2" : "1"));
+  EXPECT_EQ(ck.ep(), c.ep);
+  EXPECT_EQ(ck.moe(), c.ep > 1);
   EXPECT_THAT(ck.client_state_json(),
               HasSubstr("\"naming\":\"" + std::string(NamingName(c.naming)) + "\""));
   // What a DeepSpeed writer carries of the optimizer: its groups' hyper-parameters, the form of
@@ -365,14 +373,96 @@ TEST(DeepSpeedErrors, NotACheckpoint) {
               StatusIs(StatusCode::kNotFound, HasSubstr("has no mp_rank_*_model_states.pt")));
 }
 
-TEST(DeepSpeedErrors, MoeExpertFilesAreRefused) {
+constexpr const char* kMoe = "deepspeed_moe_tp1_pp1_dp4_ep2_fp32_zero1";
+
+OpenOptions MoeOptions() {
+  OpenOptions o;
+  o.model = (DataDir() / "models" / "mixtral-plain.json").string();
+  return o;
+}
+
+TEST(DeepSpeedMoe, ExpertsAreReadUnderCanonicalNames) {
+  UCP_ASSERT_OK_AND_ASSIGN(DeepSpeedCheckpoint ck,
+                           DeepSpeedCheckpoint::Open(DataDir() / kMoe, MoeOptions()));
+  EXPECT_EQ(ck.num_experts(), (std::vector<int64_t>{4, 4}));
+  int experts = 0;
+  for (const DeepSpeedParam& p : ck.params()) {
+    if (p.expert < 0) continue;
+    ++experts;
+    const std::string canonical_prefix =
+        "layers." + std::to_string(p.moe_layer) + ".mlp.experts." + std::to_string(p.expert) + ".";
+    EXPECT_TRUE(p.name.starts_with(canonical_prefix)) << p.name;
+    EXPECT_THAT(p.engine_name, HasSubstr(".mlp.deepspeed_moe.experts.deepspeed_experts." +
+                                         std::to_string(p.expert) + "."));
+  }
+  EXPECT_EQ(experts, 16);
+}
+
+TEST(DeepSpeedErrors, MissingExpertFileIsNamed) {
+  ucp::testing::TempDir tmp;
+  const fs::path src = CopyLayout(tmp, kMoe);
+  fs::remove(src / "global_step7" / "layer_1_expert_2_mp_rank_00_model_states.pt");
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(src, MoeOptions()).status(),
+              StatusIs(StatusCode::kNotFound,
+                       AllOf(HasSubstr("lacks layer_1_expert_2_mp_rank_00_model_states.pt"),
+                             HasSubstr("MoE layer 1 has 4 experts"))));
+}
+
+TEST(DeepSpeedErrors, MissingExpertParallelFileIsNamed) {
+  ucp::testing::TempDir tmp;
+  const fs::path src = CopyLayout(tmp, kMoe);
+  fs::rename(src / "global_step7" / "expp_rank_0_mp_rank_00_optim_states.pt",
+             src / "global_step7" / "expp_rank_2_mp_rank_00_optim_states.pt");
+  EXPECT_THAT(
+      DeepSpeedCheckpoint::Open(src, MoeOptions()).status(),
+      StatusIs(StatusCode::kNotFound, HasSubstr("lacks expp_rank_0_mp_rank_00_optim_states.pt")));
+}
+
+TEST(DeepSpeedErrors, LegacyExpertFilesAreRefused) {
   ucp::testing::TempDir tmp;
   const fs::path src = CopyLayout(tmp, "deepspeed_mixtral_tp1_pp1_dp2_bf16_zero1");
-  std::ofstream(src / "global_step7" / "layer_0_expert_1_mp_rank_00_model_states.pt") << "x";
+  std::ofstream(src / "global_step7" / "expert_1_mp_rank_00_model_states.pt") << "x";
   EXPECT_THAT(DeepSpeedCheckpoint::Open(src).status(),
               StatusIs(StatusCode::kUnimplemented,
+                       AllOf(HasSubstr("expert_1_mp_rank_00_model_states.pt"),
+                             HasSubstr("legacy form without the MoE layer index"))));
+}
+
+// An expert file whose linear_fc2 holds a tensor of linear_fc1's shape.
+TEST(DeepSpeedErrors, ExpertOfTheWrongShapeIsNamed) {
+  ucp::testing::TempDir tmp;
+  const fs::path src = CopyLayout(tmp, kMoe);
+  const fs::path f = src / "global_step7" / "layer_1_expert_3_mp_rank_00_model_states.pt";
+  UCP_ASSERT_OK_AND_ASSIGN(torch::TorchFile in, torch::TorchFile::Open(f));
+  torch::TorchWriter w;
+  UCP_ASSERT_OK_AND_ASSIGN(const torch::PyValue* root, w.CopyFrom(in, in.root()));
+  const std::string fc1 =
+      "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.linear_fc1.weight";
+  const std::string fc2 =
+      "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.linear_fc2.weight";
+  ASSERT_NE(root->Get(fc1), nullptr);
+  torch::PyValue* bad = w.arena().Dict();
+  bad->SetItem(w.arena().Str(fc1), root->Get(fc1));
+  bad->SetItem(w.arena().Str(fc2), root->Get(fc1));
+  UCP_ASSERT_OK(w.Write(f, *bad));
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(src, MoeOptions()).status(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("\"" + fc2 + "\""),
+                             HasSubstr("layer_1_expert_3_mp_rank_00_model_states.pt is [16, 16]"),
+                             HasSubstr("holds [16, 8]"))));
+}
+
+// An expert group whose partitions hold fewer elements than the experts of its ep rank.
+TEST(DeepSpeedErrors, ExpertFileOfAnotherExpertIsNamed) {
+  ucp::testing::TempDir tmp;
+  const fs::path src = CopyLayout(tmp, kMoe);
+  fs::copy_file(src / "global_step7" / "layer_0_expert_0_mp_rank_00_model_states.pt",
+                src / "global_step7" / "layer_0_expert_1_mp_rank_00_model_states.pt",
+                fs::copy_options::overwrite_existing);
+  EXPECT_THAT(DeepSpeedCheckpoint::Open(src, MoeOptions()).status(),
+              StatusIs(StatusCode::kDataLoss,
                        AllOf(HasSubstr("layer_0_expert_1_mp_rank_00_model_states.pt"),
-                             HasSubstr("DeepSpeed's MoE layer"))));
+                             HasSubstr("is not a parameter of expert 1"))));
 }
 
 // tests/data/torch holds one DeepSpeed-shaped pair of files of a toy model of no family.

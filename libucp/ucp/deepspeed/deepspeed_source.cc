@@ -109,6 +109,159 @@ struct DeepSpeedTensorSource::Entry {
 
 DeepSpeedTensorSource::~DeepSpeedTensorSource() = default;
 
+// DeepSpeed-MoE under ZeRO-1/2 (stage_1_and_2.py _configure_moe_settings): a param group marked
+// `moe` holds the experts of one expert-parallel rank, flattened in named_parameters order (MoE
+// layer, local expert, the expert's parameters), zero-padded to a multiple of 2 * (dp / ep) and
+// cut into dp / ep equal partitions over the expert data-parallel group; data-parallel rank d
+// (file zero_pp_rank_d) is expert-parallel rank d % ep and holds partition d / ep (groups.py's
+// default E + D order). DeepSpeed 0.14.4's param_slice_mappings cannot locate them when ep > 1:
+// _link_all_hp_params cuts every group by the whole dp size, so the mappings list only some
+// experts, at addresses of a partition 1/ep as long. The fragments are derived from the order
+// and the shapes, as zero_to_fp32 does for ZeRO-3; the mappings' names (the engine's local
+// expert names) only say which expert group a parameter is in.
+struct DeepSpeedTensorSource::MoeGroups {
+  struct Group {
+    int32_t file = 0;
+    int64_t length = 0;  // the partition: fp32 elements saved + padding
+    int64_t limit = 0;   // elements every state holds
+  };
+  // [ep rank][expert group index g] -> per expert-dp index k, the partition of file k * ep + e.
+  std::map<int, std::map<int32_t, std::vector<Group>>> groups;
+  // [ep rank] local engine name -> group, from the param_slice_mappings.
+  std::map<int, std::map<std::string, int32_t>> listed;
+
+  // Records group `g` of data-parallel rank `d`'s file `fi` when it is an expert group.
+  Result<bool> AddGroup(const DeepSpeedCheckpoint& ck, int d, int32_t fi, size_t g,
+                        const PyValue& osd, const PyValue* param_groups, const Partitions& refs,
+                        const PyValue& mappings, const std::string& where) {
+    const PyValue* pg = param_groups != nullptr && param_groups->kind() == PyKind::kList &&
+                                g < param_groups->items().size()
+                            ? param_groups->items()[g]
+                            : nullptr;
+    if (pg == nullptr) {
+      return DataLossError(where + ": base_optimizer_state.param_groups has no group " +
+                           std::to_string(g));
+    }
+    const PyValue* flag = pg->Get("moe");
+    if (flag == nullptr || flag->kind() != PyKind::kBool || !flag->bool_value()) return false;
+    const int ep = ck.ep(), e = d % ep, k = d / ep, count = ck.dp_sp() / ep;
+    auto list_at = [&](const char* key) -> Result<int64_t> {
+      const PyValue* v = osd.Get(key);
+      if (v == nullptr || v->kind() != PyKind::kList || g >= v->items().size()) {
+        return DataLossError(where + ": " + key + " has no entry for the group");
+      }
+      return AsInt(v->items()[g], where + ": " + key);
+    };
+    UCP_ASSIGN_OR_RETURN(const int64_t partitions, list_at("partition_count"));
+    UCP_ASSIGN_OR_RETURN(const int64_t padding, list_at("group_paddings"));
+    if (partitions != count) {
+      return DataLossError(where + " is an expert group (moe) of partition_count " +
+                           std::to_string(partitions) + ", but dp / ep = " +
+                           std::to_string(ck.dp_sp()) + " / " + std::to_string(ep) + " = " +
+                           std::to_string(count) + " with the folder's " + std::to_string(ep) +
+                           " expp_rank_*_mp_rank_*_optim_states.pt files: one is missing, or a "
+                           "MoE layer has another ep_size (ucp reads one ep_size for all)");
+    }
+    int64_t limit = refs[0].num_elements();
+    for (const TensorRef& ref : refs) limit = std::min(limit, ref.num_elements());
+    std::vector<Group>& parts = groups[e][static_cast<int32_t>(g)];
+    parts.resize(static_cast<size_t>(count));
+    parts[static_cast<size_t>(k)] = Group{fi, refs[0].num_elements() + padding, limit};
+    for (const auto& [name, v] : mappings.entries()) {
+      if (name->kind() == PyKind::kStr) listed[e][name->str()] = static_cast<int32_t>(g);
+    }
+    return true;
+  }
+
+  // The expert parameters' fragments of (pp, tp) rank (s, r), into `frags` by engine name.
+  Status Derive(const DeepSpeedCheckpoint& ck, int s, int r,
+                std::map<std::string, std::vector<Fragment>>& frags) const {
+    const int ep = ck.ep(), count = ck.dp_sp() / ep;
+    for (int e = 0; e < ep; ++e) {
+      const std::string file0 = ck.OptimStatesFile(s, r, e);
+      auto git = groups.find(e);
+      if (git == groups.end() || git->second.empty()) {
+        return DataLossError(file0 + " has no expert param group (\"moe\": True), but the folder "
+                                     "holds DeepSpeed-MoE expert files");
+      }
+      const auto& mine = git->second;
+      const auto lit = listed.find(e);
+      // This ep rank's experts, in the engine's order, each in its group.
+      std::map<int32_t, std::vector<const DeepSpeedParam*>> members;
+      for (const DeepSpeedParam& p : ck.params()) {
+        if (p.expert < 0) continue;
+        const int64_t local_count =
+            ck.num_experts()[static_cast<size_t>(p.moe_layer)] / ep;
+        if (p.expert / local_count != e) continue;
+        UCP_ASSIGN_OR_RETURN(std::string local,
+                             WithDeepSpeedExpertIndex(p.engine_name, p.expert % local_count));
+        int32_t g = -1;
+        if (lit != listed.end() && lit->second.contains(local)) {
+          g = lit->second.at(local);
+        } else if (mine.size() == 1) {
+          g = mine.begin()->first;
+        } else {
+          return UnimplementedError(
+              file0 + ": expert parameter \"" + p.engine_name + "\" (local \"" + local +
+              "\") is in none of the param_slice_mappings of the " + std::to_string(mine.size()) +
+              " expert groups, so its group is unknown (the missing piece is the engine's "
+              "expert group of each parameter, which DeepSpeed 0.14.4 does not save at ep > 1)");
+        }
+        if (!mine.contains(g)) {
+          return DataLossError(file0 + ": param_slice_mappings put expert parameter \"" + local +
+                               "\" in group " + std::to_string(g) + ", not an expert group");
+        }
+        members[g].push_back(&p);
+      }
+      for (const auto& [g, parts] : mine) {
+        const std::string where = file0 + ": expert param group " + std::to_string(g);
+        for (int k = 0; k < count; ++k) {
+          if (parts[static_cast<size_t>(k)].length != parts[0].length) {
+            return DataLossError(ck.OptimStatesFile(s, r, k * ep + e) + ": expert param group " +
+                                 std::to_string(g) + " has a partition of " +
+                                 std::to_string(parts[static_cast<size_t>(k)].length) +
+                                 " elements (with padding), that of " + file0 + " " +
+                                 std::to_string(parts[0].length));
+          }
+        }
+        const int64_t length = parts[0].length;
+        int64_t offset = 0;
+        auto it = members.find(g);
+        for (const DeepSpeedParam* p : it == members.end()
+                                          ? std::vector<const DeepSpeedParam*>{}
+                                          : it->second) {
+          const std::optional<Shape>& shape = p->shapes[static_cast<size_t>(s) * ck.tp() + r];
+          if (!shape) continue;
+          const int64_t n = NumElementsOrDie(*shape);
+          for (int k = 0; k < count; ++k) {
+            const int64_t lo = std::max(offset, k * length);
+            const int64_t hi = std::min(offset + n, (k + 1) * length);
+            if (lo >= hi) continue;
+            const Group& part = parts[static_cast<size_t>(k)];
+            if (hi - k * length > part.limit) {
+              return DataLossError(where + ": expert parameter \"" + p->engine_name +
+                                   "\" needs elements up to " + std::to_string(hi - k * length) +
+                                   " of " + ck.OptimStatesFile(s, r, k * ep + e) +
+                                   "'s partition, which holds " + std::to_string(part.limit));
+            }
+            frags[p->engine_name].push_back(Fragment{0, hi - lo, lo - k * length, part.file, g});
+          }
+          offset += n;
+        }
+        // DeepSpeed pads the flat group to a multiple of 2 * (dp / ep)
+        // (nccl_start_alignment_factor).
+        if (offset > count * length || count * length - offset >= 2 * int64_t{count}) {
+          return DataLossError(where + ": its " + std::to_string(count) + " partitions of " +
+                               std::to_string(length) + " elements do not hold exactly the " +
+                               std::to_string(offset) + " elements of ep rank " +
+                               std::to_string(e) + "'s expert parameters");
+        }
+      }
+    }
+    return Status::Ok();
+  }
+};
+
 Status DeepSpeedTensorSource::AddZero3Partitions(
     const DeepSpeedCheckpoint& ck, int tp_rank, int dp_rank, int32_t fi, const PyValue& osd,
     File& file, std::map<std::string, std::vector<Fragment>>& frags) {
@@ -182,8 +335,11 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
   std::unique_ptr<DeepSpeedTensorSource> src(new DeepSpeedTensorSource());
   // Every optimizer file and every file holding weights stays open for reads: pp * tp * dp * sp
   // optimizer files, pp * tp model-state files and at most a layer file per spec and tp rank.
+  int64_t expert_files = 0;
+  for (int64_t n : ck.num_experts()) expert_files += n * ck.tp();
   UCP_RETURN_IF_ERROR(io::EnsureOpenFileLimit(int64_t{ck.pp()} * ck.tp() * (ck.dp_sp() + 1) +
-                                              (ck.model().num_layers + 4) * ck.tp()),
+                                                  (ck.model().num_layers + 4) * ck.tp() +
+                                                  expert_files),
                       ck.dir().string());
   const layout::Layout view = ck.view();
   const std::vector<std::string> names = StateNames(ck);
@@ -208,6 +364,7 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
   std::vector<std::map<std::string, std::vector<Fragment>>> frags(static_cast<size_t>(pp) * tp);
   for (int s = 0; s < pp; ++s) {
     for (int r = 0; r < tp; ++r) {
+      MoeGroups moe;  // DeepSpeed-MoE: the expert groups of this (pp, tp)'s files
       for (int d = 0; d < ck.dp_sp(); ++d) {
         const std::string name = ck.OptimStatesFile(s, r, d);
         UCP_ASSIGN_OR_RETURN(const int32_t fi, open(name));
@@ -236,6 +393,7 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
                                "not lists of equal length");
         }
         std::set<std::string> seen;
+        const PyValue* param_groups = base->Get("param_groups");
         for (size_t g = 0; g < fp32->items().size(); ++g) {
           const std::string where = name + ": param group " + std::to_string(g);
           UCP_ASSIGN_OR_RETURN(const Partitions refs,
@@ -246,6 +404,11 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
           if (m->kind() != PyKind::kDict) {
             return DataLossError(where + ": param_slice_mappings[" + std::to_string(g) +
                                  "] is not a dict");
+          }
+          if (ck.moe()) {
+            UCP_ASSIGN_OR_RETURN(const bool expert_group,
+                                 moe.AddGroup(ck, d, fi, g, *osd, param_groups, refs, *m, where));
+            if (expert_group) continue;
           }
           for (const auto& [k, v] : m->entries()) {
             const PyValue* fa = ObjectState(v);
@@ -274,6 +437,9 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
                 Fragment{0, numel, start, fi, static_cast<int32_t>(g)});
           }
         }
+      }
+      if (ck.moe()) {
+        UCP_RETURN_IF_ERROR(moe.Derive(ck, s, r, frags[static_cast<size_t>(s) * tp + r]));
       }
     }
   }
@@ -337,7 +503,11 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
       UCP_ASSIGN_OR_RETURN(e.list, fragment_list());
     } else if (t.kind == TensorKind::kModelSlice) {
       std::string name, key;
-      if (ck.naming() == Naming::kMegatronPipe) {
+      if (p.expert >= 0) {
+        // DeepSpeed-MoE: the expert's own file, a flat state dict under the global index.
+        name = DeepSpeedCheckpoint::ExpertFile(p.moe_layer, p.expert, t.pp * tp + t.tp);
+        key = p.engine_name;
+      } else if (ck.naming() == Naming::kMegatronPipe) {
         UCP_ASSIGN_OR_RETURN(PipeLayerKey at, PipeLayerOf(p.engine_name));
         name = DeepSpeedCheckpoint::LayerFile(at.layer_index, t.tp);
         key = at.key;
@@ -348,12 +518,14 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
       UCP_ASSIGN_OR_RETURN(e.file, open(name));
       const PyValue& root = src->files_[static_cast<size_t>(e.file)]->torch.root();
       const PyValue* module = &root;
-      if (ck.naming() != Naming::kMegatronPipe) {
+      if (ck.naming() != Naming::kMegatronPipe && p.expert < 0) {
         UCP_ASSIGN_OR_RETURN(module, root.Find("module", name));
       }
       const PyValue* w = FindModuleTensor(module, key);
       if (w == nullptr || w->kind() != PyKind::kTensor) {
-        return DataLossError(name + ": " + (ck.naming() == Naming::kMegatronPipe ? "" : "module ") +
+        return DataLossError(name + ": " +
+                             (ck.naming() == Naming::kMegatronPipe || p.expert >= 0 ? ""
+                                                                                    : "module ") +
                              "has no tensor \"" + key + "\" (the weight of parameter \"" +
                              p.engine_name + "\")");
       }

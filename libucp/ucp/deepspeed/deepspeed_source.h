@@ -91,6 +91,7 @@ class DeepSpeedTensorSource final : public exec::TensorSource {
   struct File;
   struct Fragment;
   struct Entry;
+  struct MoeGroups;
   struct Record {
     int32_t file = 0;
     torch::StorageRecord storage;

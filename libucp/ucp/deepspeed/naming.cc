@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <charconv>
 
+#include "ucp/base/status_macros.h"
+
 namespace ucp::deepspeed {
 namespace {
 
@@ -11,6 +13,12 @@ constexpr std::string_view kTiedEmbed = "tied_modules.embed.";
 constexpr std::string_view kLanguageModel = "language_model.";
 constexpr std::string_view kEncoder = "language_model.encoder.";
 constexpr std::string_view kLmHead = "lm_head.";
+// deepspeed/moe/layer.py: MoE.deepspeed_moe = MOELayer(gate=TopKGate (wg: Linear), experts=
+// Experts (deepspeed_experts: ModuleList of the expert module's copies)).
+constexpr std::string_view kMoeGate = ".deepspeed_moe.gate.wg.weight";
+constexpr std::string_view kMoeExperts = ".deepspeed_moe.experts.deepspeed_experts.";
+constexpr std::string_view kRouter = ".router.weight";
+constexpr std::string_view kExperts = ".experts.";
 
 bool AllDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -34,7 +42,66 @@ bool IsEmbedding(std::string_view rest) {
   return rest.starts_with("word_embeddings.") || rest.starts_with("position_embeddings.");
 }
 
+// DeepSpeed-MoE names -> the canonical router / experts form; other names unchanged.
+std::string FromDeepSpeedMoe(std::string_view n) {
+  if (n.ends_with(kMoeGate)) {
+    return std::string(n.substr(0, n.size() - kMoeGate.size())) + std::string(kRouter);
+  }
+  if (const size_t at = n.find(kMoeExperts); at != std::string_view::npos) {
+    return std::string(n.substr(0, at)) + std::string(kExperts) +
+           std::string(n.substr(at + kMoeExperts.size()));
+  }
+  return std::string(n);
+}
+
+// The inverse, for a canonical name of a MoE layer: "P.router.weight" and "P.experts.<e>.<rest>"
+// (the last ".experts.<digits>." of the name); other names unchanged.
+std::string ToDeepSpeedMoe(std::string_view c) {
+  if (c.ends_with(kRouter)) {
+    return std::string(c.substr(0, c.size() - kRouter.size())) + std::string(kMoeGate);
+  }
+  for (size_t at = c.rfind(kExperts); at != std::string_view::npos;
+       at = at == 0 ? std::string_view::npos : c.rfind(kExperts, at - 1)) {
+    const std::string_view rest = c.substr(at + kExperts.size());
+    const size_t dot = rest.find('.');
+    if (dot != std::string_view::npos && AllDigits(rest.substr(0, dot))) {
+      return std::string(c.substr(0, at)) + std::string(kMoeExperts) + std::string(rest);
+    }
+  }
+  return std::string(c);
+}
+
 }  // namespace
+
+bool IsDeepSpeedMoeName(std::string_view n) {
+  return n.ends_with(kMoeGate) || n.find(kMoeExperts) != std::string_view::npos;
+}
+
+bool IsDeepSpeedExpertName(std::string_view n) {
+  return n.find(kMoeExperts) != std::string_view::npos;
+}
+
+Result<int64_t> DeepSpeedExpertIndex(std::string_view n) {
+  const size_t at = n.find(kMoeExperts);
+  if (at != std::string_view::npos) {
+    const std::string_view rest = n.substr(at + kMoeExperts.size());
+    const size_t dot = rest.find('.');
+    if (dot != std::string_view::npos && AllDigits(rest.substr(0, dot)) && dot <= 12) {
+      int64_t index = 0;
+      std::from_chars(rest.data(), rest.data() + dot, index);
+      return index;
+    }
+  }
+  return InvalidArgumentError("parameter \"" + std::string(n) +
+                              "\" is not an expert of a DeepSpeed-MoE layer");
+}
+
+Result<std::string> WithDeepSpeedExpertIndex(std::string_view n, int64_t index) {
+  UCP_RETURN_IF_ERROR(DeepSpeedExpertIndex(n).status());
+  const size_t at = n.find(kMoeExperts) + kMoeExperts.size();
+  const size_t dot = n.find('.', at);
+  return std::string(n.substr(0, at)) + std::to_string(index) + std::string(n.substr(dot));
+}
 
 std::string_view NamingName(Naming naming) {
   switch (naming) {
@@ -65,7 +132,9 @@ Naming DetectNaming(std::string_view n) {
   return Naming::kPlain;
 }
 
-Result<std::string> CanonicalName(std::string_view n, Naming naming) {
+Result<std::string> CanonicalName(std::string_view engine_name, Naming naming) {
+  const std::string unmoe = FromDeepSpeedMoe(engine_name);
+  const std::string_view n = unmoe;
   switch (naming) {
     case Naming::kPlain:
       return std::string(n);
@@ -110,6 +179,12 @@ Result<std::string> CanonicalName(std::string_view n, Naming naming) {
 
 Result<std::string> EngineName(std::string_view c, Naming naming,
                                const EngineNameContext& context) {
+  if (context.deepspeed_moe) {
+    EngineNameContext plain_moe = context;
+    plain_moe.deepspeed_moe = false;
+    UCP_ASSIGN_OR_RETURN(std::string engine, EngineName(c, naming, plain_moe));
+    return ToDeepSpeedMoe(engine);
+  }
   if (naming == Naming::kPlain) return std::string(c);
   auto after = [&](std::string_view prefix) { return std::string(c.substr(prefix.size())); };
   const bool embedding = c.starts_with("embedding.") && IsEmbedding(c.substr(10));

@@ -78,6 +78,49 @@ TEST(Naming, RefusesNamesOfOtherFlavours) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("has no")));
 }
 
+TEST(Naming, DeepSpeedMoeLayers) {
+  // deepspeed.moe.layer.MoE at layers.<i>.mlp: its gate is the router, its experts ucp's experts.
+  const EngineNameContext moe{2, true, true};
+  struct Case {
+    Naming naming;
+    const char* engine;
+    const char* canonical;
+  };
+  for (const Case& c : {
+           Case{Naming::kPlain, "layers.1.mlp.deepspeed_moe.gate.wg.weight",
+                "layers.1.mlp.router.weight"},
+           Case{Naming::kPlain,
+                "layers.0.mlp.deepspeed_moe.experts.deepspeed_experts.3.linear_fc1.weight",
+                "layers.0.mlp.experts.3.linear_fc1.weight"},
+           Case{Naming::kMegatronGpt,
+                "language_model.encoder.layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.12.w."
+                "bias",
+                "layers.1.mlp.experts.12.w.bias"},
+           Case{Naming::kPlain, "layers.0.self_attention.dense.weight",
+                "layers.0.self_attention.dense.weight"},
+       }) {
+    SCOPED_TRACE(c.engine);
+    EXPECT_EQ(IsDeepSpeedMoeName(c.engine), std::string(c.engine) != c.canonical);
+    UCP_ASSERT_OK_AND_ASSIGN(std::string canonical, CanonicalName(c.engine, c.naming));
+    EXPECT_EQ(canonical, c.canonical);
+    UCP_ASSERT_OK_AND_ASSIGN(std::string engine, EngineName(c.canonical, c.naming, moe));
+    EXPECT_EQ(engine, c.engine);
+  }
+  // Without the flag the canonical names are the engine's (experts as ordinary parameters).
+  UCP_ASSERT_OK_AND_ASSIGN(std::string plain,
+                           EngineName("layers.1.mlp.router.weight", Naming::kPlain, {}));
+  EXPECT_EQ(plain, "layers.1.mlp.router.weight");
+  const char* expert = "layers.0.mlp.deepspeed_moe.experts.deepspeed_experts.3.linear_fc2.weight";
+  EXPECT_TRUE(IsDeepSpeedExpertName(expert));
+  EXPECT_FALSE(IsDeepSpeedExpertName("layers.0.mlp.deepspeed_moe.gate.wg.weight"));
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t index, DeepSpeedExpertIndex(expert));
+  EXPECT_EQ(index, 3);
+  UCP_ASSERT_OK_AND_ASSIGN(std::string local, WithDeepSpeedExpertIndex(expert, 1));
+  EXPECT_EQ(local, "layers.0.mlp.deepspeed_moe.experts.deepspeed_experts.1.linear_fc2.weight");
+  EXPECT_THAT(DeepSpeedExpertIndex("layers.0.mlp.router.weight").status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("not an expert")));
+}
+
 TEST(Naming, PipeLayerFiles) {
   UCP_ASSERT_OK_AND_ASSIGN(PipeLayerKey tied,
                            PipeLayerOf("tied_modules.embed.word_embeddings.weight"));
