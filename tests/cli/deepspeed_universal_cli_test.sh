@@ -5,6 +5,8 @@
 #   back -> diff equal, convert to ucp / deepspeed / deepspeed-universal again -> diff equal;
 #   a Megatron fixture's universal folder whose model-state files are the fixture's (Megatron
 #   args, no recorded model) read without --model, equal to the fixture's extraction;
+#   llama-tiny (GQA, SwiGLU) written with the keys DeepSpeed's loader cuts by (SwiGLU as
+#   param_n_sub_params 2) and read back bitwise; mixtral-tiny written at ep=1 and refused at ep=2;
 # and each bad folder (truncated or corrupt .pt, missing parameter folder or state file, a state
 # of the wrong shape) is one error line with its exit code (docs/errors.md) and no output.
 set -euo pipefail
@@ -64,6 +66,45 @@ fixture=$src/tests/data/deepspeed/megatron_tp2_pp1_dp2_bf16
 "$ucp" diff m.dsu "$fixture" | grep -q "^equal: "
 echo "megatron fixture: universal folder with its args read without --model: ok"
 
+# LLaMA-style (GQA: 8 heads, 4 query groups; SwiGLU; untied): SwiGLU's [gate; up] goes out as
+# DeepSpeed's two sub-parameters, the per-group QKV and the rest as Megatron-DeepSpeed's
+# ds_to_universal writes them, and everything comes back bitwise.
+"$ucp" generate l --model llama-tiny --layout tp=2,pp=1,dp=1 --seed 4 >/dev/null
+"$ucp" extract l l.u >/dev/null
+"$ucp" reshard l.u l.dsu --layout tp=2,pp=1 --format deepspeed-universal >/dev/null
+"$ucp" diff l.dsu l.u | grep -q "^equal: "
+"$ucp" extract l.dsu l.back >/dev/null
+/usr/bin/python3 - l.u l.back l.dsu <<'PY'
+import json, os, sys, h5py, torch
+def load(d):
+    m = json.load(open(d + "/manifest.json"))
+    out = {}
+    for p in m["params"]:
+        with h5py.File(d + "/" + p["file"], "r") as f:
+            out[p["name"]] = {s["name"]: f[s["name"]][()].tobytes() for s in p["states"]}
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a == b, sorted(k for k in a if a[k] != b.get(k))
+# The keys DeepSpeed's load_hp_checkpoint_state cuts by (GPTModelPipe names, 4 layers).
+want = {"1.word_embeddings.weight": {"cat_dim": 0, "vocab_tensor": True},
+        "7.lm_head.weight": {"cat_dim": 0, "vocab_tensor": True},
+        "2.input_layernorm.weight": {}, "6.weight": {},
+        "2.self_attention.query_key_value.weight": {"cat_dim": 0},
+        "3.self_attention.dense.weight": {"cat_dim": 1},
+        "4.mlp.dense_4h_to_h.weight": {"cat_dim": 1},
+        "5.mlp.dense_h_to_4h.weight": {"cat_dim": 0, "param_n_sub_params": 2}}
+for name, keys in want.items():
+    for s in ("fp32", "exp_avg", "exp_avg_sq"):
+        d = torch.load(os.path.join(sys.argv[3], "zero", name, s + ".pt"))
+        got = {k: v for k, v in d.items() if k != "param"}
+        assert got == keys, (name, s, got, keys)
+print("llama-tiny: ucp -> deepspeed-universal -> ucp:", len(a), "parameters bitwise; SwiGLU as",
+      "param_n_sub_params 2")
+PY
+"$ucp" convert l.dsu l.ds --format deepspeed --layout tp=4,pp=1,dp=2,zero=1 >/dev/null
+"$ucp" diff l.ds l | grep -q "^equal: "
+echo "llama-tiny: deepspeed-universal written and read back: ok"
+
 # expect_fail CODE TEXT -- COMMAND...: exit CODE, one stderr line holding TEXT, no output folder.
 expect_fail() {
   local code=$1 text=$2
@@ -118,4 +159,12 @@ expect_fail 7 "states [momentum_buffer]) has no exp_avg" -- \
   "$ucp" convert "$src/tests/data/deepspeed/megatron_sgd_tp2_pp1_dp2_fp16_zero2" sgd.u \
   --format deepspeed-universal
 [ -z "$(ls -d sgd.u* 2>/dev/null)" ] || { echo "SGD to deepspeed-universal left output"; exit 1; }
+# MoE: experts written as ordinary parameters (ep=1, DeepSpeed's loader cuts tp only) and read
+# back; at ep=2 refused, exit 7 naming the missing piece, nothing written.
+"$ucp" generate x --model mixtral-tiny --layout tp=2,pp=1,dp=1 --seed 2 >/dev/null
+"$ucp" extract x x.u >/dev/null
+"$ucp" reshard x.u x.dsu --layout tp=2,pp=1,dp=1 --format deepspeed-universal >/dev/null
+"$ucp" diff x.dsu x.u | grep -q "^equal: "
+expect_fail 7 "is an expert at ep=2: DeepSpeed's universal loader (0.14.4) cuts tp only" -- \
+  "$ucp" reshard x.u out --layout tp=1,pp=1,dp=2,ep=2 --format deepspeed-universal
 echo "deepspeed-universal cli: ok"

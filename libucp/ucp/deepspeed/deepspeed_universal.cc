@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <optional>
 #include <regex>
 #include <utility>
@@ -26,8 +27,20 @@ using torch::TorchFile;
 
 constexpr const char* kStates[3] = {"fp32", "exp_avg", "exp_avg_sq"};
 
-// How DeepSpeed's loader cuts a parameter's TP slice from the full tensor (deepspeed_ucp.md 7).
-enum class MergeKind : uint8_t { kReplicate, kShard, kPadStrip };
+// How DeepSpeed's loader cuts a parameter's TP slice from the full tensor (load_hp_checkpoint_state
+// of deepspeed/checkpoint/universal_checkpoint.py, 0.14.4; deepspeed_ucp.md 7).
+enum class MergeKind : uint8_t {
+  kReplicate,  // no cat_dim: the full shape equals the rank's, so the loader copies it whole
+  kShard,      // cat_dim: chunk(tp, cat_dim)[tp_rank]
+  kPadStrip,   // cat_dim 0 and vocab_tensor: zero rows added up to the rank's rows * tp first
+  kSubParams,  // parts each chunked over tp, the rank's chunks concatenated (SwiGLU [gate; up])
+};
+
+struct Merge {
+  MergeKind kind = MergeKind::kReplicate;
+  int dim = 0;
+  std::vector<int64_t> sub_sizes;  // kSubParams: the parts' sizes along dim, in order
+};
 
 // The rule of `rules` whose regex fully matches `name`; none or two is an error naming it.
 Result<const patterns::Rule*> MatchRule(const patterns::RuleSet& rules, const std::string& name) {
@@ -47,37 +60,126 @@ Result<const patterns::Rule*> MatchRule(const patterns::RuleSet& rules, const st
   return found;
 }
 
-// The merge the extractor does for a rule kind; kinds it cannot honour are refused by name.
-Result<std::pair<MergeKind, int>> MergeOf(const patterns::Rule& rule, const std::string& name) {
+// The sizes along the rule's dim of a concat-ordered fuse's parts for a parameter of `shape`:
+// evaluated over `hyper` when that is known and holds their names, else equal shares when every
+// part has the same size expression (SwiGLU's two ffn_hidden).
+Result<std::vector<int64_t>> ConcatPartSizes(const patterns::Rule& rule, const Shape& shape,
+                                             const std::map<std::string, int64_t>* hyper,
+                                             const std::string& name) {
+  const std::string where = "parameter \"" + name + "\" (rule " + rule.match + ")";
+  if (rule.dim < 0 || static_cast<size_t>(rule.dim) >= shape.size()) {
+    return InvalidArgumentError(where + ": fuse dim " + std::to_string(rule.dim) +
+                                " is not a dim of shape " + ShapeToString(shape));
+  }
+  const int64_t total = shape[static_cast<size_t>(rule.dim)];
+  const int64_t n = static_cast<int64_t>(rule.parts.size());
+  std::vector<int64_t> sizes;
+  Status evaluated = InvalidArgumentError(
+      where + ": the parts' sizes are unknown: the universal checkpoint records no model "
+              "hyper-parameters (client_state.ucp_model) and its source model is no preset");
+  if (hyper != nullptr) {
+    evaluated = Status::Ok();
+    for (const patterns::FusePart& part : rule.parts) {
+      Result<int64_t> v = patterns::EvalSizeExpr(part.size, *hyper);
+      if (!v.ok()) {
+        evaluated = Status(v.status().code(),
+                           where + ", part " + part.name + ": " + v.status().message());
+        break;
+      }
+      sizes.push_back(*v);
+    }
+  }
+  if (!evaluated.ok()) {
+    // Parts of one size expression are equal shares whatever the hyper-parameters.
+    for (const patterns::FusePart& part : rule.parts) {
+      if (part.size != rule.parts[0].size) return evaluated;
+    }
+    if (n == 0 || total % n != 0) {
+      return InvalidArgumentError(where + ": " + std::to_string(total) + " rows on dim " +
+                                  std::to_string(rule.dim) + " do not split into " +
+                                  std::to_string(n) + " equal parts");
+    }
+    sizes.assign(static_cast<size_t>(n), total / n);
+  }
+  int64_t sum = 0;
+  for (int64_t v : sizes) sum += v;
+  if (sum != total) {
+    return InvalidArgumentError(where + ": the parts add up to " + std::to_string(sum) +
+                                " rows on dim " + std::to_string(rule.dim) + ", the shape " +
+                                ShapeToString(shape) + " has " + std::to_string(total));
+  }
+  return sizes;
+}
+
+// How a parameter's full tensor is written so that DeepSpeed's loader cuts each tp rank's slice
+// exactly as ucp's rule places it; kinds it cannot honour are refused, naming the missing piece.
+// `expert_ep`: the ep a per-expert parameter is asked at (1 otherwise).
+Result<Merge> MergeOf(const patterns::Rule& rule, const std::string& name, const Shape& shape,
+                      const std::map<std::string, int64_t>* hyper, int expert_ep) {
   auto unimplemented = [&](const std::string& what) {
     return UnimplementedError("parameter \"" + name + "\": rule kind " +
                               std::string(patterns::RuleKindName(rule.kind)) + " (" + rule.match +
-                              ")" + (what.empty() ? "" : " " + what) +
-                              " is not merged from DeepSpeed checkpoints");
+                              ") " + what);
   };
-  if (rule.axis != patterns::Axis::kTp) return unimplemented("on axis ep");
+  // DeepSpeed 0.14.4's universal loader finds a parameter's folder by the rank's own engine name
+  // and cuts only tp (tp_rank, tp_world_size): nothing in the folder or the call says which
+  // expert-parallel rank holds what. Native DeepSpeed-MoE names experts by their index on the ep
+  // rank (deepspeed_experts.0 on every rank), so at ep > 1 every ep rank would load the same
+  // folder; and 0.14.4 links expert fragments by the dense dp size, not the expert-data-parallel
+  // one (docs/deepspeed.md). ds_to_universal has no expert handling either (DeepSpeed #5716).
+  constexpr const char* kNoEp =
+      "DeepSpeed's universal loader (0.14.4) cuts tp only and finds each folder by the rank's "
+      "own parameter name, so it cannot place expert-parallel slices; the missing piece is an "
+      "expert-parallel slice in the universal format (DeepSpeed #5716)";
+  if (rule.axis != patterns::Axis::kTp) {
+    return unimplemented(std::string("on axis ep: ") + kNoEp);
+  }
+  if (expert_ep > 1) {
+    return UnimplementedError("parameter \"" + name + "\" is an expert at ep=" +
+                              std::to_string(expert_ep) + ": " + kNoEp +
+                              "; write ep=1 (experts as ordinary parameters)");
+  }
+  Merge m;
   switch (rule.kind) {
     case patterns::RuleKind::kReplicate:
-      return std::pair{MergeKind::kReplicate, 0};
-    case patterns::RuleKind::kShard:
-      return std::pair{MergeKind::kShard, rule.dim};
-    case patterns::RuleKind::kPadStrip:
-      if (rule.dim != 0) return unimplemented("on dim " + std::to_string(rule.dim));
-      return std::pair{MergeKind::kPadStrip, 0};
-    case patterns::RuleKind::kFuse:
-      // Megatron splits an interleaved_groups tensor (QKV: per group [q | k | v] rows) over tp by
-      // whole groups, so the dim-0 concatenation of the TP slices already is the full tensor in
-      // the rule's interleaved order: no reordering, a plain dim-0 shard merge. A concat-ordered
-      // fuse would need each slice's parts regrouped, which the extractor does not do.
-      if (rule.order != patterns::FuseOrder::kInterleavedGroups) {
-        return unimplemented("with order concat");
-      }
-      if (rule.dim != 0) return unimplemented("on dim " + std::to_string(rule.dim));
-      return std::pair{MergeKind::kShard, 0};
     case patterns::RuleKind::kAverage:
-      break;
+      // ucp gives every tp rank the whole (averaged) tensor, as the loader does with a tensor of
+      // the rank's own shape (and as ds_to_universal writes parameter_to_average_patterns).
+      m.kind = MergeKind::kReplicate;
+      return m;
+    case patterns::RuleKind::kShard:
+      m.kind = MergeKind::kShard;
+      m.dim = rule.dim;
+      return m;
+    case patterns::RuleKind::kPadStrip:
+      // vocab_tensor pads rows (dim 0) only.
+      if (rule.dim != 0) {
+        return unimplemented("on dim " + std::to_string(rule.dim) +
+                             ": DeepSpeed's vocab_tensor re-pads dim 0 only");
+      }
+      m.kind = MergeKind::kPadStrip;
+      return m;
+    case patterns::RuleKind::kFuse:
+      if (rule.order == patterns::FuseOrder::kInterleavedGroups) {
+        // Megatron splits an interleaved_groups tensor (QKV: per group [q | k | v] rows) over tp
+        // as a plain column-parallel cut of those rows (whole groups when tp divides them, inside
+        // a group otherwise), so the rank's slice is chunk(tp, 0)[rank] of the full tensor in the
+        // rule's order: a plain shard.
+        if (rule.dim != 0) {
+          return unimplemented("on dim " + std::to_string(rule.dim) +
+                               ": Megatron's interleaved groups are rows");
+        }
+        m.kind = MergeKind::kShard;
+        return m;
+      }
+      // concat: each part split over tp on its own, the rank's chunks concatenated: the loader's
+      // sub-parameters (param_n_sub_params for equal parts, sub_param_shape otherwise).
+      m.kind = MergeKind::kSubParams;
+      m.dim = rule.dim;
+      UCP_ASSIGN_OR_RETURN(m.sub_sizes, ConcatPartSizes(rule, shape, hyper, name));
+      return m;
   }
-  return unimplemented("");
+  return unimplemented("is not known");
 }
 
 // The rule set for `model` (a family or a preset), or, when it is empty, the one rule set in
@@ -165,15 +267,86 @@ Result<Naming> RecordedNaming(const io::UniversalManifest& m, const std::string&
   return naming;
 }
 
-Status WriteStateFile(const fs::path& path, Tensor t, MergeKind merge, int dim) {
+// One state file: {'param': t} plus the keys that tell DeepSpeed's loader how to cut it.
+Status WriteStateFile(const fs::path& path, Tensor t, const Merge& merge,
+                      const std::string& engine) {
   torch::TorchWriter w;
   torch::PyArena& a = w.arena();
   torch::PyValue* d = a.Dict();
+  const Shape shape = t.shape();
   UCP_ASSIGN_OR_RETURN(const PyValue* tv, w.AddOwnedTensor(std::move(t)));
   d->SetItem(a.Str("param"), tv);
-  if (merge != MergeKind::kReplicate) d->SetItem(a.Str("cat_dim"), a.Int(dim));
-  if (merge == MergeKind::kPadStrip) d->SetItem(a.Str("vocab_tensor"), a.Bool(true));
+  switch (merge.kind) {
+    case MergeKind::kReplicate:
+      break;
+    case MergeKind::kShard:
+    case MergeKind::kPadStrip:
+      d->SetItem(a.Str("cat_dim"), a.Int(merge.dim));
+      break;
+    case MergeKind::kSubParams: {
+      const bool equal = std::all_of(merge.sub_sizes.begin(), merge.sub_sizes.end(),
+                                     [&](int64_t v) { return v == merge.sub_sizes[0]; });
+      if (equal) {
+        // What ds_to_universal writes for parameter_with_2_sub_params_cat_dim_0 (SwiGLU's
+        // dense_h_to_4h): the loader chunks the tensor into n parts along cat_dim.
+        d->SetItem(a.Str("cat_dim"), a.Int(merge.dim));
+        d->SetItem(a.Str("param_n_sub_params"),
+                   a.Int(static_cast<int64_t>(merge.sub_sizes.size())));
+      } else {
+        // Parts of other sizes: a SubparamShape (a dataclass, pickled as cls.__new__ + BUILD)
+        // whose shape holds the parts' sizes as a tuple at partition_dim.
+        PyValue* o =
+            a.Object(a.Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape"),
+                     a.Tuple(), /*newobj=*/true);
+        PyValue* fields = a.Dict();
+        PyValue* patterns = a.List();
+        patterns->Append(a.Str(engine));
+        fields->SetItem(a.Str("patterns"), patterns);
+        std::vector<const PyValue*> dims;
+        for (size_t i = 0; i < shape.size(); ++i) {
+          if (static_cast<int>(i) != merge.dim) {
+            dims.push_back(a.Int(shape[i]));
+            continue;
+          }
+          std::vector<const PyValue*> parts;
+          for (int64_t v : merge.sub_sizes) parts.push_back(a.Int(v));
+          dims.push_back(a.Tuple(std::move(parts)));
+        }
+        fields->SetItem(a.Str("shape"), a.Tuple(std::move(dims)));
+        fields->SetItem(a.Str("partition_dim"), a.Int(merge.dim));
+        o->SetState(fields);
+        d->SetItem(a.Str("sub_param_shape"), o);
+      }
+      break;
+    }
+  }
+  if (merge.kind == MergeKind::kPadStrip) d->SetItem(a.Str("vocab_tensor"), a.Bool(true));
   return w.Write(path, *d);
+}
+
+// The model's hyper-parameters, for the sizes of fuse parts: the universal checkpoint's recorded
+// model (client_state.ucp_model.hyper), else the preset `model` names; nullopt when neither.
+std::optional<std::map<std::string, int64_t>> KnownHyper(const json::Json& cs,
+                                                         const fs::path& rules_dir,
+                                                         const std::string& model) {
+  std::map<std::string, int64_t> hyper;
+  if (cs.is_object() && cs.contains("ucp_model") && cs["ucp_model"].is_object() &&
+      cs["ucp_model"].contains("hyper") && cs["ucp_model"]["hyper"].is_object()) {
+    for (const auto& [k, v] : cs["ucp_model"]["hyper"].items()) {
+      if (v.is_number_integer()) hyper[k] = v.get<int64_t>();
+    }
+  } else if (!model.empty()) {
+    Result<patterns::ModelSpec> spec = patterns::LoadModel(rules_dir, model);
+    if (!spec.ok()) return std::nullopt;  // a family, not a preset: no sizes
+    hyper = spec->hyper;
+  } else {
+    return std::nullopt;
+  }
+  if (!hyper.contains("head_dim") && hyper.contains("hidden") && hyper.contains("heads") &&
+      hyper.at("heads") > 0) {
+    hyper["head_dim"] = hyper.at("hidden") / hyper.at("heads");
+  }
+  return hyper;
 }
 
 // Writes the folder's content into `tmp` (the caller's temporary folder for it).
@@ -217,9 +390,21 @@ Status WriteUniversalTree(const io::UniversalReader& reader, const fs::path& tmp
                        SelectRuleSet(RuleSetDir(options.data_dir),
                                      options.model.empty() ? m.source_model : options.model, names),
                        reader.dir().string());
+  UCP_ASSIGN_OR_RETURN(json::Json cs,
+                       json::ParseStrict(m.client_state_json.empty() ? "{}" : m.client_state_json,
+                                         reader.dir().string() + ": client_state",
+                                         StatusCode::kDataLoss));
+  const std::optional<std::map<std::string, int64_t>> known_hyper = KnownHyper(
+      cs, RuleSetDir(options.data_dir), options.model.empty() ? m.source_model : options.model);
+  std::optional<std::regex> expert_re;
+  if (!rules.expert_pattern.empty()) expert_re.emplace(rules.expert_pattern);
   for (const auto& p : m.params) {
     UCP_ASSIGN_OR_RETURN(const patterns::Rule* rule, MatchRule(rules, p.name));
-    UCP_ASSIGN_OR_RETURN(auto merge, MergeOf(*rule, p.name), reader.dir().string());
+    const bool expert = expert_re && std::regex_match(p.name, *expert_re);
+    UCP_ASSIGN_OR_RETURN(const Merge merge,
+                         MergeOf(*rule, p.name, p.shape, known_hyper ? &*known_hyper : nullptr,
+                                 expert ? options.ep : 1),
+                         reader.dir().string());
     UCP_ASSIGN_OR_RETURN(const std::string engine, EngineName(p.name, naming, context),
                          reader.dir().string());
     const fs::path pdir = tmp / "zero" / engine;
@@ -231,8 +416,8 @@ Status WriteUniversalTree(const io::UniversalReader& reader, const fs::path& tmp
         return InvalidArgumentError("parameter \"" + p.name + "\" state " + s + " is " +
                                     std::string(DTypeName(t.dtype())) + ", not fp32");
       }
-      UCP_RETURN_IF_ERROR(
-          WriteStateFile(pdir / (std::string(s) + ".pt"), std::move(t), merge.first, merge.second));
+      UCP_RETURN_IF_ERROR(WriteStateFile(pdir / (std::string(s) + ".pt"), std::move(t), merge,
+                                         engine));
     }
     torch::TorchWriter w;
     UCP_ASSIGN_OR_RETURN(Tensor step, Tensor::Uninitialized(DType::kFp32, Shape{}));
@@ -293,10 +478,6 @@ Status WriteUniversalTree(const io::UniversalReader& reader, const fs::path& tmp
     }
   } else {
     // The model the manifest records, so that ucp reads the folder back without --model.
-    UCP_ASSIGN_OR_RETURN(json::Json cs,
-                         json::ParseStrict(m.client_state_json.empty() ? "{}" : m.client_state_json,
-                                           reader.dir().string() + ": client_state",
-                                           StatusCode::kDataLoss));
     const json::Json* ucp_model = nullptr;
     if (cs.is_object() && cs.contains("ucp_model") && cs["ucp_model"].is_object()) {
       ucp_model = &cs["ucp_model"];
