@@ -15,7 +15,11 @@
   megatron --data D --fixture F --exported E --state model|fp32|bf16
                                   the Megatron-DeepSpeed fixture D/F exported to HF as E: its
                                   logits in transformers against the PyTorch reference
-                                  (tests/engine/torch_ref.py) over the generator's own weights
+                                  (tests/engine/torch_ref.py) over the generator's own weights;
+                                  --rotary interleaved: the reference rotates pairs (2i, 2i+1);
+                                  --wrong E2: E2's logits must be far from the reference's
+  set-rotary-interleaved --dir D  args.rotary_interleaved = True in a fixture copy's files
+  same-slices --a A --b B         ucp checkpoints A and B hold bitwise the same model slices
 
 Cases (see CASES): GPT-2 (tied, Conv1D + c_attn), GPT-2 keys without the `transformer.` prefix
 and with the legacy attn.bias / masked_bias buffers, GPT-2 with vocab 50257 (tp=4 pads to 50688),
@@ -338,6 +342,61 @@ def hf_rope_tables(seq_len, head_dim, theta, dtype):
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
+def apply_rope_interleaved(x, cos, sin):
+    """Interleaved rotary (GPT-J, Meta's LLaMA, Megatron --rotary-interleaved): element pairs
+    (2i, 2i+1) rotated by pair i's angle, the elementwise operations of torch_ref.apply_rope
+    (x*cos + rot*sin) on the other pairing; cos/sin are torch_ref's [T, D] tables whose halves
+    repeat the D/2 angles."""
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * c + (-x1) * s, x1 * c + x0 * s], dim=-1).flatten(-2)
+
+
+def same_slices(a):
+    """Every model-slice dataset of ucp checkpoints A and B: the same names, bitwise equal (the
+    vocabulary-padded ones, names matching --padded, over their first --vocab rows of the whole
+    tensor only: the pad rows' fill is each source's)."""
+    import re
+    x, y = dist_tensors(a.a, ""), dist_tensors(a.b, "")
+    assert sorted(x) == sorted(y), (sorted(set(x) ^ set(y)))[:5]
+    bad, padded = [], {}
+    for n in sorted(x):
+        if a.padded and re.search(a.padded, n):
+            # The tp ranks' rows in order (names sort by rank below 10), then the real rows.
+            padded.setdefault(re.sub(r"tp\d+", "tp*", n), []).append(n)
+        elif not torch.equal(x[n], y[n]):
+            bad.append(n)
+    for group, names in padded.items():
+        whole = [torch.cat([t[n] for n in names])[: a.vocab] for t in (x, y)]
+        assert whole[0].shape[0] == a.vocab, (group, whole[0].shape)
+        if not torch.equal(*whole):
+            bad.append(group)
+    assert not bad, bad[:5]
+    assert any("query_key_value" in n for n in x), sorted(x)[:5]
+    print(f"{len(x)} model slices bitwise equal ({a.a} and {a.b}; {sorted(padded)} over their "
+          f"{a.vocab} real rows)")
+
+
+def set_rotary_interleaved(a):
+    """A copy of a Megatron fixture as Megatron --rotary-interleaved would have saved it: every
+    model-states file's args.rotary_interleaved = True (the weights unchanged: random weights
+    are as much an interleaved model as a half-split one; the reference decides the pairing)."""
+    megatron_args(a.dir)  # registers Megatron's enums for the unpickler
+    with open(os.path.join(a.dir, "latest")) as f:
+        tag = os.path.join(a.dir, f.read().strip())
+    n = 0
+    for name in sorted(os.listdir(tag)):
+        if name.endswith("_model_states.pt"):
+            path = os.path.join(tag, name)
+            sd = torch.load(path, map_location="cpu")
+            sd["args"].rotary_interleaved = True
+            torch.save(sd, path)
+            n += 1
+    assert n > 0, tag
+    print(f"args.rotary_interleaved = True in {n} model-states files of {tag}")
+
+
 class Fp32Softmax:
     """torch for torch_ref.attention, with transformers 4.47.1's LlamaAttention softmax: in fp32
     whatever the model's dtype (eager attention)."""
@@ -414,6 +473,9 @@ def megatron(a):
         eps = json.load(f)["layer_norm_epsilon" if family == "gpt" else "rms_norm_eps"]
     assert eps == 1e-5, eps  # Megatron's default; the fixtures' args do not set another
 
+    interleaved = a.rotary == "interleaved"
+    assert family == "llama" or not interleaved, "GPT has no rotary embedding"
+
     def run(dtype, islands=False):
         """The reference's logits in `dtype`; with islands, at transformers' eps (1e-5 as a
         double, where the reference holds the engine's float 1e-5) and, for LLaMA, with
@@ -421,15 +483,19 @@ def megatron(a):
         Fp32Softmax)."""
         p = {n: w.to(dtype) for n, w in weights.items()}
         c = dict(cfg, norm_eps=eps) if islands else cfg
-        saved = torch_ref.rms_norm, torch_ref.rope_tables, torch_ref.torch
+        saved = (torch_ref.rms_norm, torch_ref.rope_tables, torch_ref.torch,
+                 torch_ref.apply_rope)
         if islands and family == "llama":
             torch_ref.rms_norm, torch_ref.rope_tables = hf_rms_norm, hf_rope_tables
             torch_ref.torch = Fp32Softmax()
+        if interleaved:
+            torch_ref.apply_rope = apply_rope_interleaved
         try:
             with torch.no_grad():
                 return reference_logits(torch_ref, p, c, ids)
         finally:
-            torch_ref.rms_norm, torch_ref.rope_tables, torch_ref.torch = saved
+            (torch_ref.rms_norm, torch_ref.rope_tables, torch_ref.torch,
+             torch_ref.apply_rope) = saved
 
     with torch.no_grad():
         hf32 = model(ids).logits
@@ -445,7 +511,11 @@ def megatron(a):
     # the largest logit once transformers' own fixed-precision choices are made on both sides.
     tol32 = 4 * d(ref32, ref64)
     tol64 = 1e-12 * scale
-    print(f"{a.fixture} ({family}, {a.state} weights, {tokens} tokens, vocab {vocab}, "
+    # With interleaved rotary the reference's q.k sums a head's D products pair after pair where
+    # transformers' sums the first halves then the second (its rows are the permuted ones), so
+    # in fp64 the two agree to roundings (the same 1e-12 bound as GPT), not bitwise.
+    print(f"{a.fixture} ({family}, {a.rotary} rotary, {a.state} weights, {tokens} tokens, "
+          f"vocab {vocab}, "
           f"max |logit| {scale:.3g}):")
     print(f"  transformers fp32 vs reference fp32: max |d| {d(hf32, ref32):.3g}"
           f"{' (bitwise)' if torch.equal(hf32, ref32) else ''}")
@@ -457,6 +527,14 @@ def megatron(a):
           f"(tolerance {tol64:.3g})")
     ok = d(hf32, ref64) <= tol32 and d(hf64, ref64i) <= tol64
     print(f"  {'ok' if ok else 'TOLERANCE EXCEEDED'}")
+    if a.wrong:
+        # The same weights exported with the other rotary setting: transformers must see it.
+        other = AutoModelForCausalLM.from_pretrained(a.wrong, torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            w = other(ids).logits
+        print(f"  control, {a.wrong} (the other rotary setting): max |d| {d(w, ref64):.3g} "
+              f"({d(w, ref64) / tol32:.3g}x the fp32 tolerance)")
+        assert d(w, ref64) > 100 * tol32, "the comparison cannot tell the rotary setting"
     miswire(model, cfg)
     with torch.no_grad():
         wrong = model(ids).logits
@@ -487,9 +565,21 @@ def main():
     g.add_argument("--fixture", required=True, choices=sorted(FIXTURE_TRUTH))
     g.add_argument("--exported", required=True)
     g.add_argument("--state", required=True, choices=["model", "fp32", "bf16"])
+    g.add_argument("--rotary", default="half-split", choices=["half-split", "interleaved"],
+                   help="the reference's rotary pairing")
+    g.add_argument("--wrong", default="", help="an export with the other rotary setting, whose "
+                   "logits must differ visibly")
+    r = sub.add_parser("set-rotary-interleaved")
+    r.add_argument("--dir", required=True)
+    s = sub.add_parser("same-slices")
+    s.add_argument("--a", required=True)
+    s.add_argument("--b", required=True)
+    s.add_argument("--padded", default="", help="regex of vocabulary-padded datasets")
+    s.add_argument("--vocab", type=int, default=0)
     a = p.parse_args()
     torch.set_num_threads(1)  # one summation order for both sides
-    {"make": make, "check": check, "tp-qkv": tp_qkv, "megatron": megatron}[a.cmd](a)
+    {"make": make, "check": check, "tp-qkv": tp_qkv, "megatron": megatron,
+     "set-rotary-interleaved": set_rotary_interleaved, "same-slices": same_slices}[a.cmd](a)
 
 
 if __name__ == "__main__":

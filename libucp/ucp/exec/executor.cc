@@ -84,6 +84,7 @@ struct Scratch {
   HostBuffer accum;   // fp64 sums of an average
   HostBuffer other;   // the second box of a check
   HostBuffer row;     // a source row cast for a strided destination
+  HostBuffer tile;    // kTileRows source rows of a transposed copy, packed (then cast)
 
   static Result<std::span<std::byte>> Get(HostBuffer& b, int64_t bytes) {
     if (b.num_bytes() < bytes) {
@@ -98,6 +99,21 @@ struct Scratch {
 template <int64_t size>
 void ScatterRow(const std::byte* from, int64_t n, std::byte* to, int64_t stride) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(to + i * stride * size, from + i * size, size);
+}
+
+// A transposed copy (HF's Conv1D weights) moves kTileRows source rows at a time: the tile, packed
+// [rows, n], is stored column by column, so each destination write is kTileRows adjacent
+// elements (a cache line of fp32) instead of one element per line as ScatterRow does.
+constexpr int64_t kTileRows = 16;
+
+// tile [rows, n] (packed, `size`-byte elements) to `to` [n, rows] with row stride `stride`.
+template <int64_t size>
+void TransposeTile(const std::byte* tile, int64_t rows, int64_t n, std::byte* to, int64_t stride) {
+  for (int64_t j = 0; j < n; ++j) {
+    std::byte* out = to + j * stride * size;
+    const std::byte* in = tile + j * size;
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(out + i * size, in + i * n * size, size);
+  }
 }
 
 // An op, or a part of one: a box of `counts` elements, where it goes and where it comes from.
@@ -151,6 +167,15 @@ Box Rows(const Box& b, int64_t i0, int64_t i1) {
   return r;
 }
 
+// Indices [j0, j1) of a 2-d box's second dimension.
+Box Cols(const Box& b, int64_t j0, int64_t j1) {
+  Box r = b;
+  r.counts[1] = j1 - j0;
+  r.dst.offset += j0 * b.dst.strides[1];
+  for (size_t k = 0; k < r.srcs.size(); ++k) r.srcs[k].offset += j0 * b.srcs[k].strides[1];
+  return r;
+}
+
 // Appends to `out` the parts of box `b` whose destination elements lie in [a, e): every element
 // of b in the window lands in exactly one part, and every part lies inside the window.
 void Clip(const Box& b, int64_t a, int64_t e, std::vector<Box>& out) {
@@ -179,6 +204,23 @@ void Clip(const Box& b, int64_t a, int64_t e, std::vector<Box>& out) {
     return;
   }
   const int64_t rest = SpanOf(b.counts, b.dst.strides, 1);
+  if (d0 < rest && b.counts.size() == 2 && b.dst.strides[1] >= (c0 - 1) * d0 + 1) {
+    // A transpose (rows interleave, the columns do not): whole columns inside the window form
+    // one box, so the gather keeps its tiles; at most the columns holding a and e - 1 are cut.
+    const int64_t c1 = b.counts[1], d1 = b.dst.strides[1];
+    const int64_t width = (c0 - 1) * d0 + 1;
+    const int64_t first_full = std::min(c1, CeilDiv(a - lo, d1));
+    const int64_t last_full = e - lo - width < 0 ? 0 : std::min(c1, (e - lo - width) / d1 + 1);
+    if (first_full < last_full) out.push_back(Cols(b, first_full, last_full));
+    std::set<int64_t> cut;
+    if (a > lo) cut.insert(std::min(c1 - 1, (a - lo) / d1));
+    if (e - 1 >= lo) cut.insert(std::min(c1 - 1, (e - 1 - lo) / d1));
+    for (int64_t j : cut) {
+      if (j >= first_full && j < last_full) continue;
+      Clip(Cols(b, j, j + 1), a, e, out);
+    }
+    return;
+  }
   if (d0 < rest) {
     // Rows interleave in the destination (no plan makes these): clip each row on its own.
     for (int64_t i = 0; i < c0; ++i) Clip(Row(b, i), a, e, out);
@@ -362,7 +404,11 @@ struct Reader {
     }
     const int64_t row_bytes = row_len * in_size;
     const bool dense = span * in_size <= kSpanReadBytes && kSpanDensity * box >= span;
-    if (b.counts.size() >= 2 && dense && row_bytes < kLongRowBytes) {
+    // Consecutive source rows land in adjacent destination elements, each row strided: a
+    // transpose, done in tiles below (after a span too large is cut into blocks).
+    const bool transposed = b.counts.size() == 2 && !d_rows && b.dst.strides[0] == 1 &&
+                            b.counts[0] > 1 && (out_size == 2 || out_size == 4 || out_size == 8);
+    if (b.counts.size() >= 2 && dense && row_bytes < kLongRowBytes && !transposed) {
       // A short-rowed, dense box: its whole source span in one read, rows picked from it.
       UCP_ASSIGN_OR_RETURN(std::span<std::byte> raw, Scratch::Get(scratch.read, span * in_size));
       UCP_RETURN_IF_ERROR(Read(t, sref.offset, sref.offset + span, raw));
@@ -384,6 +430,46 @@ struct Reader {
         }
         return Status::Ok();
       }
+    }
+    if (transposed) {
+      // The dense span in one read, else each row by itself; rows packed into a tile, the tile
+      // cast in one call, then stored column by column.
+      std::span<std::byte> raw;
+      if (dense) {
+        UCP_ASSIGN_OR_RETURN(raw, Scratch::Get(scratch.read, span * in_size));
+        UCP_RETURN_IF_ERROR(Read(t, sref.offset, sref.offset + span, raw));
+      }
+      const int64_t tile_in = kTileRows * row_bytes;
+      const int64_t tile_out = same ? 0 : kTileRows * row_len * out_size;
+      UCP_ASSIGN_OR_RETURN(std::span<std::byte> tile, Scratch::Get(scratch.tile, tile_in + tile_out));
+      const int64_t s0 = sref.strides[0];
+      for (int64_t i0 = 0; i0 < b.counts[0]; i0 += kTileRows) {
+        const int64_t rows = std::min(kTileRows, b.counts[0] - i0);
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t so = sref.offset + (i0 + i) * s0;
+          std::byte* at = tile.data() + i * row_bytes;
+          if (dense) {
+            std::memcpy(at, raw.data() + (so - sref.offset) * in_size,
+                        static_cast<size_t>(row_bytes));
+          } else {
+            UCP_RETURN_IF_ERROR(Read(t, so, so + row_len, {at, static_cast<size_t>(row_bytes)}));
+          }
+        }
+        const std::byte* packed = tile.data();
+        if (!same) {
+          std::span<std::byte> out(tile.data() + tile_in,
+                                   static_cast<size_t>(rows * row_len * out_size));
+          UCP_RETURN_IF_ERROR(CastElements(
+              t.dtype, {tile.data(), static_cast<size_t>(rows * row_bytes)}, dest.dtype, out,
+              rows * row_len));
+          packed = out.data();
+        }
+        std::byte* to = dst_at(b.dst.offset + i0);
+        if (out_size == 2) TransposeTile<2>(packed, rows, row_len, to, d_inner);
+        if (out_size == 4) TransposeTile<4>(packed, rows, row_len, to, d_inner);
+        if (out_size == 8) TransposeTile<8>(packed, rows, row_len, to, d_inner);
+      }
+      return Status::Ok();
     }
     // Row by row: straight into the destination when it is a plain copy.
     Status st;

@@ -232,7 +232,12 @@ bool LooksLikeHfFolder(const fs::path& dir) {
 }
 
 Result<std::unique_ptr<CheckpointSource>> OpenHfSource(const fs::path& dir,
-                                                       const fs::path& data_dir) {
+                                                       const fs::path& data_dir,
+                                                       const std::string& rotary_layout) {
+  int64_t interleaved = 0;
+  if (!rotary_layout.empty()) {
+    UCP_ASSIGN_OR_RETURN(interleaved, patterns::ParseRotaryLayout(rotary_layout, "--rotary-layout"));
+  }
   const std::string where = (dir / kConfigFileName).string();
   UCP_ASSIGN_OR_RETURN(std::string text,
                        io::ReadFileToString(dir / kConfigFileName, kMaxJsonBytes));
@@ -252,6 +257,8 @@ Result<std::unique_ptr<CheckpointSource>> OpenHfSource(const fs::path& dir,
   spec.name = map->model_type;
   spec.family = map->family;
   spec.hyper = std::move(hyper);
+  // Recorded only when set: absent is half-split, as every model made before it.
+  if (interleaved != 0) spec.hyper[std::string(patterns::kRotaryInterleavedHyper)] = 1;
   UCP_ASSIGN_OR_RETURN(patterns::RuleSet rules, patterns::LoadRuleSet(data_dir, map->family),
                        "rule set of " + arch);
   spec.templates = rules.templates;
@@ -345,6 +352,7 @@ Result<std::unique_ptr<CheckpointSource>> OpenHfSource(const fs::path& dir,
   meta.spec = spec;
   meta.model = model;
   meta.optimizer_states = {"fp32"};
+  meta.rotary_layout_from_options = true;
   meta.dir = dir;
   meta.framework = "transformers";
   meta.source_layout =
@@ -355,7 +363,9 @@ Result<std::unique_ptr<CheckpointSource>> OpenHfSource(const fs::path& dir,
       ", weights only (fp32 = the weights widened; no Adam moments); vocabulary " +
       std::to_string(spec.hyper["vocab"]) + " rows, zero rows added to a multiple of " +
       std::to_string(spec.hyper["make_vocab_size_divisible_by"]) + " * tp at a layout" +
-      (skipped > 0 ? "; " + std::to_string(skipped) + " legacy buffers skipped" : std::string());
+      (skipped > 0 ? "; " + std::to_string(skipped) + " legacy buffers skipped" : std::string()) +
+      (interleaved != 0 ? "; q/k rows served in interleaved rotary pairs (--rotary-layout)"
+                        : std::string());
   Json client = {{"hf", {{"architecture", arch}, {"config", config}}}};
   meta.client_state_json = client.dump();
 
@@ -626,8 +636,8 @@ class HfFormat final : public api::CheckpointFormat {
     return "config.json with model.safetensors or model.safetensors.index.json";
   }
   Result<std::unique_ptr<CheckpointSource>> Open(const fs::path& dir, const fs::path& data_dir,
-                                                 const api::SourceOptions&) const override {
-    return OpenHfSource(dir, data_dir);
+                                                 const api::SourceOptions& options) const override {
+    return OpenHfSource(dir, data_dir, options.rotary_layout);
   }
   bool writes() const override { return true; }
   bool takes_layout() const override { return false; }

@@ -35,8 +35,14 @@ bool LooksLikeHfFolder(const std::filesystem::path& dir);
 /// and the shards disagree on, a shard not in the index, a tensor of the wrong shape or dtype,
 /// a tensor with no map entry, a tensor missing, "tie_word_embeddings is false but lm_head.weight
 /// is missing").
+/// `rotary_layout` (--rotary-layout): the rotary pairing of the q/k rows the source serves. The
+/// files are HF's half-split; "interleaved" permutes each head's rows (the map's `rotary` parts)
+/// and records the model's rotary_interleaved hyper-parameter, so a ucp checkpoint made from it
+/// is an interleaved-rotary one; "" or "half-split" moves rows in order.
+/// Errors: also kInvalidArgument for another rotary_layout.
 Result<std::unique_ptr<api::CheckpointSource>> OpenHfSource(const std::filesystem::path& dir,
-                                                            const std::filesystem::path& data_dir);
+                                                            const std::filesystem::path& data_dir,
+                                                            const std::string& rotary_layout = "");
 
 struct HfWriteOptions {
   /// "" (the model's training dtype, from its `model` state), "fp32", "bf16" or "fp16" (from the

@@ -168,6 +168,15 @@ Result<HfMap> ParseHfMap(std::string_view text, const std::string& what) {
         UCP_ASSIGN_OR_RETURN(p.size, StringField(pj, "size", we + " part " + p.hf));
         UCP_ASSIGN_OR_RETURN(p.offset, StringField(pj, "offset", we + " part " + p.hf, false));
         if (p.offset.empty()) p.offset = "0";
+        if (pj.contains("rotary")) {
+          const std::string wr = we + " part " + p.hf + ": rotary";
+          if (!pj["rotary"].is_object()) return InvalidArgumentError(wr + " is not an object");
+          UCP_ASSIGN_OR_RETURN(p.rotary_when, StringField(pj["rotary"], "when", wr));
+          UCP_ASSIGN_OR_RETURN(p.rotary_head, StringField(pj["rotary"], "head", wr));
+          if (t.value("transpose", false)) {
+            return InvalidArgumentError(wr + ": a rotary row permutation of a transposed tensor");
+          }
+        }
         e.parts.push_back(std::move(p));
       }
     }
@@ -322,6 +331,7 @@ Result<HfLayout> LayOutHf(const HfMap& map, const patterns::ResolvedModel& model
     std::vector<std::pair<int64_t, int64_t>> rows;
   };
   std::vector<Extent> extents;
+  bool permuted_rotary = false;
 
   auto add_entry = [&](const MapTensor& e, int64_t layer, int64_t expert) -> Status {
     if (!WhenHolds(e.when, hyper)) {
@@ -349,6 +359,8 @@ Result<HfLayout> LayOutHf(const HfMap& map, const patterns::ResolvedModel& model
     }
     UCP_ASSIGN_OR_RETURN(int64_t groups, patterns::EvalSizeExpr(e.groups, hyper), what);
     std::vector<int64_t> sizes, offsets;
+    // Per part: the head size of its rotary row permutation where that applies, else 0.
+    std::vector<int64_t> rotary;
     int64_t per_group = 0;
     for (const MapPart& part : e.parts) {
       int64_t size = 0;
@@ -361,6 +373,18 @@ Result<HfLayout> LayOutHf(const HfMap& map, const patterns::ResolvedModel& model
       sizes.push_back(size);
       offsets.push_back(offset);
       per_group += size;
+      int64_t head = 0;
+      if (!part.rotary_when.empty() && WhenHolds(part.rotary_when, hyper)) {
+        UCP_ASSIGN_OR_RETURN(head, patterns::EvalSizeExpr(part.rotary_head, hyper), what);
+        if (head <= 0 || head % 2 != 0 || size % head != 0) {
+          return InvalidArgumentError(what + ": part " + part.hf + " of " +
+                                      std::to_string(size) + " rows is not heads of an even " +
+                                      part.rotary_head + " = " + std::to_string(head) +
+                                      " rows (" + part.rotary_when + ")");
+        }
+      }
+      rotary.push_back(head);
+      if (head > 0) permuted_rotary = true;
     }
     if (groups <= 0 || groups * per_group != rows) {
       return InvalidArgumentError(what + ": " + std::to_string(groups) + " groups of " +
@@ -389,6 +413,26 @@ Result<HfLayout> LayOutHf(const HfMap& map, const patterns::ResolvedModel& model
         b.param = pname;
         b.tensor = it->second;
         b.param_offset = r0 * inner;
+        if (rotary[k] > 0) {
+          // Heads of `head` rows, rotary pairs adjacent in ucp and halves in HF: one block per
+          // member s of the pairs, over (heads, head/2 pairs, the row), ucp row 2i+s <-> HF row
+          // s*head/2 + i of each head.
+          const int64_t head = rotary[k];
+          for (int64_t s = 0; s < 2; ++s) {
+            HfBlock h;
+            h.param = pname;
+            h.tensor = it->second;
+            h.counts = {sizes[k] / head, head / 2, inner};
+            h.param_offset = (r0 + s) * inner;
+            h.param_strides = {head * inner, 2 * inner, 1};
+            h.hf_offset = (h0 + s * (head / 2)) * inner;
+            h.hf_strides = {head * inner, inner, 1};
+            if (NumElementsOrDie(Shape(h.counts.begin(), h.counts.end())) > 0) {
+              out.blocks.push_back(std::move(h));
+            }
+          }
+          continue;
+        }
         if (!e.transpose) {
           // Rows are rows on both sides: one block of whole rows.
           b.counts = {sizes[k] * inner};
@@ -443,6 +487,13 @@ Result<HfLayout> LayOutHf(const HfMap& map, const patterns::ResolvedModel& model
       }
     }
     i = j;
+  }
+  // An interleaved-rotary model whose map permutes nothing would be written as if half-split.
+  if (auto r = hyper.find(std::string(patterns::kRotaryInterleavedHyper));
+      r != hyper.end() && r->second != 0 && !permuted_rotary) {
+    return FailedPreconditionError("model " + model.spec.name + " (family " + model.spec.family +
+                                   ") records interleaved rotary pairs, but " + map.file +
+                                   " has no rotary q/k rows to permute");
   }
   for (const auto& p : model.params) {
     if (!mapped.contains(p.name)) {

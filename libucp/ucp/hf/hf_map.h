@@ -46,6 +46,13 @@ struct MapPart {
   std::string hf;  ///< HF tensor name, may hold {layer} and {expert}
   std::string size;
   std::string offset = "0";
+  /// A row permutation, as data ("rotary": {"when": W, "head": E}): where hyper W is set, the
+  /// part's rows are heads of E rows whose rotary pairs are adjacent on the ucp side, (2i, 2i+1),
+  /// and halves on the HF side, (i, i + E/2): ucp row 2i+s of a head is HF row s*E/2 + i, the
+  /// permutation transformers' convert_llama_weights_to_hf applies to Meta's q and k (issue 13,
+  /// shared/reference/hf.md 2.3). Empty `rotary_when`: rows map in order.
+  std::string rotary_when;
+  std::string rotary_head;
 };
 
 struct MapTensor {

@@ -327,5 +327,124 @@ TEST_F(HfImportTest, Bf16ExportRoundsToNearestEven) {
   EXPECT_EQ(c["torch_dtype"], "bfloat16");
 }
 
+// Interleaved rotary (issue 13): a model recording rotary_interleaved = 1 is written with each
+// q and k head's rows permuted as transformers' convert_llama_weights_to_hf permutes Meta's
+// (HF row s*d/2 + i = ucp row 2i + s), v and every other tensor unchanged; an HF source opened
+// with --rotary-layout interleaved serves the rows back in that order (bitwise the generated
+// model), and without it does not; a model without rotary rows (GPT) is refused.
+TEST(HfRotaryTest, InterleavedQkRowsArePermutedPerHead) {
+  ::ucp::testing::TempDir tmp;
+  const fs::path data = api::UcpDataDir();
+  UCP_ASSERT_OK_AND_ASSIGN(auto model, api::LoadResolvedModel(data, "llama-tiny", "fp32"));
+  const std::string key(patterns::kRotaryInterleavedHyper);
+  model.first.hyper[key] = 1;
+  model.second.spec.hyper[key] = 1;
+  UCP_ASSERT_OK(api::Generate(model.first, model.second, *layout::ParseLayout("tp=2,pp=2"), 7,
+                              tmp.path() / "gen", {})
+                    .status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto gen, api::CheckpointSource::Open(tmp.path() / "gen", data));
+  ASSERT_EQ(gen->meta().spec.hyper.at(key), 1);  // recorded with the model
+  UCP_ASSERT_OK(WriteHf(*gen, tmp.path() / "hf", {}, {}).status());
+  UCP_ASSERT_OK(api::Extract(*gen, tmp.path() / "u", {}).status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto u, api::CheckpointSource::Open(tmp.path() / "u", data));
+  UCP_ASSERT_OK_AND_ASSIGN(auto f, st::SafetensorsFile::Open(tmp.path() / "hf" / kSingleFileName));
+
+  const auto& hy = model.first.hyper;
+  const int64_t hidden = hy.at("hidden"), heads = hy.at("heads"), groups = hy.at("kv_heads");
+  const int64_t d = hidden / heads, per = heads / groups;
+  for (int64_t layer : {0, 3}) {
+    const std::string l = std::to_string(layer);
+    convert::TensorInfo qkv;
+    qkv.param = "layers." + l + ".self_attention.query_key_value.weight";
+    qkv.name = qkv.param + "/model";
+    qkv.state = "model";
+    qkv.dtype = DType::kFp32;
+    const int64_t n = (heads + 2 * groups) * d * hidden;
+    std::vector<float> fused(n);
+    UCP_ASSERT_OK(u->ReadFlatRange(qkv, 0, n, std::as_writable_bytes(std::span(fused))));
+    // The fused per-group rows [q heads of g | k_g | v_g]: HF head h's rows in ucp.
+    auto ucp_row = [&](const std::string& part, int64_t head, int64_t row) {
+      const int64_t g = part == "q" ? head / per : head;
+      const int64_t at = part == "q" ? head % per : part == "k" ? per : per + 1;
+      return &fused[((g * (per + 2) + at) * d + row) * hidden];
+    };
+    for (const std::string part : {"q", "k", "v"}) {
+      SCOPED_TRACE(part + " layer " + l);
+      UCP_ASSERT_OK_AND_ASSIGN(const st::SafetensorsEntry* e,
+                               f.Find("model.layers." + l + ".self_attn." + part + "_proj.weight"));
+      UCP_ASSERT_OK_AND_ASSIGN(Tensor t, f.ReadTensor(*e));
+      const auto* x = reinterpret_cast<const float*>(t.data());
+      const int64_t nh = part == "q" ? heads : groups;
+      int64_t moved = 0;
+      for (int64_t h = 0; h < nh; ++h) {
+        for (int64_t s = 0; s < 2; ++s) {
+          for (int64_t i = 0; i < d / 2; ++i) {
+            const int64_t hf_row = h * d + s * (d / 2) + i;
+            // v keeps its order; q and k pair (2i, 2i+1) in ucp with (i, i + d/2) in HF.
+            const int64_t from = part == "v" ? s * (d / 2) + i : 2 * i + s;
+            ASSERT_EQ(std::memcmp(x + hf_row * hidden, ucp_row(part, h, from), hidden * 4), 0)
+                << "head " << h << " HF row " << s * (d / 2) + i;
+            moved += from != s * (d / 2) + i;
+          }
+        }
+      }
+      EXPECT_EQ(moved > 0, part != "v");
+    }
+  }
+  // Back: the HF folder read as interleaved is the generated model; read as half-split it is not.
+  api::SourceOptions interleaved;
+  interleaved.rotary_layout = "interleaved";
+  UCP_ASSERT_OK_AND_ASSIGN(auto back,
+                           api::CheckpointSource::Open(tmp.path() / "hf", data, interleaved));
+  EXPECT_EQ(back->meta().spec.hyper.at(key), 1);
+  // The parameters whose model state differs between the generated model and a source.
+  auto differing = [&](const api::CheckpointSource& other) {
+    std::vector<std::string> out;
+    for (const auto& p : u->meta().model.params) {
+      convert::TensorInfo t;
+      t.name = p.name + "/model";
+      t.param = p.name;
+      t.state = "model";
+      t.dtype = DType::kFp32;
+      const int64_t n = NumElementsOrDie(p.shape);
+      std::vector<float> x(n), y(n);
+      EXPECT_TRUE(u->ReadFlatRange(t, 0, n, std::as_writable_bytes(std::span(x))).ok());
+      EXPECT_TRUE(other.ReadFlatRange(t, 0, n, std::as_writable_bytes(std::span(y))).ok());
+      if (std::memcmp(x.data(), y.data(), n * 4) != 0) out.push_back(p.name);
+    }
+    return out;
+  };
+  EXPECT_THAT(differing(*back), ::testing::IsEmpty());
+  UCP_ASSERT_OK(api::ToLayout(*back, *layout::ParseLayout("tp=2,pp=2"), tmp.path() / "ilv", {})
+                    .status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto ilv, api::CheckpointSource::Open(tmp.path() / "ilv", data));
+  EXPECT_EQ(ilv->meta().spec.hyper.at(key), 1);
+  UCP_ASSERT_OK(WriteHf(*ilv, tmp.path() / "hf2", {}, {}).status());
+  for (const auto& e : fs::directory_iterator(tmp.path() / "hf")) {
+    EXPECT_EQ(Slurp(e.path()), Slurp(tmp.path() / "hf2" / e.path().filename())) << e.path();
+  }
+  UCP_ASSERT_OK_AND_ASSIGN(auto half, api::CheckpointSource::Open(tmp.path() / "hf", data));
+  EXPECT_FALSE(half->meta().spec.hyper.contains(key));
+  const std::vector<std::string> moved = differing(*half);
+  EXPECT_EQ(moved.size(), static_cast<size_t>(hy.at("layers")));  // every layer's fused QKV
+  EXPECT_THAT(moved, ::testing::Each(HasSubstr("query_key_value")));
+  api::SourceOptions bad;
+  bad.rotary_layout = "adjacent";
+  EXPECT_THAT(api::CheckpointSource::Open(tmp.path() / "hf", data, bad).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--rotary-layout")));
+
+  // GPT has learned positions: nothing to permute, so an interleaved record is refused.
+  UCP_ASSERT_OK_AND_ASSIGN(auto gpt, api::LoadResolvedModel(data, "gpt-tiny", "fp32"));
+  gpt.first.hyper[key] = 1;
+  gpt.second.spec.hyper[key] = 1;
+  UCP_ASSERT_OK(api::Generate(gpt.first, gpt.second, *layout::ParseLayout("tp=1,pp=1"), 7,
+                              tmp.path() / "gpt", {})
+                    .status());
+  UCP_ASSERT_OK_AND_ASSIGN(auto g, api::CheckpointSource::Open(tmp.path() / "gpt", data));
+  EXPECT_THAT(WriteHf(*g, tmp.path() / "gpt_hf", {}, {}).status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("no rotary q/k rows")));
+  EXPECT_FALSE(fs::exists(tmp.path() / "gpt_hf"));
+}
+
 }  // namespace
 }  // namespace ucp::hf
