@@ -18,6 +18,15 @@ the subcommands together with the ucp CLI, and docs/peers.md says what each test
     resume       --work W --load L --dp P --mode universal|zero [--ucp U] [--zero Z]
                                        a fresh engine at dp=P loads L: its state is the saved one,
                                        bitwise, and its losses continue the run of `train`
+    universal-loader --dsu D --tag T --ucp U --out O [--ds-to-universal]
+                                       DeepSpeed's load_hp_checkpoint_state on D (ucp's
+                                       --format deepspeed-universal of U) gives each tp rank's
+                                       slices of T (ucp's --format deepspeed of U at dp=1),
+                                       bitwise; optionally ds_to_universal on T writes D's files
+    same-as-dtu  --dsu D --tag T --ucp U --out O
+                                       D (ucp's --format deepspeed-universal of U, ucp's
+                                       extraction of the DeepSpeed tag T) holds the files
+                                       ds_to_universal writes from T (keys, 'param' bitwise)
     reads-ucp    --tag T --ucp U --out O
                                        DeepSpeed's ds_to_universal on T (a checkpoint ucp wrote
                                        with --format deepspeed) gives U's fp32 / exp_avg /
@@ -618,6 +627,7 @@ FIXTURES = {
     "megatron_qkv441_tp2_pp1_dp2_bf16": "expected.pt",
     "megatron_qkvblocks_tp1_pp1_dp2_fp16_zero1": "expected.pt",
     "megatron_sgd_tp2_pp1_dp2_fp16_zero2": "expected_sgd.pt",
+    "megatron_uneven_tp2_pp2_dp2_bf16": "expected_uneven.pt",
 }
 # Fixtures of optimizers other than Adam (torch SGD's momentum_buffer): DeepSpeed's converter
 # hard-codes exp_avg / exp_avg_sq (DeepSpeed issue #8608), so it must refuse them with that
@@ -949,6 +959,149 @@ def cmd_reads_ucp(a):
              f"{len(STATES)} states, step {want_step})")
 
 
+# ---------------------------------------------------------------------------------------------
+# universal-loader: DeepSpeed's universal loader cuts each tp rank's slice from ucp's
+# --format deepspeed-universal output
+
+
+def ds_rank_slices(tag):
+    """Every (pp, tp) rank's fp32 / Adam slices of a dp=1 ZeRO-1/2 or BF16 checkpoint ucp wrote
+    with --format deepspeed, read as DeepSpeed lays them out (deepspeed_ucp.md 2.3, 4): each
+    parameter's one fragment of the flat partition (param_slice_mappings), at its param_shapes
+    shape. Returns ({tp rank: {engine name: {state: tensor}}}, tp)."""
+    files = os.listdir(tag)
+    model_files = sorted(f for f in files if re.fullmatch(r"mp_rank_\d+_model_states\.pt", f))
+    optim_re = r"(?:bf16_)?zero_pp_rank_0_mp_rank_(\d+)_optim_states\.pt"
+    optim = {int(m.group(1)): f for f in files for m in [re.fullmatch(optim_re, f)] if m}
+    assert optim and not any(re.search(r"zero_pp_rank_[1-9]", f) for f in os.listdir(tag)), \
+        f"{tag}: not a dp=1 checkpoint"
+    out, tp = {}, None
+    for i, mf in enumerate(model_files):
+        ms = torch.load(os.path.join(tag, mf))
+        tp = ms["checkpoint_parallel_dimensions"]["tp_degree"] if tp is None else tp
+        osd = torch.load(os.path.join(tag, optim[i]))["optimizer_state_dict"]
+        rank = out.setdefault(i % tp, {})
+        for g, shapes in enumerate(ms["param_shapes"]):
+            flat = {"fp32": osd["single_partition_of_fp32_groups"][g]}
+            for st in ("exp_avg", "exp_avg_sq"):
+                flat[st] = osd["base_optimizer_state"]["state"][g][st]
+            for name, shape in shapes.items():
+                frag = osd["param_slice_mappings"][g][name]
+                assert frag.numel == math.prod(shape), f"{tag} {name}: split over dp ranks"
+                rank[name] = {st: t.narrow(0, frag.start, frag.numel).view(shape).clone()
+                              for st, t in flat.items()}
+    return out, tp
+
+
+def load_with_deepspeed(folder, shape, tp_rank, tp, start, numel):
+    """DeepSpeed's load_hp_checkpoint_state, as its ZeRO optimizer calls it on a low-precision
+    parameter of the rank's shape whose partition holds [start, start+numel) of the rank's
+    flattened slice: the fp32 fragment it copies and the Adam fragments it stashes, and the step."""
+    import_deepspeed()
+    from deepspeed.checkpoint.universal_checkpoint import load_hp_checkpoint_state
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    class Mapping:  # the members of tensor_fragment.tensor_fragment the loader touches
+        def __init__(self):
+            self.lp_fragment_address = fragment_address(numel=numel, start=start)
+            self.hp = torch.full((numel,), float("nan"))
+            self.optim_fragment = {}
+
+        def get_hp_fragment(self):
+            return self.hp
+
+    lp = torch.nn.Parameter(torch.empty(shape, dtype=torch.bfloat16), requires_grad=False)
+    lp._hp_mapping = Mapping()
+    step = load_hp_checkpoint_state(lp, folder, tp_rank, tp)
+    return {"fp32": lp._hp_mapping.hp, **lp._hp_mapping.optim_fragment}, step
+
+
+def same_as_ds_to_universal(mm, dsu, tag, out, layers):
+    """DeepSpeed's ds_to_universal on tag (into out) writes the folders of dsu: the same
+    parameters, and in each state file the same keys besides 'param' and 'param' bitwise."""
+    shutil.rmtree(out, ignore_errors=True)
+    run_ds_to_universal(tag, out, inject_missing_state=False)
+
+    def folders(root):
+        z = os.path.join(root, "zero")
+        return {engine_to_canonical(f, layers): os.path.join(z, f) for f in os.listdir(z)
+                if os.path.isdir(os.path.join(z, f))}
+
+    ours, dtu = folders(dsu), folders(out)
+    if set(dtu) != set(ours):
+        mm.add(f"ds_to_universal: parameters on one side only: {sorted(set(dtu) ^ set(ours))}")
+    for name in sorted(set(dtu) & set(ours)):
+        for st in ("fp32", "exp_avg", "exp_avg_sq"):
+            got = torch.load(os.path.join(ours[name], st + ".pt"))
+            ref = torch.load(os.path.join(dtu[name], st + ".pt"))
+            got_keys = sorted((k, v) for k, v in got.items() if k != "param")
+            ref_keys = sorted((k, v) for k, v in ref.items() if k != "param")
+            if got_keys != ref_keys:
+                mm.add(f"{name} {st}.pt: keys {got_keys} != ds_to_universal's {ref_keys}")
+            mm.tensor(f"{name} {st}.pt param vs ds_to_universal", got["param"], ref["param"])
+    return len(ours)
+
+
+def cmd_same_as_dtu(a):
+    """a.dsu (ucp's --format deepspeed-universal of a DeepSpeed checkpoint's extraction) holds
+    what DeepSpeed's ds_to_universal writes from that checkpoint (a.tag)."""
+    megatron_enums_importable()
+    with open(os.path.join(a.ucp, "manifest.json")) as f:
+        manifest = json.load(f)
+    layers = 1 + max(int(p["name"].split(".")[1]) for p in manifest["params"]
+                     if p["name"].startswith("layers."))
+    mm = Mismatches()
+    n = same_as_ds_to_universal(mm, a.dsu, a.tag, a.out, layers)
+    mm.check(f"ds_to_universal on {a.tag} writes the files of {a.dsu} ({n} parameters, every key "
+             f"equal, 'param' bitwise)")
+
+
+def cmd_universal_loader(a):
+    """a.dsu: ucp's --format deepspeed-universal output; a.tag: ucp's --format deepspeed at the
+    same model, tp=T, dp=1. For every parameter and tp rank, DeepSpeed's loader on the folder must
+    give that rank's slices bitwise: whole, and as two ZeRO partitions' fragments (the loader's
+    narrow). With --ds-to-universal, DeepSpeed's own converter on a.tag must write the same files
+    (every key equal, 'param' bitwise)."""
+    want, tp = ds_rank_slices(a.tag)
+    with open(os.path.join(a.ucp, "manifest.json")) as f:
+        manifest = json.load(f)
+    want_step = manifest["step"]
+    layers = 1 + max(int(p["name"].split(".")[1]) for p in manifest["params"]
+                     if p["name"].startswith("layers."))
+    want = {r: {engine_to_canonical(e, layers): s for e, s in names.items()}
+            for r, names in want.items()}
+    zero = os.path.join(a.dsu, "zero")
+    folders = {engine_to_canonical(f, layers): os.path.join(zero, f) for f in os.listdir(zero)
+               if os.path.isdir(os.path.join(zero, f))}
+    mm = Mismatches()
+    if set(folders) != set(want[0]):
+        mm.add(f"parameters on one side only: {sorted(set(folders) ^ set(want[0]))}")
+    kinds = {}
+    for name in sorted(set(folders) & set(want[0])):
+        d = torch.load(os.path.join(folders[name], "fp32.pt"))
+        kinds[tuple(sorted(k for k in d if k != "param"))] = kinds.get(
+            tuple(sorted(k for k in d if k != "param")), 0) + 1
+        for r in range(tp):
+            truth = want[r][name]
+            shape, n = tuple(truth["fp32"].shape), truth["fp32"].numel()
+            for start, numel in ((0, n), (0, n // 2), (n // 2, n - n // 2)):
+                got, step = load_with_deepspeed(folders[name], shape, r, tp, start, numel)
+                for st, t in truth.items():
+                    mm.tensor(f"{name} tp rank {r} [{start}, {start + numel}) {st}",
+                              got.get(st), t.flatten().narrow(0, start, numel))
+                if float(step) != float(want_step):
+                    mm.add(f"{name}: step {step} != {want_step}")
+    print("state-file keys besides 'param' (parameters): " +
+          ", ".join(f"{list(k) or 'none'} ({c})" for k, c in sorted(kinds.items())))
+    for key in a.expect_key or []:
+        if not any(key in k for k in kinds):
+            mm.add(f"no state file holds the key {key!r}")
+    if a.ds_to_universal:
+        same_as_ds_to_universal(mm, a.dsu, a.tag, os.path.join(a.out, "dtu"), layers)
+    mm.check(f"DeepSpeed's universal loader on {a.dsu} == the tp={tp} slices of {a.tag}"
+             + (" and ds_to_universal writes the same files" if a.ds_to_universal else ""))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -978,10 +1131,25 @@ def main():
     u.add_argument("--tag", required=True, help="a tag folder ucp wrote with --format deepspeed")
     u.add_argument("--ucp", required=True, help="the ucp universal checkpoint of the same model")
     u.add_argument("--out", required=True, help="folder for ds_to_universal's output")
+    v = sub.add_parser("universal-loader")
+    v.add_argument("--dsu", required=True, help="ucp's --format deepspeed-universal output")
+    v.add_argument("--tag", required=True, help="ucp's --format deepspeed output, dp=1")
+    v.add_argument("--ucp", required=True, help="the ucp universal checkpoint both came from")
+    v.add_argument("--out", required=True, help="work folder (ds_to_universal's output)")
+    v.add_argument("--ds-to-universal", action="store_true",
+                   help="also compare with DeepSpeed's ds_to_universal on --tag")
+    v.add_argument("--expect-key", action="append",
+                   help="a key some state file must hold besides 'param' (repeatable)")
+    w = sub.add_parser("same-as-dtu")
+    w.add_argument("--dsu", required=True, help="ucp's --format deepspeed-universal output")
+    w.add_argument("--tag", required=True, help="the DeepSpeed tag folder it was extracted from")
+    w.add_argument("--ucp", required=True, help="ucp's extraction of the tag")
+    w.add_argument("--out", required=True, help="folder for ds_to_universal's output")
     a = p.parse_args()
     print(f"peer: torch {torch.__version__}, deepspeed {importlib.metadata.version('deepspeed')}")
     {"train": cmd_train, "ds-universal": cmd_ds_universal, "extract": cmd_extract,
-     "fixtures": cmd_fixtures, "resume": cmd_resume, "reads-ucp": cmd_reads_ucp}[a.cmd](a)
+     "fixtures": cmd_fixtures, "resume": cmd_resume, "reads-ucp": cmd_reads_ucp,
+     "universal-loader": cmd_universal_loader, "same-as-dtu": cmd_same_as_dtu}[a.cmd](a)
 
 
 if __name__ == "__main__":

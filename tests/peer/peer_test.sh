@@ -29,7 +29,16 @@
 #                           ucp extract == the engine's state (momentum_buffer under its name),
 #                           and DeepSpeed loads ucp's --format deepspeed output (dp=1 zero=1, and
 #                           from the extraction at dp=2) and continues the run
+#   deepspeed-universal-llama  ucp's --format deepspeed-universal of a generated llama-tiny (GQA,
+#                           SwiGLU): DeepSpeed's universal loader cuts from it, bitwise, the tp=2
+#                           and tp=8 slices ucp's --format deepspeed holds; ds_to_universal on the
+#                           tp=2 files writes the same folder; ucp reads it back equal; the
+#                           same for a fuse of unequal parts (a SubparamShape) at tp=2; and
+#                           ds_to_universal on Megatron tp=2 fixtures writes ucp's folder
 #   deepspeed-reads-fixtures  DeepSpeed's ds_to_universal on tests/data/deepspeed == expected.pt
+#   pipe-uneven             the real PipelineEngine at pp=2 with 2 + 1 layers (partition_method
+#                           uniform): ucp extract == the engine's state; ucp's --format deepspeed
+#                           of it loads into a fresh engine, state bitwise, the same losses
 set -euo pipefail
 test_case=$1 src=$2 bin=$3 work=$4 zero=${5:-}
 venv=${UCP_PEER_VENV:-$HOME/.cache/ucp/peer-venv}
@@ -161,6 +170,104 @@ case $test_case in
     convert_and_read mixtral-plain "$out/mixtral-tiny" "$out/mixtral-tiny.u" \
       tp=2,pp=1,dp=2,sp=2,zero=2 plain zero
     exit $status
+    ;;
+  deepspeed-universal-llama)
+    # A LLaMA-style model (GQA: 8 heads, 4 query groups; SwiGLU) through --format
+    # deepspeed-universal: DeepSpeed's own universal loader (load_hp_checkpoint_state) cuts from it
+    # the slices ucp's --format deepspeed holds at tp=2 (Megatron-DeepSpeed's GPTModelPipe names;
+    # ds_to_universal on those files writes the same folder) and at tp=8 (above the KV heads:
+    # Megatron-Core's split inside a query group, plain names), and ucp reads it back bitwise.
+    out=$work/deepspeed-universal-llama
+    rm -rf "$out" && mkdir -p "$out"
+    "$bin/ucp" generate --model llama-tiny --layout tp=1,pp=1,dp=1 --seed 7 --out "$out/g" \
+      >/dev/null
+    "$bin/ucp" extract "$out/g" "$out/g.u" >/dev/null
+    "$bin/ucp" reshard "$out/g.u" "$out/dsu" --layout tp=2,pp=1 --format deepspeed-universal \
+      >/dev/null
+    status=0
+    "$bin/ucp" reshard "$out/g.u" "$out/ds2" --layout tp=2,pp=1,dp=1,zero=1 --format deepspeed \
+      --naming megatron-pipe --optimizer zero >/dev/null
+    py universal-loader --dsu "$out/dsu" --tag "$out/ds2/$(cat "$out/ds2/latest")" \
+      --ucp "$out/g.u" --out "$out/w2" --ds-to-universal --expect-key param_n_sub_params \
+      || status=1
+    "$bin/ucp" reshard "$out/g.u" "$out/ds8" --layout tp=8,pp=1,dp=1,zero=1 --format deepspeed \
+      --naming plain --optimizer zero >/dev/null
+    py universal-loader --dsu "$out/dsu" --tag "$out/ds8/$(cat "$out/ds8/latest")" \
+      --ucp "$out/g.u" --out "$out/w8" || status=1
+    "$bin/ucp" diff "$out/dsu" "$out/g.u" || status=1
+    # ucp's own format cut from the DeepSpeed universal folder holds what --format deepspeed does.
+    "$bin/ucp" convert "$out/dsu" "$out/u2" --format ucp --layout tp=2,pp=1,dp=1 >/dev/null
+    "$bin/ucp" diff "$out/u2" "$out/ds2/$(cat "$out/ds2/latest")" || status=1
+    # Megatron-DeepSpeed fixtures saved at tp=2 (LLaMA as GPTModelPipe, GPTModel flat and nested;
+    # GPT): ucp's folder from their extraction is the one ds_to_universal writes from them. (A
+    # tp=1 source saves no row-parallel list, so there ds_to_universal's cat_dim is 0 where ucp's
+    # rules say 1: shared/reference/deepspeed_ucp.md 9.)
+    for fx in megatron_llama_tp2_pp2_dp2_bf16 megatron_llama_tp2_pp1_dp2_fp16_zero1 \
+      megatron_llama_nested_tp2_pp1_dp2_fp16_zero1 megatron_tp2_pp2_sp2_fp16_zero1; do
+      f=$src/tests/data/deepspeed/$fx
+      t=$f/$(cat "$f/latest")
+      "$bin/ucp" extract "$f" "$out/$fx.u" >/dev/null
+      "$bin/ucp" reshard "$out/$fx.u" "$out/$fx.dsu" --layout tp=2,pp=1 \
+        --format deepspeed-universal --model-states-from "$t" >/dev/null
+      py same-as-dtu --dsu "$out/$fx.dsu" --tag "$t" --ucp "$out/$fx.u" --out "$out/$fx.dtu" \
+        || status=1
+    done
+    # A fuse of unequal parts (the QKV as plain [Q | K | V] under GQA: 64, 32, 32 rows; a rule set
+    # made here from llama.json) goes out as a SubparamShape, which the loader cuts part by part;
+    # the same rule set's norms are `average` rules, written whole as replicated ones.
+    data=$out/data
+    mkdir -p "$data/patterns/models"
+    "$venv/bin/python" - "$src/patterns" "$data/patterns" <<'PY'
+import json, sys
+src, dst = sys.argv[1], sys.argv[2]
+r = json.load(open(f"{src}/llama.json"))
+r["family"] = "llamacat"
+for rule in r["rules"]:
+    if rule["kind"] == "replicate":  # the norms: average (the loader copies the whole tensor)
+        rule["kind"] = "average"
+    if "query_key_value" in rule["match"]:
+        for k in ("groups", "group_name", "split_groups_up_to"):
+            rule.pop(k, None)
+        rule["order"] = "concat"
+        rule["parts"] = [{"name": "q", "size": "heads*head_dim"},
+                         {"name": "k", "size": "kv_heads*head_dim"},
+                         {"name": "v", "size": "kv_heads*head_dim"}]
+json.dump(r, open(f"{dst}/llamacat.json", "w"))
+m = json.load(open(f"{src}/models/llama-tiny.json"))
+m["name"], m["family"] = "llamacat-tiny", "llamacat"
+json.dump(m, open(f"{dst}/models/llamacat-tiny.json", "w"))
+PY
+    (
+      export UCP_DATA_DIR=$data
+      "$bin/ucp" generate --model llamacat-tiny --layout tp=1,pp=1,dp=1 --seed 7 --out "$out/c" \
+        >/dev/null
+      "$bin/ucp" extract "$out/c" "$out/c.u" >/dev/null
+      "$bin/ucp" reshard "$out/c.u" "$out/c.dsu" --layout tp=2,pp=1 \
+        --format deepspeed-universal >/dev/null
+      "$bin/ucp" reshard "$out/c.u" "$out/c.ds2" --layout tp=2,pp=1,dp=1,zero=1 \
+        --format deepspeed --naming plain --optimizer zero >/dev/null
+      py universal-loader --dsu "$out/c.dsu" --tag "$out/c.ds2/$(cat "$out/c.ds2/latest")" \
+        --ucp "$out/c.u" --out "$out/wc" --expect-key sub_param_shape
+      "$bin/ucp" diff "$out/c.dsu" "$out/c.u"
+    ) || status=1
+    exit $status
+    ;;
+  pipe-uneven)
+    # Uneven pipeline stages (issue 14): the real PipelineEngine (GPTModelPipe's spec layout,
+    # partition_method='uniform': 2 + 1 layers over pp=2) writes; ucp reads it bitwise and
+    # writes it back with --format deepspeed, which a fresh engine loads and trains on.
+    pipe() { "$venv/bin/python" "$src/tests/peer/ds_pipe_peer.py" "$@"; }
+    w=$work/pipe-uneven
+    pipe train --work "$w"
+    t=$w/ckpt/$(cat "$w/ckpt/latest")
+    m=(--model "$src/tests/peer/gpt-pipe-peer.json")
+    "$bin/ucp" inspect "$t" "${m[@]}" | grep "^layout: .*stages=2+1$"
+    rm -rf "$w/u" "$w/ds"
+    "$bin/ucp" extract "$t" "$w/u" "${m[@]}"
+    pipe check --work "$w" --ucp "$w/u"
+    "$bin/ucp" convert "$t" "$w/ds" --format deepspeed "${m[@]}"
+    "$bin/ucp" inspect "$w/ds" | grep "^layout: .*stages=2+1$"
+    pipe resume --work "$w" --load "$w/ds"
     ;;
   deepspeed-reads-fixtures)
     py fixtures --data "$src/tests/data/deepspeed"

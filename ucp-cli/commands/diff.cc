@@ -16,9 +16,11 @@ Status RunDiff(const po::variables_map& vm, CommandIo& io) {
   const std::filesystem::path data_dir = DataDir(vm);
   const std::string pa = vm["a"].as<std::string>(), pb = vm["b"].as<std::string>();
   UCP_ASSIGN_OR_RETURN(auto a, OpenCheckpoint(pa, "A", model, data_dir, true,
-                                                vm["qkv-layout"].as<std::string>()));
+                                                vm["qkv-layout"].as<std::string>(),
+                                                vm["rotary-layout"].as<std::string>()));
   UCP_ASSIGN_OR_RETURN(auto b, OpenCheckpoint(pb, "B", model, data_dir, true,
-                                                vm["qkv-layout"].as<std::string>()));
+                                                vm["qkv-layout"].as<std::string>(),
+                                                vm["rotary-layout"].as<std::string>()));
   if (!model.empty() && !a->meta().model_from_options && !b->meta().model_from_options) {
     return InvalidArgumentError(
         "--model applies to DeepSpeed checkpoints (formats that do not record their model); "

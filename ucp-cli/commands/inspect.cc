@@ -18,7 +18,8 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   const std::string path = vm["path"].as<std::string>();
   UCP_ASSIGN_OR_RETURN(auto src,
                        OpenCheckpoint(path, "PATH", vm["model"].as<std::string>(), DataDir(vm),
-                                      false, vm["qkv-layout"].as<std::string>()));
+                                      false, vm["qkv-layout"].as<std::string>(),
+                                      vm["rotary-layout"].as<std::string>()));
   const api::CheckpointMeta& m = src->meta();
   int64_t stored_bytes = 0, numel = 0;
   const auto stored = src->StoredTensors();
@@ -47,6 +48,7 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
     j["model"] = m.spec.name;
     j["family"] = m.spec.family;
     j["dtype"] = std::string(DTypeName(m.spec.dtype));
+    j["rotary_layout"] = std::string(patterns::RotaryLayoutName(m.spec.hyper));
     json::OrderedJson decisive = json::OrderedJson::object();
     for (const char* k : kDecisive) {
       if (m.spec.hyper.contains(k)) decisive[k] = m.spec.hyper.at(k);
@@ -81,8 +83,12 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   }
   io.out << "step:       " << m.step << "\n"
          << "model:      " << m.spec.name << " (rule set " << m.spec.family << ", "
-         << DTypeName(m.spec.dtype) << ")\n"
-         << "decisive:  ";
+         << DTypeName(m.spec.dtype) << ")\n";
+  // The rotary pairing of the q/k rows, where recorded (docs/hf.md).
+  if (m.spec.hyper.contains(std::string(patterns::kRotaryInterleavedHyper))) {
+    io.out << "rotary:     " << patterns::RotaryLayoutName(m.spec.hyper) << " q/k pairs\n";
+  }
+  io.out << "decisive:  ";
   for (const char* k : kDecisive) {
     if (m.spec.hyper.contains(k)) io.out << " " << k << "=" << m.spec.hyper.at(k);
   }

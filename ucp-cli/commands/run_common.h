@@ -160,7 +160,13 @@ inline void AddModelOption(po::options_description& opts) {
       "qkv-layout", po::value<std::string>()->default_value(""),
       "DeepSpeed sources: the fused QKV's row order where the files do not record it: "
       "per-group (Megatron-DeepSpeed before PR #441) or per-rank-blocks (since PR #441); "
-      "default per-group");
+      "default per-group")(
+      "rotary-layout", po::value<std::string>()->default_value(""),
+      "the rotary pairing of the q/k rows, recorded with the model (docs/hf.md): interleaved "
+      "(Megatron --rotary-interleaved, GPT-J, Meta's LLaMA) or half-split (HF, Megatron's "
+      "default). DeepSpeed sources: the files' pairing where the args do not record it; Hugging "
+      "Face sources (half-split files): the pairing to convert to. Default: recorded, else "
+      "half-split");
 }
 
 /// --json: one JSON object on stdout (errors too, with their exit code).
@@ -174,10 +180,11 @@ inline void AddJsonOption(po::options_description& opts) {
 inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(
     const std::string& path, const std::string& what, const std::string& model,
     const std::filesystem::path& data_dir, bool model_may_not_apply = false,
-    const std::string& qkv_layout = "") {
+    const std::string& qkv_layout = "", const std::string& rotary_layout = "") {
   api::SourceOptions options;
   options.model = model;
   options.qkv_layout = qkv_layout;
+  options.rotary_layout = rotary_layout;
   Result<std::unique_ptr<api::CheckpointSource>> opened =
       api::CheckpointSource::Open(path, data_dir, options);
   if (!opened.ok()) {
@@ -189,6 +196,13 @@ inline Result<std::unique_ptr<api::CheckpointSource>> OpenCheckpoint(
   if (!qkv_layout.empty() && !model_may_not_apply && !src->meta().model_from_options) {
     return InvalidArgumentError("--qkv-layout applies to DeepSpeed checkpoints; " + what + " " +
                                 path + " is " + src->meta().format);
+  }
+  if (!rotary_layout.empty() && !model_may_not_apply && !src->meta().rotary_layout_from_options) {
+    return InvalidArgumentError("--rotary-layout applies to DeepSpeed and Hugging Face sources; " +
+                                what + " " + path + " is " + src->meta().format +
+                                " and records its model's (" +
+                                std::string(patterns::RotaryLayoutName(src->meta().spec.hyper)) +
+                                ")");
   }
   if (!model.empty() && !model_may_not_apply && !src->meta().model_from_options) {
     return InvalidArgumentError(
@@ -542,7 +556,8 @@ inline Status RunConversion(const po::variables_map& vm, CommandIo& io,
   const std::filesystem::path data_dir = DataDir(vm);
   UCP_ASSIGN_OR_RETURN(auto src,
                        OpenCheckpoint(src_path, "SRC", vm["model"].as<std::string>(), data_dir,
-                                      false, vm["qkv-layout"].as<std::string>()));
+                                      false, vm["qkv-layout"].as<std::string>(),
+                                      vm["rotary-layout"].as<std::string>()));
   UCP_ASSIGN_OR_RETURN(ConversionTarget target, DecideTarget(vm, *src, src_path, kind));
   return RunWrite(vm, io, *setup, *src, src_path, target);
 }

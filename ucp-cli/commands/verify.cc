@@ -13,7 +13,8 @@ Status RunVerify(const po::variables_map& vm, CommandIo& io) {
   const std::string path = vm["path"].as<std::string>();
   UCP_ASSIGN_OR_RETURN(auto src,
                        OpenCheckpoint(path, "PATH", vm["model"].as<std::string>(), DataDir(vm),
-                                      false, vm["qkv-layout"].as<std::string>()));
+                                      false, vm["qkv-layout"].as<std::string>(),
+                                      vm["rotary-layout"].as<std::string>()));
   const api::CheckpointMeta& m = src->meta();
   // The checkpoint's own layout (a DeepSpeed folder's dp and ZeRO stage), as inspect shows it.
   const std::string shown = layout::ToString(m.own_layout());

@@ -78,6 +78,9 @@ struct CheckpointMeta {
   /// Whether SourceOptions::model bound this checkpoint's model (the format does not record
   /// one): `--model` is an error for the others.
   bool model_from_options = false;
+  /// Whether the format took SourceOptions::rotary_layout (DeepSpeed, Hugging Face): the
+  /// CLI refuses --rotary-layout for the others, which record their model's.
+  bool rotary_layout_from_options = false;
   /// The plan options that describe what this checkpoint holds.
   convert::PlanOptions plan_options() const;
 };
@@ -91,6 +94,12 @@ struct SourceOptions {
   /// DeepSpeed folders: the fused QKV's row order (--qkv-layout: per-group, per-rank-blocks)
   /// where the files do not record it; "" takes the recorded one, else per-group.
   std::string qkv_layout;
+  /// The rotary pairing of the model's q/k rows (--rotary-layout: interleaved, half-split),
+  /// recorded as its rotary_interleaved hyper-parameter (docs/hf.md). DeepSpeed folders: the
+  /// files' pairing where the args do not say. Hugging Face folders (half-split files): the
+  /// pairing of the rows the source serves, i.e. of what a conversion writes. "" for the
+  /// recorded one, else half-split. Formats that record their model refuse it (the CLI).
+  std::string rotary_layout;
 };
 
 /// A checkpoint on disk, read tensor by tensor (the plan's tensor names of its layout). Each

@@ -109,7 +109,8 @@ Result<json> RecordedDeepSpeed(const CheckpointMeta& meta) {
 Result<std::unique_ptr<CheckpointSource>> OpenDeepSpeedSource(const std::filesystem::path& dir,
                                                               const std::filesystem::path& data_dir,
                                                               const std::string& model,
-                                                              const std::string& qkv_layout) {
+                                                              const std::string& qkv_layout,
+                                                              const std::string& rotary_layout) {
   deepspeed::OpenOptions options;
   options.model = model;
   options.qkv_layout = qkv_layout;
@@ -121,10 +122,26 @@ Result<std::unique_ptr<CheckpointSource>> OpenDeepSpeedSource(const std::filesys
   CheckpointMeta meta;
   meta.format = "deepspeed";
   meta.model_from_options = true;
+  meta.rotary_layout_from_options = true;
   meta.dir = dir;
   meta.layout = ck.view();
   meta.spec = ck.spec();
   meta.model = ck.model();
+  if (!rotary_layout.empty()) {
+    // The rotary pairing of the q/k rows: the args' rotary_interleaved where they have it
+    // (deepspeed_model.cc), else this option; it moves no bytes here (docs/hf.md).
+    const std::string key(patterns::kRotaryInterleavedHyper);
+    UCP_ASSIGN_OR_RETURN(int64_t interleaved,
+                         patterns::ParseRotaryLayout(rotary_layout, "--rotary-layout"));
+    auto recorded = meta.spec.hyper.find(key);
+    if (recorded != meta.spec.hyper.end() && recorded->second != interleaved) {
+      return InvalidArgumentError("--rotary-layout " + rotary_layout + " contradicts " +
+                                  ck.dir().string() + ": args.rotary_interleaved = " +
+                                  (recorded->second != 0 ? "True" : "False"));
+    }
+    meta.spec.hyper[key] = interleaved;
+    meta.model.spec.hyper[key] = interleaved;
+  }
   meta.step = ck.step();
   meta.optimizer_kind = ck.optimizer_kind();
   meta.optimizer_hyper = ck.optimizer_hyper();
@@ -188,7 +205,10 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
   if (to.ep != 1) {
     return UnimplementedError(where +
                               ": DeepSpeed-MoE expert parallelism (ep > 1) is not "
-                              "written; experts are ordinary parameters at ep=1");
+                              "written (the missing piece is the writer's expert layout: "
+                              "layer_L_expert_E files, expp_rank files and the moe param groups "
+                              "partitioned over dp / ep); pass ep=1 to write the experts as "
+                              "ordinary parameters");
   }
   if (options.group != nullptr && options.group->size() > 1) {
     return UnimplementedError(
@@ -221,6 +241,7 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
   deepspeed::DeepSpeedWriteOptions wo;
   wo.layout.tp = to.tp;
   wo.layout.pp = to.pp;
+  wo.layout.stages = to.stages;
   wo.layout.dp = to.dp;
   wo.layout.sp = to.sp;
   wo.layout.zero_stage = to.zero_stage;
@@ -290,7 +311,7 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
     }
   }
 
-  const layout::Layout view{.tp = to.tp, .pp = to.pp};
+  const layout::Layout view{.tp = to.tp, .pp = to.pp, .stages = to.stages};
   UCP_ASSIGN_OR_RETURN(convert::Plan plan,
                        convert::PlanConversion(meta.model, meta.layout, view, meta.plan_options()),
                        where);
@@ -340,7 +361,8 @@ class DeepSpeedFormat final : public api::CheckpointFormat {
   Result<std::unique_ptr<CheckpointSource>> Open(const std::filesystem::path& dir,
                                                  const std::filesystem::path& data_dir,
                                                  const api::SourceOptions& options) const override {
-    return OpenDeepSpeedSource(dir, data_dir, options.model, options.qkv_layout);
+    return OpenDeepSpeedSource(dir, data_dir, options.model, options.qkv_layout,
+                               options.rotary_layout);
   }
   bool writes() const override { return true; }
   std::vector<api::FormatOption> write_options() const override {
@@ -414,6 +436,7 @@ class DeepSpeedUniversalFormat final : public api::CheckpointFormat {
     DeepSpeedUniversalOptions ds;
     ds.tp = request.layout.universal ? 1 : request.layout.tp;
     ds.pp = request.layout.universal ? 1 : request.layout.pp;
+    ds.ep = request.layout.universal ? 1 : request.layout.ep;
     ds.model_states_from = request.Option("model-states-from");
     Status written = WriteDeepSpeedUniversal(reader, dst, ds);
     if (written.code() == StatusCode::kUnimplemented) {

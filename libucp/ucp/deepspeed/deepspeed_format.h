@@ -23,11 +23,15 @@ namespace ucp::deepspeed {
 /// qkv_layout (--qkv-layout, "" for the recorded one or per-group), rule sets and presets
 /// come from `data_dir`. meta(): format kDeepSpeed, layout the view tp=T,pp=P,dp=1,zero=0,
 /// framework "deepspeed" or "megatron-deepspeed", source_layout DeepSpeed's own layout, and a
-/// client state {"deepspeed": {...}} for the universal manifest.
-/// Errors: those of deepspeed::DeepSpeedCheckpoint::Open and DeepSpeedTensorSource::Open.
+/// client state {"deepspeed": {...}} for the universal manifest. `rotary_layout`
+/// (--rotary-layout: interleaved, half-split; "" for the args' rotary_interleaved, else
+/// half-split) is recorded as the model's rotary_interleaved hyper-parameter (docs/hf.md).
+/// Errors: those of deepspeed::DeepSpeedCheckpoint::Open and DeepSpeedTensorSource::Open;
+/// kInvalidArgument for a --rotary-layout the args contradict or that is not a layout name.
 Result<std::unique_ptr<api::CheckpointSource>> OpenDeepSpeedSource(
     const std::filesystem::path& dir, const std::filesystem::path& data_dir,
-    const std::string& model, const std::string& qkv_layout = "");
+    const std::string& model, const std::string& qkv_layout = "",
+    const std::string& rotary_layout = "");
 
 struct DeepSpeedOutputOptions {
   /// "zero" (DeepSpeedZeroOptimizer), "bf16" (BF16_Optimizer: bf16 training, ZeRO-1) or "" for

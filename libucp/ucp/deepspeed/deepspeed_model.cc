@@ -12,6 +12,7 @@
 #include "ucp/base/status_macros.h"
 #include "ucp/deepspeed/deepspeed_checkpoint.h"
 #include "ucp/deepspeed/pickle_values.h"
+#include "ucp/deepspeed/stage_assignment.h"
 #include "ucp/io/torch/py_value.h"
 
 namespace ucp::deepspeed {
@@ -183,6 +184,12 @@ Result<std::map<std::string, int64_t>> FromArgs(const PyValue* args, const std::
       v != nullptr && v->kind() == PyKind::kBool) {
     out["tied_embeddings"] = v->bool_value() ? 0 : 1;
   }
+  // Megatron's --rotary-interleaved: the q/k rows pair adjacent elements (docs/hf.md); recorded
+  // only when set, absent meaning half-split.
+  if (const PyValue* v = args->Get("rotary_interleaved");
+      v != nullptr && v->kind() == PyKind::kBool && v->bool_value()) {
+    out[std::string(patterns::kRotaryInterleavedHyper)] = 1;
+  }
   return out;
 }
 
@@ -343,6 +350,11 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
     };
     UCP_RETURN_IF_ERROR(check(from_names, "parameter names"));
     UCP_RETURN_IF_ERROR(check(from_args, "Megatron args"));
+    // A property of the training code, not of the preset: kept from the args.
+    if (auto r = from_args.find(std::string(patterns::kRotaryInterleavedHyper));
+        r != from_args.end()) {
+      hyper[r->first] = r->second;
+    }
   } else {
     hyper = from_names;
     for (const auto& [k, v] : from_args) {
@@ -465,7 +477,7 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
           ") of the checkpoint is not a parameter of model " + Q(spec_.name));
     }
   }
-  const EngineNameContext names{model_.num_layers, spec_.hyper.at("tied_embeddings") != 0};
+  const EngineNameContext names{model_.num_layers, spec_.hyper.at("tied_embeddings") != 0, moe_};
   for (const DeepSpeedParam& p : params_) {
     UCP_ASSIGN_OR_RETURN(std::string engine, EngineName(p.name, naming_, names), where);
     if (engine != p.engine_name) {
@@ -475,8 +487,13 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
                            (names.tied_embeddings ? " with tied embeddings" : ""));
     }
   }
-  UCP_ASSIGN_OR_RETURN(layout::StageAssignment stages, layout::AssignStages(model_.num_layers, pp_),
-                       where + ": model " + Q(spec_.name) + " at pp=" + std::to_string(pp_));
+  // The split the files hold (uneven under DeepSpeed's partition_method), not a recomputed one.
+  UCP_ASSIGN_OR_RETURN(layout::StageAssignment stages,
+                       StagesOfCheckpoint(model_, params_, ds_index_, pp_, where),
+                       "model " + Q(spec_.name) + " at pp=" + std::to_string(pp_));
+  if (const auto counts = layout::StageCounts(stages); !layout::IsEvenSplit(counts)) {
+    stages_ = counts;
+  }
   auto stage_list = [](const std::vector<int>& v) {
     std::string s;
     for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
@@ -513,7 +530,11 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
     }
     for (int s : expected) {
       for (int r = 0; r < tp_; ++r) {
-        const std::string file = ModelStatesFile(s, r);
+        // DeepSpeed-MoE lists no param_shapes: the shapes are the saved tensors'.
+        const std::string file = p.expert >= 0 ? ExpertFile(p.moe_layer, p.expert, s * tp_ + r)
+                                               : ModelStatesFile(s, r);
+        const std::string listing =
+            moe_ ? "the tensor in " + file + " is " : "param_shapes in " + file + " say ";
         const std::optional<Shape>& have = p.shapes[static_cast<size_t>(s) * tp_ + r];
         if (!have) {
           return FailedPreconditionError(
@@ -525,7 +546,7 @@ Status DeepSpeedCheckpoint::BindModel(const OpenOptions& options, const PyValue*
                              where + ": model " + Q(spec_.name));
         if (slice.local_shape != *have) {
           return FailedPreconditionError(
-              where + ": parameter " + Q(p.engine_name) + ": param_shapes in " + file + " say " +
+              where + ": parameter " + Q(p.engine_name) + ": " + listing +
               ShapeString(*have) + ", but model " + Q(spec_.name) + " (" + model_origin_ +
               ") holds " + ShapeString(slice.local_shape) + " on tp rank " + std::to_string(r) +
               " of tp=" + std::to_string(tp_) + " (rule " + mp.rule.match + ")");

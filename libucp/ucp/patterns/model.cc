@@ -213,6 +213,18 @@ std::string ReplaceAll(std::string s, std::string_view from, const std::string& 
 
 }  // namespace
 
+Result<int64_t> ParseRotaryLayout(std::string_view text, const std::string& what) {
+  if (text == "interleaved") return 1;
+  if (text == "half-split") return 0;
+  return InvalidArgumentError(what + " must be interleaved or half-split, got \"" +
+                              std::string(text) + "\"");
+}
+
+std::string_view RotaryLayoutName(const std::map<std::string, int64_t>& hyper) {
+  auto it = hyper.find(std::string(kRotaryInterleavedHyper));
+  return it != hyper.end() && it->second != 0 ? "interleaved" : "half-split";
+}
+
 Result<int64_t> EvalSizeExpr(std::string_view expr, const std::map<std::string, int64_t>& hyper) {
   return ExprParser(expr, hyper).Parse();
 }

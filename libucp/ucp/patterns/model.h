@@ -55,6 +55,17 @@ struct ParamSpec {
 /// Errors: kInvalidArgument naming the expression and the unknown name or inexact division.
 Result<int64_t> EvalSizeExpr(std::string_view expr, const std::map<std::string, int64_t>& hyper);
 
+/// The hyper-parameter recording the rotary pairing of a model's q/k rows: absent or 0 is the
+/// half-split pairing (HF's rotate_half, Megatron's default), 1 the interleaved one (GPT-J, Meta's
+/// original LLaMA, Megatron `--rotary-interleaved`); shared/reference/hf.md 2.3, docs/hf.md.
+inline constexpr std::string_view kRotaryInterleavedHyper = "rotary_interleaved";
+
+/// "interleaved" -> 1, "half-split" -> 0 (the values of kRotaryInterleavedHyper).
+/// Errors: kInvalidArgument naming `what` and the two names.
+Result<int64_t> ParseRotaryLayout(std::string_view text, const std::string& what);
+/// The inverse of ParseRotaryLayout for a model's hyper-parameters ("half-split" when absent).
+std::string_view RotaryLayoutName(const std::map<std::string, int64_t>& hyper);
+
 /// Loads `<data_dir>/models/<name>.json` (or the file `name_or_path` when it ends in .json) and
 /// the templates of `<data_dir>/<family>.json`.
 /// Errors: kNotFound (no preset / family file), kInvalidArgument (bad JSON or field, naming the
