@@ -458,6 +458,11 @@ inline Status RunWrite(const po::variables_map& vm, CommandIo& io, RunSetup& set
   UCP_ASSIGN_OR_RETURN(OutputTarget placement,
                        PrepareOutput(src_path, dst, format, vm.count("into-root") > 0,
                                      src.meta().step, io.group));
+  // A format the processes cannot share is written by the root alone (api::WriteCheckpoint):
+  // the others end their reports now, so the root's progress shows its own bytes as the job's.
+  if (io.group != nullptr && io.group->size() > 1 && !f->writes_in_parallel()) {
+    setup.reporter.reset();
+  }
   Result<exec::ExecStats> written =
       api::WriteCheckpoint(src, format, placement.write_to.string(), request);
   if (!written.ok()) {

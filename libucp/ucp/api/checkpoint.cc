@@ -646,9 +646,18 @@ Result<exec::ExecStats> WriteCheckpoint(const CheckpointSource& src, std::string
                                 layout::ToString(request.layout));
   }
   if (request.run.group != nullptr && request.run.group->size() > 1 && !f->writes_in_parallel()) {
-    return UnimplementedError("--format " + std::string(format) + " is written by one process (" +
-                              std::to_string(request.run.group->size()) +
-                              " were started): run it without mpirun");
+    // A format whose files are not split among processes: the root writes them all and the
+    // others wait for its outcome, so the job still makes one complete DST (or none) and every
+    // process exits with the same code. (Not faster than one process; not N writers either.)
+    ProcessGroup& group = *request.run.group;
+    Result<exec::ExecStats> mine = exec::ExecStats{};
+    if (group.is_root()) {
+      WriteRequest alone = request;
+      alone.run.group = nullptr;
+      mine = WriteCheckpoint(src, format, dst, alone);
+    }
+    UCP_RETURN_IF_ERROR(group.Agree(mine.status()));
+    return mine;
   }
   if (!f->needs_universal_source() || src.meta().format == Format::kUniversal) {
     return f->Write(src, dst, request);

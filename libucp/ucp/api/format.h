@@ -88,8 +88,9 @@ class CheckpointFormat {
   virtual std::string_view written_noun() const { return "checkpoint"; }
 
   /// Whether Write shares its work among the processes of request.run.group (each writes its
-  /// own ranks, the root commits). A format that does not is refused under a group of more than
-  /// one process by api::WriteCheckpoint, so N processes never write one DST side by side.
+  /// own ranks, the root commits). For a format that does not, api::WriteCheckpoint has the
+  /// root write alone while the others wait for its outcome, so N processes never write one DST
+  /// side by side.
   virtual bool writes_in_parallel() const { return false; }
   /// Whether Write reads its source as a ucp universal checkpoint on disk (deepspeed-universal).
   /// api::WriteCheckpoint then gives it one: any other source is first extracted into a
