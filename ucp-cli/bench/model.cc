@@ -140,6 +140,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
       if (rel > 1e-5) return InternalError("the GPU's loss differs from the CPU's by " + std::to_string(rel));
     }
 #else
+    (void)cpu_loss;  // compared with the GPU's only where CUDA is built
     return UnimplementedError("--device " + device + ": this ucp-bench was built without CUDA");
 #endif
   }

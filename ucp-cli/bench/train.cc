@@ -23,6 +23,9 @@
 #include "offload/model/model.h"
 #include "offload/model/ops.h"
 #include "offload/train/trainer.h"
+#ifdef UCP_BENCH_HAVE_CUDA_TRAIN
+#include "offload/cuda/cuda_train_device.h"
+#endif
 #include "ucp-cli/command.h"
 #include "ucp/api/checkpoint.h"
 #include "ucp/layout/layout.h"
@@ -92,9 +95,24 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   const std::string layout = vm["layout"].as<std::string>();
   const std::string resume_layout = vm["resume-layout"].as<std::string>();
   const bool checkpoint = vm["checkpoint"].as<bool>();
-  if (seq < 1 || batch < 1 || threads < 1 || steps < 1) {
-    return InvalidArgumentError("--seq-len, --batch, --threads and --steps must be >= 1");
+  const std::string device = vm["device"].as<std::string>();
+  const double peak = vm["peak-tflops"].as<double>();
+  const bool gpu_optimizer = vm["gpu-optimizer"].as<bool>();
+  if (seq < 1 || batch < 1 || threads < 1 || steps < 1 || !(peak > 0)) {
+    return InvalidArgumentError("--seq-len, --batch, --threads and --steps must be >= 1, "
+                                "--peak-tflops > 0");
   }
+  if (device != "cpu" && device != "cuda") {
+    return InvalidArgumentError("--device " + device + ": must be cpu or cuda");
+  }
+  const bool cuda = device == "cuda";
+#ifndef UCP_BENCH_HAVE_CUDA_TRAIN
+  if (cuda) {
+    return FailedPreconditionError("--device cuda: this ucp-bench was built without the CUDA "
+                                   "engine (no nvcc)");
+  }
+#endif
+  if (gpu_optimizer && !cuda) return InvalidArgumentError("--gpu-optimizer needs --device cuda");
   // Under mpirun the processes train together (dp x sp = their count); alone otherwise.
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<offload::Communicator> comm,
                        offload::WorldCommunicator());
@@ -138,8 +156,15 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.out = work / "run";
   r.threads = threads;
   r.comm = comm.get();
+#ifdef UCP_BENCH_HAVE_CUDA_TRAIN
+  if (cuda) {
+    r.device = "cuda";
+    r.device_factory = offload::cuda::MakeCudaTrainDevice;
+  }
+#endif
   UCP_ASSIGN_OR_RETURN(offload::Trainer t, offload::Trainer::Create(c, r));
   const int64_t n = t.num_params();
+  if (cuda) out << t.Describe() << "\n";
   std::vector<double> times;
   for (int i = 0; i < steps + 1; ++i) {
     UCP_ASSIGN_OR_RETURN(offload::StepRecord rec, t.Step());
@@ -171,8 +196,11 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   // The largest GEMM of the step: the classifier, [B*T, hidden] x [hidden, vocab].
   // Every process measures at once, so the rate is what the whole job's cores reach together.
   UCP_RETURN_IF_ERROR(comm->Barrier());
+  // (Not with --device cuda: the CPU's BLAS rate says nothing about the GPU's step.)
   const double sgemm_gflops =
-      offload::MeasureSgemmGflops(batch * seq, mc.vocab, mc.hidden, threads, 3) * comm->size();
+      cuda ? 0.0
+           : offload::MeasureSgemmGflops(batch * seq, mc.vocab, mc.hidden, threads, 3) *
+                 comm->size();
 
   // Checkpoints: how long Save() holds the step up (the staging copy; the disk work runs in the
   // background), the step run while the save is written, and the time to restore the state at
@@ -225,10 +253,17 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   os.precision(2);
   os << "model FLOPs/token " << flops_token / 1e6 << " M -> " << step_flops / best / 1e9
      << " GFLOP/s\n";
-  os << "cblas_sgemm " << batch * seq << "x" << mc.vocab << "x" << mc.hidden << " (the largest "
-     << "GEMM" << (comm->size() > 1 ? ", on every process at once, summed" : "")
-     << "): " << sgemm_gflops << " GFLOP/s -> the step reaches "
-     << 100.0 * (step_flops / best / 1e9) / sgemm_gflops << "% of it (aim >= 60%)\n";
+  if (cuda) {
+    os << "device cuda: " << step_flops / best / 1e12 << " TFLOP/s, MFU "
+       << 100.0 * step_flops / best / 1e12 / peak << "% of " << peak
+       << " TFLOPS (bf16 dense peak; the step includes gradients to the host, the CPU AdamW on "
+          "fp32 masters and the weights back)\n";
+  } else {
+    os << "cblas_sgemm " << batch * seq << "x" << mc.vocab << "x" << mc.hidden << " (the largest "
+       << "GEMM" << (comm->size() > 1 ? ", on every process at once, summed" : "")
+       << "): " << sgemm_gflops << " GFLOP/s -> the step reaches "
+       << 100.0 * (step_flops / best / 1e9) / sgemm_gflops << "% of it (aim >= 60%)\n";
+  }
   // Memory: the state the engine holds per parameter, and what is left is activations/scratch.
   // The optimizer state is the rank's ZeRO share (stage 0: all of it).
   UCP_ASSIGN_OR_RETURN(layout::Layout lay, layout::ParseLayout(layout));
@@ -254,6 +289,33 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   }
   os << ck.str();
   out << os.str();
+  if (gpu_optimizer) {
+    // The same step with every bucket's optimizer on the GPU (the device Adam on device-resident
+    // masters, --gpu-tail-buckets = all grad groups): the offload's cost is the ratio. The first
+    // trainer goes first (its device memory), so the two never hold the GPU together.
+    { offload::Trainer gone = std::move(t); }
+    UCP_ASSIGN_OR_RETURN(offload::ParamTable table, offload::ModelParamTable(mc));
+    offload::RunOptions rg = r;
+    rg.out = work / "run_gpu_optimizer";
+    rg.gpu_tail_buckets = static_cast<int>(table.groups.size());
+    UCP_ASSIGN_OR_RETURN(offload::Trainer g, offload::Trainer::Create(c, rg));
+    std::vector<double> gt;
+    for (int i = 0; i < steps + 1; ++i) {
+      UCP_ASSIGN_OR_RETURN(offload::StepRecord rec, g.Step());
+      if (i > 0) gt.push_back(rec.seconds);
+    }
+    std::sort(gt.begin(), gt.end());
+    std::ostringstream gs;
+    gs.setf(std::ios::fixed);
+    gs.precision(1);
+    gs << "optimizer on the GPU (device Adam for all " << table.groups.size()
+       << " grad groups; the gradients still go to the host for the norm): best "
+       << gt.front() * 1e3 << " ms = " << tok / gt.front() << " tokens/s, MFU "
+       << 100.0 * step_flops / gt.front() / 1e12 / peak << "%; offloaded step / GPU step = ";
+    gs.precision(3);
+    gs << best / gt.front() << "x (aim <= 1.15x)\n";
+    out << gs.str();
+  }
   UCP_RETURN_IF_ERROR(comm->Barrier());
   if (root) fs::remove_all(work);
   return Status::Ok();
@@ -264,7 +326,8 @@ Command MakeTrainBench() {
       .name = "train",
       .summary = "training-step tokens/s against PyTorch and the BLAS rate, same run",
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
-               "[--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]]",
+               "[--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
+               "[--device cpu|cuda [--gpu-optimizer] [--peak-tflops 989]]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
@@ -283,7 +346,15 @@ Command MakeTrainBench() {
                 "also time a save (how long it blocks the step) and resumes at the same layout "
                 "and at --resume-layout")(
                 "resume-layout", po::value<std::string>()->default_value("tp=1,pp=1,dp=1,zero=3"),
-                "the other layout of the resume timing (same process count)");
+                "the other layout of the resume timing (same process count)")(
+                "device", po::value<std::string>()->default_value("cpu"),
+                "cpu, or cuda: forward/backward on the GPU, the optimizer offloaded to the CPU "
+                "(prints TFLOP/s and MFU)")(
+                "peak-tflops", po::value<double>()->default_value(989.0),
+                "the MFU denominator (989: H100/H200 dense bf16)")(
+                "gpu-optimizer", po::bool_switch()->default_value(false),
+                "--device cuda: also time the same step with the whole optimizer on the GPU "
+                "and print the ratio");
           },
       .run = Run,
   };

@@ -16,6 +16,9 @@
 #include "offload/data/token_file.h"
 #include "offload/data/tokenizer.h"
 #include "offload/train/trainer.h"
+#ifdef UCP_TRAIN_HAVE_CUDA
+#include "offload/cuda/cuda_train_device.h"
+#endif
 #include "ucp/base/status.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/exec/executor.h"
@@ -122,8 +125,13 @@ int main(int argc, char** argv) {
      "optimizer pipeline: sync (Adam after backward) or overlap (buckets stepped speculatively "
      "during backward and, with several processes, reduced per bucket as backward produces "
      "them; validated after it; bitwise the same training as sync)")
+    ("device", po::value(&r.device)->default_value("cpu"),
+     "where forward and backward run: cpu, or cuda (bf16 weights on the GPU, gradients to the "
+     "CPU Adam on fp32 masters in host memory, updated weights back; --pipeline sync). Not "
+     "recorded: a checkpoint resumes on either")
     ("gpu-tail-buckets", po::value(&r.gpu_tail_buckets)->default_value(0),
-     "overlap: the last buckets of backward (first layers) stepped on the device")
+     "the last buckets of backward (first layers, embeddings) stepped on the device: overlap "
+     "(the CPU twin), or --device cuda (a GPU Adam on device-resident fp32 masters)")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
      "threads per process (0: all cores; on --resume, the run's recorded count, so that the "
@@ -155,7 +163,7 @@ int main(int argc, char** argv) {
   try {
     po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
     if (vm.count("help")) {
-      std::cout << "ucp-train: train a GPT or LLaMA model on the CPU, saving and restoring "
+      std::cout << "ucp-train: train a GPT or LLaMA model on the CPU (or a CUDA GPU), saving and restoring "
                    "through libucp\n\n"
                 << kUsage << "\n\n" << all
                 << "\nexit codes: 0 ok, 2 usage, 3 invalid argument, 4 not found, 5 failed "
@@ -278,6 +286,9 @@ int main(int argc, char** argv) {
   }
   r.out = out;
   r.comm = &comm;
+#ifdef UCP_TRAIN_HAVE_CUDA
+  if (r.device == "cuda") r.device_factory = ucp::offload::cuda::MakeCudaTrainDevice;
+#endif
   auto trainer = Trainer::Create(c, r);
   if (!trainer.ok()) return fail(trainer.status());
   Trainer& t = *trainer;

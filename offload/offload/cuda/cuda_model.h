@@ -2,9 +2,10 @@
 // RunGraph) over the CUDA ops (cuda_ops.h), fp32 activations in device memory. Checked
 // against the CPU model on the same weights and batch by cuda_model_test (label gpu).
 //
-// Not yet: bf16 weights and GEMMs in the graph (the ops exist: MatmulForwardBf16), sequence
-// parallelism (NCCL all-to-alls), and the trainer on top (the offloaded pipeline's CUDA backend is
-// cuda_pipeline.h).
+// The trainer runs it through cuda_train_device.h (`ucp-train --device cuda`). Not yet: bf16
+// GEMMs in the graph (the ops exist: MatmulForwardBf16; the device widens the bf16 weights into
+// an fp32 copy this graph reads), sequence parallelism (NCCL all-to-alls), backward hooks (the
+// overlapped pipeline, cuda_pipeline.h, is not driven from the GPU trainer yet).
 #pragma once
 
 #include <cstdint>

@@ -346,6 +346,17 @@ struct Trainer::Impl {
   Status TreeGrad(int64_t lo, int64_t hi, int level, float* out, double* loss, float grad_scale);
   std::vector<std::vector<float>> tree_bufs;  // --deterministic: one gradient per tree level
   void AppendLog(const json& line);
+
+  // --device (device.h): forward and backward on the device, everything else as above. Declared
+  // last: destroyed first, while the host buffers it registered are still alive.
+  std::unique_ptr<TrainDevice> device;
+  std::vector<char> piece_on_device;  // per piece of block_pieces[0]: stepped by the device Adam
+  Status SetUpDevice(const AdamConfig& ac);
+  // One micro-batch's forward + backward, on the device or the CPU model (the ops policy).
+  Result<double> ForwardBackward(const Batch& b, float grad_scale) {
+    return device ? device->ForwardBackward(b, grad_scale)
+                  : net->ForwardBackward(w32, grads, b, grad_scale);
+  }
 };
 
 // --- set-up ---------------------------------------------------------------------------------
@@ -551,13 +562,22 @@ void Trainer::Impl::InitWeights() {
                             p.name == "output_layer.weight";
     const int64_t valid = vocab_rows ? mc.vocab * p.shape[1] : p.numel;
     const uint64_t stream = SplitMix64(cfg.seed) ^ Fnv1a(p.name);
-    for (int64_t e = 0; e < p.numel; ++e) {
-      float v = 0.0f;
-      if (e < valid) {
-        v = norm ? 1.0f : bias ? 0.0f : static_cast<float>(stdev * NormalAt(stream, e));
-      }
-      w32[p.offset + e] = v;
-    }
+    // Each element is a pure function of (seed, name, index): any split over threads gives the
+    // same bits (a billion-parameter model initialises in seconds rather than a minute).
+    arena->execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, p.numel, kReduceChunk),
+                        [&](const tbb::blocked_range<int64_t>& r) {
+                          for (int64_t e = r.begin(); e < r.end(); ++e) {
+                            float v = 0.0f;
+                            if (e < valid) {
+                              v = norm ? 1.0f
+                                  : bias ? 0.0f
+                                         : static_cast<float>(stdev * NormalAt(stream, e));
+                            }
+                            w32[p.offset + e] = v;
+                          }
+                        });
+    });
   }
   for (const Piece& pc : my_pieces()) {
     std::memcpy(master.data() + pc.foff, w32.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
@@ -573,7 +593,9 @@ void Trainer::Impl::InitWeights() {
 }
 
 void Trainer::Impl::WidenWeights() {
-  if (!lowp()) return;
+  // A device training in bf16 takes the bf16 weights and widens them itself; fp16 and fp32 go
+  // over as the host's fp32 compute copy.
+  if (!lowp() || (device != nullptr && dtype == DType::kBf16)) return;
   const int64_t n = numel();
   const bool bf16 = dtype == DType::kBf16;
   arena->execute([&] {
@@ -920,6 +942,71 @@ Status Trainer::Impl::FinishSave() {
       }
     }
   }
+  return Status::Ok();
+}
+
+// --device: checks what runs on a device, then makes it over the host buffers. With
+// --gpu-tail-buckets N the pieces of the last N grad groups (the ones backward finishes last:
+// the first layers and the embeddings) keep their master and Adam states on the device.
+Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
+  if (opts.device == "cpu") return Status::Ok();
+  if (opts.device != "cuda" && opts.device != "twin") {
+    return InvalidArgumentError("--device " + opts.device + ": must be cpu, cuda or twin");
+  }
+  if (opts.device == "cuda" && !opts.device_factory) {
+    return FailedPreconditionError("--device cuda: this build has no CUDA engine (ucp was built "
+                                   "without nvcc)");
+  }
+  if (opts.pipeline != "sync") {
+    return UnimplementedError("--device " + opts.device + " runs --pipeline sync only (the "
+                              "overlapped pipeline on the GPU is not wired into the trainer yet)");
+  }
+  if (cfg.deterministic) {
+    return UnimplementedError("--device " + opts.device + " does not run --deterministic");
+  }
+  if (sp > 1) {
+    return UnimplementedError("--device " + opts.device + ": no sequence parallelism (sp > 1) yet");
+  }
+  TrainDeviceSpec ds;
+  ds.model = net->config();
+  ds.weights = dtype == DType::kBf16   ? LowpDType::kBf16
+                 : dtype == DType::kFp16 ? LowpDType::kFp16 : LowpDType::kFp32;
+  ds.max_batch = micro_batch;
+  ds.seq_len = seq_len;
+  ds.rank = rank;
+  ds.threads = threads;
+  ds.h_grads = grads;
+  ds.h_weights16 = w_lp;
+  ds.h_weights32 = w32;
+  ds.adam = ac;
+  const int tail = opts.gpu_tail_buckets;
+  const auto& groups = net->grad_groups();
+  if (tail < 0 || tail > static_cast<int>(groups.size())) {
+    return InvalidArgumentError("--gpu-tail-buckets " + std::to_string(tail) + ": must be in [0, " +
+                                std::to_string(groups.size()) + "] (the model's grad groups)");
+  }
+  piece_on_device.assign(block_pieces[0].size(), 0);
+  if (tail > 0) {
+    if (blocks != 1 || world != 1) {
+      return UnimplementedError("--gpu-tail-buckets with --device: one process only");
+    }
+    if (dtype == DType::kFp32) {
+      return UnimplementedError("--gpu-tail-buckets with --device: bf16 or fp16 training only "
+                                "(fp32 training's weights are the masters)");
+    }
+    for (size_t k = groups.size() - static_cast<size_t>(tail); k < groups.size(); ++k) {
+      for (size_t i = 0; i < block_pieces[0].size(); ++i) {
+        const Piece& pc = block_pieces[0][i];
+        if (pc.param >= groups[k].first_param && pc.param < groups[k].end_param) {
+          piece_on_device[i] = 1;
+          ds.device_pieces.push_back({pc.coff, pc.foff, pc.n});
+        }
+      }
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(device,
+                       opts.device == "twin" ? MakeCpuTwinDevice(ds) : opts.device_factory(ds),
+                       "--device " + opts.device);
   return Status::Ok();
 }
 
@@ -1335,7 +1422,11 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   }
   t.funnel = std::make_unique<CommFunnel>();
   if (t.sp_comm != nullptr) t.sp_funneled = FunnelCommunicator(t.sp_comm.get(), t.funnel.get());
-  UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, t.micro_batch, t.seq_len, t.threads,
+  // With a device the CPU model is only the parameter table and grad groups: no activations.
+  // (With sp > 1 the device is refused later; the model is then made whole, as the CPU's.)
+  const bool on_device = opts.device != "cpu" && t.sp == 1;
+  UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, on_device ? 1 : t.micro_batch,
+                                                on_device ? 1 : t.seq_len, t.threads,
                                                 t.sp_funneled.get()));
   t.net.emplace(std::move(net));
   // The model's parameter table must be the rule set's, in the same order (its flat buffer is
@@ -1381,6 +1472,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   UCP_ASSIGN_OR_RETURN(CpuAdam adam, CpuAdam::Create(ac, t.threads), "optimizer");
   t.adam.emplace(std::move(adam));
   UCP_RETURN_IF_ERROR(t.SetUpPipeline(ac));
+  UCP_RETURN_IF_ERROR(t.SetUpDevice(ac));
   t.sched = {c.lr, c.min_lr, c.warmup_samples, c.decay_samples};
   t.scaler.enabled = t.dtype == DType::kFp16;
   t.scaler.scale = t.scaler.enabled ? c.initial_loss_scale : 1.0;
@@ -1440,6 +1532,12 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
                  {"init", opts.init.string()},
                  {"config", ConfigToJson(c)}});
   }
+  if (t.device != nullptr) {
+    // The initial or restored state goes to the device (the masters of its pieces, the weights).
+    UCP_RETURN_IF_ERROR(t.device->PushState(t.master, t.exp_avg, t.exp_avg_sq),
+                        "--device " + opts.device);
+    UCP_RETURN_IF_ERROR(t.device->UploadWeights(), "--device " + opts.device);
+  }
   return Trainer(std::move(impl));
 }
 
@@ -1452,6 +1550,7 @@ std::string Trainer::Describe() const {
      << " heads / " << mc.kv_heads << " kv, vocab " << mc.vocab << " padded to "
      << mc.padded_vocab << "), training dtype " << DTypeName(t.dtype) << ", layout "
      << layout::ToString(t.layout) << ", " << t.threads << " threads\n"
+     << (t.device != nullptr ? "device " + t.device->Describe() + "\n" : std::string())
      << "data " << t.cfg.data << ": " << t.train_tokens.size() << " training tokens ("
      << t.sampler->num_samples() << " samples of " << t.seq_len << "), " << t.val_tokens.size()
      << " held-out tokens" << (t.val_tokens.size() > static_cast<size_t>(t.seq_len)
@@ -1485,7 +1584,11 @@ Result<StepRecord> Trainer::Step() {
   rec.step = t.step + 1;
   const int64_t G = t.cfg.global_batch;
   UCP_ASSIGN_OR_RETURN(auto range, Sampler::RankRange(t.step, G, t.layout.dp, t.dp_rank));
-  std::fill(t.grads.begin(), t.grads.end(), 0.0f);
+  if (t.device != nullptr) {
+    UCP_RETURN_IF_ERROR(t.device->ZeroGrads(), "step " + std::to_string(rec.step));
+  } else {
+    std::fill(t.grads.begin(), t.grads.end(), 0.0f);
+  }
   const int64_t global_tokens = G * t.seq_len;
   const float grad_scale = static_cast<float>(t.scaler.scale / static_cast<double>(global_tokens));
   double loss_sum = 0;
@@ -1530,9 +1633,14 @@ Result<StepRecord> Trainer::Step() {
     for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
       const int64_t nb = std::min(t.micro_batch, range.second - first);
       UCP_ASSIGN_OR_RETURN(Batch b, t.MicroBatch(first, nb));
-      UCP_ASSIGN_OR_RETURN(double l, t.net->ForwardBackward(t.w32, t.grads, b, grad_scale),
+      UCP_ASSIGN_OR_RETURN(double l, t.ForwardBackward(b, grad_scale),
                            "step " + std::to_string(rec.step));
       loss_sum += l;
+    }
+    // The device's gradients come to the host (pinned), where the rest of the step is the
+    // CPU engine's.
+    if (t.device != nullptr) {
+      UCP_RETURN_IF_ERROR(t.device->GradsToHost(), "step " + std::to_string(rec.step));
     }
   }
   UCP_ASSIGN_OR_RETURN(double global_loss, t.SumOverRanks(loss_sum, det ? SumOrder::kHalvingTree : SumOrder::kRankOrder));
@@ -1661,7 +1769,9 @@ Result<StepRecord> Trainer::Step() {
       // training-dtype weights piece by piece.
       std::vector<AdamSpans> bucket;
       bucket.reserve(t.block_pieces[0].size());
-      for (const Piece& pc : t.block_pieces[0]) {
+      for (size_t i = 0; i < t.block_pieces[0].size(); ++i) {
+        const Piece& pc = t.block_pieces[0][i];
+        if (!t.piece_on_device.empty() && t.piece_on_device[i]) continue;  // the device's Adam
         AdamSpans a;
         a.param = std::span(t.master).subspan(pc.foff, pc.n);
         a.grad = GradSpan::Fp32(std::span<const float>(t.grads).subspan(pc.coff, pc.n));
@@ -1674,6 +1784,14 @@ Result<StepRecord> Trainer::Step() {
         bucket.push_back(a);
       }
       UCP_RETURN_IF_ERROR(t.adam->StepBucket(t.optimizer_steps, bucket), "optimizer step");
+      if (t.device != nullptr) {
+        // The device pieces from the device's unscaled gradients times the same fp32
+        // multiplier the host applied in place: the same bits as the host's step of them.
+        UCP_RETURN_IF_ERROR(t.device->StepDevicePieces(t.optimizer_steps,
+                                                       static_cast<float>(rec.lr),
+                                                       static_cast<float>(coef)),
+                            "optimizer step (device)");
+      }
       if (t.lowp()) {
         t.WidenWeights();
       } else {
@@ -1693,6 +1811,9 @@ Result<StepRecord> Trainer::Step() {
       UCP_RETURN_IF_ERROR(t.adam->StepBucket(t.optimizer_steps, one), "optimizer step");
       UCP_RETURN_IF_ERROR(t.RefreshWeights());
     }
+  }
+  if (t.device != nullptr && !rec.skipped) {
+    UCP_RETURN_IF_ERROR(t.device->UploadWeights(), "step " + std::to_string(rec.step));
   }
   rec.seconds = Seconds(t0, Clock::now());
   // One trace file: the root's (every rank's timeline has the same shape).
@@ -1734,7 +1855,10 @@ Result<double> Trainer::Validate() {
     Batch batch{std::span<const int32_t>(t.inputs).first(len),
                 std::span<const int32_t>(t.targets).first(len), nb, ts};
     batch.position_offset = off;
-    UCP_ASSIGN_OR_RETURN(double l, t.net->Forward(t.w32, batch), "validation");
+    UCP_ASSIGN_OR_RETURN(double l,
+                         t.device != nullptr ? t.device->Forward(batch)
+                                             : t.net->Forward(t.w32, batch),
+                         "validation");
     sum += l;
   }
   double all = sum;
@@ -1747,6 +1871,11 @@ Result<double> Trainer::Validate() {
 Status Trainer::Save() {
   Impl& t = *impl_;
   UCP_RETURN_IF_ERROR(Wait());
+  if (t.device != nullptr) {
+    // The device pieces' masters and Adam states into the host state the checkpoint holds.
+    UCP_RETURN_IF_ERROR(t.device->PullState(t.master, t.exp_avg, t.exp_avg_sq),
+                        "saving step " + std::to_string(t.step));
+  }
   if (t.opts.async_save) {
     // Stage: one copy of what the checkpoint holds, so training goes on while it is written.
     const size_t wbytes = t.lowp() ? t.w_lp.size() * 2 : t.w32.size() * 4;
@@ -1795,6 +1924,9 @@ Status Trainer::Wait() { return impl_->FinishSave(); }
 
 std::vector<std::pair<std::string, std::vector<std::byte>>> Trainer::StateForTest() const {
   Impl& t = *impl_;
+  if (t.device != nullptr) {
+    UCP_CHECK(t.device->PullState(t.master, t.exp_avg, t.exp_avg_sq).ok());
+  }
   std::vector<std::pair<std::string, std::vector<std::byte>>> out;
   for (auto& [name, v] : t.Views(true, false, nullptr)) {
     if (v.bytes.empty()) continue;

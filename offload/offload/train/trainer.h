@@ -7,7 +7,8 @@
 // fp32; `model/<name>` tensors), and the fp32 master, exp_avg and exp_avg_sq as ZeRO flat group
 // buffers (optimizer group 0: matrices; 1: biases and norms), so a save hands views and a
 // restore fills them, at any ZeRO stage the layout names. The fp32 compute copy of the weights
-// and the fp32 gradients are the model's (offload/model).
+// and the fp32 gradients are the model's (offload/model). With a device (RunOptions::device,
+// device.h) forward and backward run there and everything else stays here, the same code path.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/train/device.h"
 #include "offload/train/memory_plan.h"
 #include "offload/train/schedule.h"
 #include "ucp/base/result.h"
@@ -86,6 +88,13 @@ struct RunOptions {
   std::string pipeline = "sync";
   int gpu_tail_buckets = 0;      ///< overlap, one process: buckets stepped on the device
   std::filesystem::path trace;   ///< overlap: a Chrome trace of the first 3 steps (root writes)
+  /// Where forward and backward run (device.h): "cpu" (the CPU model on host buffers) or "cuda"
+  /// (device_factory's device; the CLI sets it where the CUDA engine is built). Not recorded: the
+  /// training state is the same host state either way, so a resume may change it. With a device:
+  /// --pipeline sync only, no --deterministic, no sequence parallelism; --gpu-tail-buckets N
+  /// keeps the masters and Adam states of the last N grad groups on the device (one process).
+  std::string device = "cpu";
+  TrainDeviceFactory device_factory;
 };
 
 /// One optimizer step's record (also a line of log.jsonl).

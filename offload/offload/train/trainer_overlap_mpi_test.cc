@@ -3,8 +3,9 @@
 // stepping its fragment speculatively, then validation. Bitwise the sync path at the same layout
 // (losses, gradient norms, every rank's weights, masters and Adam states) over several steps,
 // GPT and LLaMA, bf16, fp32 and fp16, ZeRO 0-3, dp=P and dp x sp, with clipping that corrects
-// every step and clipping that never does. Also: --deterministic is refused with overlap, and the
-// trace of a dp=2 step shows bucket reductions and Adam under backward.
+// every step and clipping that never does. Also: --deterministic is refused with overlap, the
+// trace of a dp=2 step shows bucket reductions and Adam under backward, and the trainer's device
+// code path (the CPU twin device) is bitwise the CPU trainer at dp=P.
 //
 // All ranks run the same tests in the same order with the same configs; checks use EXPECT, so
 // no rank leaves a test early and strands the others in a collective.
@@ -104,12 +105,13 @@ struct TrainRun {
 };
 
 TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pipeline,
-               const fs::path& trace = {}) {
+               const fs::path& trace = {}, const std::string& device = "cpu") {
   RunOptions r;
   r.out = out;
   r.threads = 1;
   r.async_save = false;
   r.pipeline = pipeline;
+  r.device = device;
   r.trace = trace;
   r.comm = &World();
   TrainRun run;
@@ -172,6 +174,37 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-tiny", "bf16", 2, 1, 0.05},
                       Case{"llama-tiny", "fp32", 2, 3, 0.05}),
     Name);
+
+// The trainer's device code path (device.h) with several processes, through the CPU twin
+// device: gradients from the "device" reduced over the ranks on the host (reduce-scatter at
+// ZeRO 1-3, all-reduce at 0), masters gathered, weights back to every rank's "device": bitwise
+// the CPU trainer at the same layout (what `--device cuda` does with one GPU per rank).
+class DeviceTwinMpiTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeviceTwinMpiTest, BitwiseTheCpuTrainer) {
+  const Case& k = GetParam();
+  TrainConfig c = Config(k, Text());
+  const fs::path dir = Work() / ("twin_" + Name({k, 0}));
+  const TrainRun cpu = Train(c, dir / "cpu", "sync");
+  const TrainRun twin = Train(c, dir / "twin", "sync", {}, "twin");
+  ASSERT_EQ(cpu.records.size(), twin.records.size());
+  for (size_t i = 0; i < cpu.records.size(); ++i) {
+    EXPECT_EQ(cpu.records[i].loss, twin.records[i].loss) << "step " << i + 1;
+    EXPECT_EQ(cpu.records[i].grad_norm, twin.records[i].grad_norm) << "step " << i + 1;
+  }
+  ASSERT_EQ(cpu.state.size(), twin.state.size());
+  ASSERT_FALSE(cpu.state.empty());
+  for (size_t i = 0; i < cpu.state.size(); ++i) {
+    EXPECT_TRUE(cpu.state[i].second == twin.state[i].second)
+        << "rank " << World().rank() << ": " << cpu.state[i].first << " differs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DeviceTwinMpiTest,
+                         ::testing::Values(Case{"llama-tiny", "bf16", 1, 0, 0.05},
+                                           Case{"llama-tiny", "bf16", 1, 1, 0.05},
+                                           Case{"gpt-tiny", "fp16", 1, 3, 0.05}),
+                         Name);
 
 TEST(OverlapMpiRefusals, DeterministicIsSyncOnly) {
   TrainConfig c = Config({"gpt-tiny", "bf16", 1, 1, 1.0}, Text());

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # --pipeline overlap under mpirun (trainer_overlap_mpi_test.cc): bitwise the sync path at dp=2
-# and dp=4 (and dp=2 x sp=2), ZeRO 0-3, GPT and LLaMA, and the dp=2 trace. Every rank must pass.
+# and dp=4 (and dp=2 x sp=2), ZeRO 0-3, GPT and LLaMA, and the dp=2 trace; the trainer's device
+# code path (the CPU twin device) bitwise the CPU trainer at dp=2 and 4. Every rank must pass.
 # usage: trainer_overlap_mpi_test.sh OFFLOAD_TRAIN_OVERLAP_MPI_TEST
 set -euo pipefail
 test_bin=$1

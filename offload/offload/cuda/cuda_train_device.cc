@@ -1,0 +1,225 @@
+// The trainer's CUDA device; see cuda_train_device.h.
+#include "offload/cuda/cuda_train_device.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "offload/cuda/cuda_adam.h"
+#include "offload/cuda/cuda_cast.h"
+#include "offload/cuda/cuda_model.h"
+#include "ucp/base/status_macros.h"
+
+namespace ucp::offload::cuda {
+namespace {
+
+Status Cuda(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return Status::Ok();
+  return DeviceError(what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+class CudaTrainDevice final : public TrainDevice {
+ public:
+  CudaTrainDevice(TrainDeviceSpec spec, CudaModel model)
+      : spec_(std::move(spec)), model_(std::move(model)) {}
+
+  ~CudaTrainDevice() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (void* p : registered_) cudaHostUnregister(p);
+    for (void* p : {static_cast<void*>(d_w32_), static_cast<void*>(d_w16_),
+                    static_cast<void*>(d_grads_), static_cast<void*>(d_master_),
+                    static_cast<void*>(d_m_), static_cast<void*>(d_v_)}) {
+      if (p) cudaFree(p);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Status Init() {
+    const int64_t n = model_.num_params();
+    if (static_cast<int64_t>(spec_.h_grads.size()) != n ||
+        static_cast<int64_t>(spec_.h_weights32.size()) != n ||
+        (lowp() && static_cast<int64_t>(spec_.h_weights16.size()) != n)) {
+      return InvalidArgumentError("CUDA device: host buffers do not hold the model's " +
+                                  std::to_string(n) + " parameters");
+    }
+    UCP_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                             "copy stream"));
+    UCP_RETURN_IF_ERROR(Alloc(&d_w32_, n * 4, "fp32 compute weights"));
+    UCP_RETURN_IF_ERROR(Alloc(&d_grads_, n * 4, "gradients"));
+    if (lowp()) UCP_RETURN_IF_ERROR(Alloc(&d_w16_, n * 2, "training-dtype weights"));
+    for (const DevicePiece& pc : spec_.device_pieces) pieces_n_ += pc.n;
+    if (pieces_n_ > 0) {
+      UCP_RETURN_IF_ERROR(Alloc(&d_master_, pieces_n_ * 4, "device masters"));
+      UCP_RETURN_IF_ERROR(Alloc(&d_m_, pieces_n_ * 4, "device exp_avg"));
+      UCP_RETURN_IF_ERROR(Alloc(&d_v_, pieces_n_ * 4, "device exp_avg_sq"));
+    }
+    // Pinned host memory: the copies run at the link's rate and need no bounce buffer.
+    UCP_RETURN_IF_ERROR(Register(spec_.h_grads.data(), n * 4, "host gradients"));
+    UCP_RETURN_IF_ERROR(Register(spec_.h_weights32.data(), n * 4, "host fp32 weights"));
+    if (lowp()) UCP_RETURN_IF_ERROR(Register(spec_.h_weights16.data(), n * 2, "host weights"));
+    return Status::Ok();
+  }
+
+  std::string Describe() const override {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, dev);
+    return "cuda:" + std::to_string(dev) + " " + prop.name + " (" +
+           std::to_string(prop.totalGlobalMem >> 20) + " MiB), " +
+           std::to_string(device_bytes() >> 20) + " MiB of weights, gradients and optimizer "
+           "state; " + std::to_string(pieces_n_) + " parameters stepped by the device Adam; " +
+           std::to_string(registered_.size()) + " of " + std::to_string(to_pin_) +
+           " host buffers pinned";
+  }
+
+  Status UploadWeights() override {
+    const int64_t n = model_.num_params();
+    if (spec_.weights == LowpDType::kBf16) {
+      // bf16 over the link (2 B/param), widened on the device (exact).
+      UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_, spec_.h_weights16.data(), n * 2,
+                                               cudaMemcpyHostToDevice, stream_),
+                               "weights to the device"));
+      UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_, d_w32_, n, stream_));
+    } else {
+      UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w32_, spec_.h_weights32.data(), n * 4,
+                                               cudaMemcpyHostToDevice, stream_),
+                               "weights to the device"));
+    }
+    return Cuda(cudaStreamSynchronize(stream_), "weights to the device");
+  }
+
+  Status ZeroGrads() override {
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(d_grads_, 0, model_.num_params() * 4, stream_),
+                             "zeroing gradients"));
+    return Cuda(cudaStreamSynchronize(stream_), "zeroing gradients");
+  }
+
+  Result<double> ForwardBackward(const Batch& batch, float grad_scale) override {
+    return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale);
+  }
+
+  Result<double> Forward(const Batch& batch) override { return model_.Forward(d_w32_, batch); }
+
+  Status GradsToHost() override {
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data(), d_grads_,
+                                             model_.num_params() * 4, cudaMemcpyDeviceToHost,
+                                             stream_),
+                             "gradients to the host"));
+    return Cuda(cudaStreamSynchronize(stream_), "gradients to the host");
+  }
+
+  Status PushState(std::span<const float> master, std::span<const float> exp_avg,
+                   std::span<const float> exp_avg_sq) override {
+    return MoveState(const_cast<float*>(master.data()), const_cast<float*>(exp_avg.data()),
+                     const_cast<float*>(exp_avg_sq.data()), cudaMemcpyHostToDevice);
+  }
+  Status PullState(std::span<float> master, std::span<float> exp_avg,
+                   std::span<float> exp_avg_sq) override {
+    return MoveState(master.data(), exp_avg.data(), exp_avg_sq.data(), cudaMemcpyDeviceToHost);
+  }
+
+  Status StepDevicePieces(int64_t step, float lr, float grad_scale) override {
+    if (pieces_n_ == 0) return Status::Ok();
+    AdamConfig ac = spec_.adam;
+    ac.lr = lr;
+    UCP_ASSIGN_OR_RETURN(const AdamStepScalars s, MakeAdamStepScalars(ac, step));
+    int64_t at = 0;
+    for (const DevicePiece& pc : spec_.device_pieces) {
+      DeviceAdamSpans d{d_master_ + at, d_grads_ + pc.model_offset, d_m_ + at, d_v_ + at,
+                        d_w16_ + pc.model_offset, ToDevice(spec_.weights), pc.n};
+      UCP_RETURN_IF_ERROR(AdamStepDevice(ToDevice(s, ac.decoupled), grad_scale, d, stream_));
+      // The host's copy of the weights stays whole (checkpoints and the next upload read it).
+      UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_weights16.data() + pc.model_offset,
+                                               d_w16_ + pc.model_offset, pc.n * 2,
+                                               cudaMemcpyDeviceToHost, stream_),
+                               "device-stepped weights to the host"));
+      at += pc.n;
+    }
+    return Cuda(cudaStreamSynchronize(stream_), "device Adam");
+  }
+
+  int64_t device_bytes() const override {
+    const int64_t n = model_.num_params();
+    return n * 8 + (lowp() ? n * 2 : 0) + pieces_n_ * 12;
+  }
+
+ private:
+  bool lowp() const { return spec_.weights != LowpDType::kFp32; }
+
+  template <typename T>
+  Status Alloc(T** p, int64_t bytes, const char* what) {
+    return Cuda(cudaMalloc(reinterpret_cast<void**>(p), static_cast<size_t>(bytes > 0 ? bytes : 1)),
+                std::string("CUDA device: ") + what + " (" + std::to_string(bytes >> 20) + " MiB)");
+  }
+
+  // Pins the whole pages under [p, p + bytes). Two small buffers can share a page (a large one
+  // is its own mmap), and CUDA refuses to register a page twice: such a buffer stays pageable,
+  // which only makes its copies slower (Describe counts the pinned ones).
+  Status Register(void* p, int64_t bytes, const char* what) {
+    if (bytes == 0) return Status::Ok();
+    const uintptr_t page = 4096;
+    const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes) + page - 1) &
+                        ~(page - 1);
+    ++to_pin_;
+    const cudaError_t err =
+        cudaHostRegister(reinterpret_cast<void*>(b), e - b, cudaHostRegisterDefault);
+    if (err == cudaErrorHostMemoryAlreadyRegistered) {
+      cudaGetLastError();
+      return Status::Ok();
+    }
+    UCP_RETURN_IF_ERROR(Cuda(err, std::string("CUDA device: pinning the ") + what));
+    registered_.push_back(reinterpret_cast<void*>(b));
+    return Status::Ok();
+  }
+
+  Status MoveState(float* master, float* m, float* v, cudaMemcpyKind kind) {
+    int64_t at = 0;
+    const bool up = kind == cudaMemcpyHostToDevice;
+    for (const DevicePiece& pc : spec_.device_pieces) {
+      const size_t bytes = static_cast<size_t>(pc.n) * 4;
+      float* host[3] = {master + pc.state_offset, m + pc.state_offset, v + pc.state_offset};
+      float* dev[3] = {d_master_ + at, d_m_ + at, d_v_ + at};
+      for (int k = 0; k < 3; ++k) {
+        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(up ? dev[k] : host[k], up ? host[k] : dev[k],
+                                                 bytes, kind, stream_),
+                                 up ? "optimizer state to the device"
+                                    : "optimizer state to the host"));
+      }
+      at += pc.n;
+    }
+    return Cuda(cudaStreamSynchronize(stream_), "optimizer state transfer");
+  }
+
+  TrainDeviceSpec spec_;
+  CudaModel model_;
+  cudaStream_t stream_ = nullptr;
+  float* d_w32_ = nullptr;
+  uint16_t* d_w16_ = nullptr;
+  float* d_grads_ = nullptr;
+  float* d_master_ = nullptr;
+  float* d_m_ = nullptr;
+  float* d_v_ = nullptr;
+  int64_t pieces_n_ = 0;
+  std::vector<void*> registered_;
+  int to_pin_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& spec) {
+  const int count = DeviceCount();
+  if (count == 0) return DeviceError("CUDA device: no CUDA device");
+  UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(spec.rank % count), "CUDA device: selecting a GPU"));
+  UCP_ASSIGN_OR_RETURN(CudaModel model,
+                       CudaModel::Create(spec.model, spec.max_batch, spec.seq_len));
+  auto dev = std::make_unique<CudaTrainDevice>(spec, std::move(model));
+  UCP_RETURN_IF_ERROR(dev->Init());
+  return std::unique_ptr<TrainDevice>(std::move(dev));
+}
+
+}  // namespace ucp::offload::cuda

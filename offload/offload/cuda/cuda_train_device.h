@@ -1,0 +1,22 @@
+// The trainer's CUDA device (offload/train/device.h; `ucp-train --device cuda`): the
+// training-dtype weights on the GPU (bf16 there, widened on the device into the fp32 compute
+// copy CudaModel's graph reads; fp16 and fp32 runs send the host's fp32 compute copy), forward
+// and backward by CudaModel, the gradients to pinned host memory for the CPU Adam on the fp32
+// masters, and the tail pieces (--gpu-tail-buckets) stepped by the device Adam (cuda_adam.h)
+// on fp32 masters and Adam states held in device memory.
+#pragma once
+
+#include <memory>
+
+#include "offload/train/device.h"
+#include "ucp/base/result.h"
+
+namespace ucp::offload::cuda {
+
+/// Makes the device on GPU spec.rank % (device count), registering spec's host buffers as pinned
+/// memory (cudaHostRegister) for the lifetime of the device.
+/// Errors: kDeviceError (no device, allocation, registration), kResourceExhausted (activations),
+/// kInvalidArgument (the spec).
+Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& spec);
+
+}  // namespace ucp::offload::cuda

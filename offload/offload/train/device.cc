@@ -1,0 +1,144 @@
+// The CPU twin of the trainer's device (device.h): what the CUDA device does, on host buffers.
+#include "offload/train/device.h"
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ucp/base/status_macros.h"
+#include "ucp/tensor/float_bits.h"
+
+namespace ucp::offload {
+namespace {
+
+class CpuTwinDevice final : public TrainDevice {
+ public:
+  CpuTwinDevice(TrainDeviceSpec spec, Model model)
+      : spec_(std::move(spec)), model_(std::move(model)) {
+    const size_t n = static_cast<size_t>(model_.num_params());
+    w32_.assign(n, 0.0f);
+    grads_.assign(n, 0.0f);
+    if (lowp()) w16_.assign(n, 0);
+    for (const DevicePiece& pc : spec_.device_pieces) pieces_n_ += pc.n;
+    master_.assign(static_cast<size_t>(pieces_n_), 0.0f);
+    m_ = master_;
+    v_ = master_;
+  }
+
+  std::string Describe() const override {
+    return "twin (the CPU standing in for a device), " + std::to_string(pieces_n_) +
+           " parameters stepped by the device Adam";
+  }
+
+  Status UploadWeights() override {
+    if (spec_.weights == LowpDType::kBf16) {
+      // As the CUDA device: bf16 "over the link", widened on the "device".
+      std::memcpy(w16_.data(), spec_.h_weights16.data(), w16_.size() * 2);
+      for (size_t e = 0; e < w32_.size(); ++e) w32_[e] = FloatFromBf16(w16_[e]);
+    } else {
+      std::memcpy(w32_.data(), spec_.h_weights32.data(), w32_.size() * 4);
+    }
+    return Status::Ok();
+  }
+
+  Status ZeroGrads() override {
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    return Status::Ok();
+  }
+
+  Result<double> ForwardBackward(const Batch& batch, float grad_scale) override {
+    return model_.ForwardBackward(w32_, grads_, batch, grad_scale);
+  }
+
+  Result<double> Forward(const Batch& batch) override { return model_.Forward(w32_, batch); }
+
+  Status GradsToHost() override {
+    std::memcpy(spec_.h_grads.data(), grads_.data(), grads_.size() * 4);
+    return Status::Ok();
+  }
+
+  Status PushState(std::span<const float> master, std::span<const float> exp_avg,
+                   std::span<const float> exp_avg_sq) override {
+    int64_t at = 0;
+    for (const DevicePiece& pc : spec_.device_pieces) {
+      const size_t b = static_cast<size_t>(pc.n) * 4;
+      std::memcpy(master_.data() + at, master.data() + pc.state_offset, b);
+      std::memcpy(m_.data() + at, exp_avg.data() + pc.state_offset, b);
+      std::memcpy(v_.data() + at, exp_avg_sq.data() + pc.state_offset, b);
+      at += pc.n;
+    }
+    return Status::Ok();
+  }
+
+  Status PullState(std::span<float> master, std::span<float> exp_avg,
+                   std::span<float> exp_avg_sq) override {
+    int64_t at = 0;
+    for (const DevicePiece& pc : spec_.device_pieces) {
+      const size_t b = static_cast<size_t>(pc.n) * 4;
+      std::memcpy(master.data() + pc.state_offset, master_.data() + at, b);
+      std::memcpy(exp_avg.data() + pc.state_offset, m_.data() + at, b);
+      std::memcpy(exp_avg_sq.data() + pc.state_offset, v_.data() + at, b);
+      at += pc.n;
+    }
+    return Status::Ok();
+  }
+
+  Status StepDevicePieces(int64_t step, float lr, float grad_scale) override {
+    AdamConfig ac = spec_.adam;
+    ac.lr = lr;
+    int64_t at = 0;
+    for (const DevicePiece& pc : spec_.device_pieces) {
+      const size_t off = static_cast<size_t>(at), n = static_cast<size_t>(pc.n);
+      AdamSpans a;
+      a.param = std::span<float>(master_).subspan(off, n);
+      a.grad = GradSpan::Fp32(std::span<const float>(grads_).subspan(
+          static_cast<size_t>(pc.model_offset), n));
+      a.exp_avg = std::span<float>(m_).subspan(off, n);
+      a.exp_avg_sq = std::span<float>(v_).subspan(off, n);
+      // The "device" weights and the host's copy of them, as the CUDA device writes both.
+      auto out = std::span<uint16_t>(spec_.h_weights16).subspan(
+          static_cast<size_t>(pc.model_offset), n);
+      a.out = spec_.weights == LowpDType::kBf16 ? LowpOutSpan::Bf16(out) : LowpOutSpan::Fp16(out);
+      AdamFusedOptions fo;
+      fo.grad_scale = grad_scale;
+      UCP_RETURN_IF_ERROR(AdamStepFused(ac, step, a, fo), "device Adam (twin)");
+      if (lowp()) {
+        std::memcpy(w16_.data() + pc.model_offset, out.data(), n * 2);
+      }
+      at += pc.n;
+    }
+    return Status::Ok();
+  }
+
+  int64_t device_bytes() const override {
+    return static_cast<int64_t>(w32_.size() * 8 + w16_.size() * 2) + pieces_n_ * 12;
+  }
+
+ private:
+  bool lowp() const { return spec_.weights != LowpDType::kFp32; }
+
+  TrainDeviceSpec spec_;
+  Model model_;
+  std::vector<float> w32_, grads_, master_, m_, v_;
+  std::vector<uint16_t> w16_;
+  int64_t pieces_n_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& spec) {
+  UCP_ASSIGN_OR_RETURN(Model model, Model::Create(spec.model, spec.max_batch, spec.seq_len,
+                                                  spec.threads));
+  const int64_t n = model.num_params();
+  if (static_cast<int64_t>(spec.h_grads.size()) != n ||
+      static_cast<int64_t>(spec.h_weights32.size()) != n ||
+      (spec.weights != LowpDType::kFp32 && static_cast<int64_t>(spec.h_weights16.size()) != n)) {
+    return InvalidArgumentError("twin device: host buffers do not hold the model's " +
+                                std::to_string(n) + " parameters");
+  }
+  return std::unique_ptr<TrainDevice>(std::make_unique<CpuTwinDevice>(spec, std::move(model)));
+}
+
+}  // namespace ucp::offload

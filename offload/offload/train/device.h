@@ -1,0 +1,97 @@
+// Where the trainer's forward and backward run (issue 12): the trainer's one code path takes a
+// TrainDevice, the way RunGraph takes an ops policy. Without one (RunOptions::device "cpu") the
+// CPU model computes on the host buffers as it always did; with one (ucp-train --device cuda,
+// offload/cuda/cuda_train_device.h) the device holds the training-dtype weights and computes the
+// gradients, which come to the host for the same norm, clipping, CPU Adam on the fp32 masters and
+// copy-out, after which the updated weights go back. Everything the checkpoint holds (weights,
+// masters, Adam states, client state) stays in host memory, so saves and restores are the CPU
+// trainer's, and a checkpoint of one engine resumes on the other.
+//
+// The trainer library does not link CUDA: the CLI passes a factory (RunOptions::device_factory).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "offload/model/model.h"
+#include "offload/optim/adam.h"
+#include "ucp/base/result.h"
+#include "ucp/base/status.h"
+
+namespace ucp::offload {
+
+/// Elements [model_offset, model_offset + n) of the weights and gradients (model order), which are
+/// elements [state_offset, state_offset + n) of the optimizer state in host memory.
+struct DevicePiece {
+  int64_t model_offset = 0;
+  int64_t state_offset = 0;
+  int64_t n = 0;
+};
+
+/// What the trainer tells the device when it is made.
+struct TrainDeviceSpec {
+  ModelConfig model;
+  LowpDType weights = LowpDType::kBf16;  ///< the training dtype (kFp32: fp32 weights)
+  int64_t max_batch = 1;                 ///< the micro-batch
+  int64_t seq_len = 1;
+  int rank = 0;  ///< this process's rank (picks the device: rank % device count)
+  int threads = 1;  ///< the host threads of the run (the CPU twin's model uses them)
+  /// Host buffers the device copies from and to (registered as pinned memory by the CUDA device,
+  /// so the copies run at the link's speed): the gradient, the training-dtype weights (bf16/fp16
+  /// bits; empty for fp32), the fp32 weights (fp32 training only). Kept alive by the trainer.
+  std::span<float> h_grads;
+  std::span<uint16_t> h_weights16;
+  std::span<float> h_weights32;
+  /// The pieces whose fp32 master and Adam states live on the device and are stepped there by a
+  /// device Adam (--gpu-tail-buckets: the buckets backward completes last); empty: none.
+  std::vector<DevicePiece> device_pieces;
+  AdamConfig adam;
+};
+
+class TrainDevice {
+ public:
+  virtual ~TrainDevice() = default;
+  /// One line: the device's name and memory.
+  virtual std::string Describe() const = 0;
+  /// The host's training-dtype weights (TrainDeviceSpec::h_weights16 or h_weights32) are new:
+  /// copy them to the device (and widen them there into the compute copy).
+  virtual Status UploadWeights() = 0;
+  /// Zeroes the device gradients (the start of a step).
+  virtual Status ZeroGrads() = 0;
+  /// As Model::ForwardBackward on the device's weights, adding into the device gradients.
+  virtual Result<double> ForwardBackward(const Batch& batch, float grad_scale) = 0;
+  /// As Model::Forward.
+  virtual Result<double> Forward(const Batch& batch) = 0;
+  /// The device gradients into TrainDeviceSpec::h_grads (all of them; the device pieces' too, so
+  /// the host's norm covers every element).
+  virtual Status GradsToHost() = 0;
+  /// The device pieces' state: host -> device (after an init or a restore) and device -> host
+  /// (before a save or StateForTest). `master`, `exp_avg`, `exp_avg_sq` are the host state
+  /// buffers (state order). No-ops without device pieces.
+  virtual Status PushState(std::span<const float> master, std::span<const float> exp_avg,
+                           std::span<const float> exp_avg_sq) = 0;
+  virtual Status PullState(std::span<float> master, std::span<float> exp_avg,
+                           std::span<float> exp_avg_sq) = 0;
+  /// One AdamW step of the device pieces from the device gradients times `grad_scale` (the
+  /// host's clip / loss-scale multiplier), writing their training-dtype weights on the device
+  /// (bitwise the CPU Adam's step of the same pieces: offload/cuda/cuda_adam.h).
+  virtual Status StepDevicePieces(int64_t step, float lr, float grad_scale) = 0;
+  /// Device memory in use, bytes.
+  virtual int64_t device_bytes() const = 0;
+};
+
+using TrainDeviceFactory =
+    std::function<Result<std::unique_ptr<TrainDevice>>(const TrainDeviceSpec& spec)>;
+
+/// The CPU twin of a device (RunOptions::device "twin"): host buffers stand in for device memory
+/// (its own compute copy widened from the uploaded weights, its own gradients, its own masters
+/// and Adam states for the device pieces, stepped by AdamStepFused with the multiplier), the CPU
+/// model computes. It runs the trainer's device code path in CI: training through it is bitwise
+/// the CPU trainer's (offload_train_test DeviceTwin.*), so what differs on a GPU is the kernels.
+/// Errors: kInvalidArgument (the spec), kResourceExhausted.
+Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& spec);
+
+}  // namespace ucp::offload

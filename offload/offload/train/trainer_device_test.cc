@@ -1,0 +1,197 @@
+// The trainer's device code path (device.h) through the CPU twin device: training with
+// forward/backward on the "device", gradients to the host, weights back, and the tail pieces
+// stepped by the "device Adam" is bitwise the plain CPU trainer's, checkpoints included, at
+// every training dtype; and what a device does not run is refused. The same checks on a GPU,
+// within stated tolerances: offload/cuda/cuda_train_test.cc (label gpu).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "offload/train/trainer.h"
+#include "tests/testutil/status_matchers.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace ucp::offload {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::ucp::testing::StatusIs;
+
+fs::path WriteText(const fs::path& dir) {
+  const fs::path p = dir / "text.txt";
+  std::ofstream f(p);
+  for (int i = 0; i < 80; ++i) {
+    f << "Line " << i << ": the quick brown fox jumps over the lazy dog, again and again.\n";
+  }
+  return p;
+}
+
+TrainConfig Config(const std::string& model, const std::string& dtype, const fs::path& data) {
+  TrainConfig c;
+  c.model = model;
+  c.dtype = dtype;
+  c.data = data.string();
+  c.seq_len = 32;
+  c.global_batch = 4;
+  c.micro_batch = 2;
+  c.steps = 8;
+  c.lr = 1e-2;
+  c.min_lr = 1e-3;
+  c.warmup_samples = 4;
+  c.val_samples = 4;
+  c.clip_grad = 0.5;  // some steps clipped, some not (the multiplier reaches the device Adam)
+  c.layout = "tp=1,pp=1,dp=1,zero=1";
+  return c;
+}
+
+RunOptions Opts(const fs::path& out, const std::string& device, int tail) {
+  RunOptions r;
+  r.out = out;
+  r.threads = 2;
+  r.async_save = false;
+  r.device = device;
+  r.gpu_tail_buckets = tail;
+  return r;
+}
+
+using State = std::vector<std::pair<std::string, std::vector<std::byte>>>;
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  double val = 0;
+  State state;
+};
+
+Outcome Train(Trainer& t, int64_t until, int64_t save_at = -1) {
+  Outcome r;
+  while (t.step() < until) {
+    auto rec = t.Step();
+    EXPECT_TRUE(rec.ok()) << rec.status().ToString();
+    if (!rec.ok()) break;
+    r.losses.push_back(rec->loss);
+    r.norms.push_back(rec->grad_norm);
+    if (t.step() == save_at) {
+      EXPECT_TRUE(t.Save().ok());
+    }
+  }
+  auto v = t.Validate();
+  EXPECT_TRUE(v.ok()) << v.status().ToString();
+  r.val = v.ok() ? *v : -1;
+  r.state = t.StateForTest();
+  return r;
+}
+
+void ExpectSame(const Outcome& a, const Outcome& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(a.losses[i], b.losses[i]) << "loss of step " << i + 1;
+    EXPECT_EQ(a.norms[i], b.norms[i]) << "norm of step " << i + 1;
+  }
+  EXPECT_EQ(a.val, b.val);
+  ASSERT_EQ(a.state.size(), b.state.size());
+  for (size_t i = 0; i < a.state.size(); ++i) {
+    EXPECT_EQ(a.state[i].first, b.state[i].first);
+    EXPECT_TRUE(a.state[i].second == b.state[i].second) << a.state[i].first;
+  }
+}
+
+class DeviceTwin
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, int>> {};
+
+// CPU trainer vs the device path on the twin (tail pieces 0, 2, or all 6 grad groups): 5 steps,
+// every loss, norm, the validation loss, and every weight, master and Adam state bitwise.
+TEST_P(DeviceTwin, BitwiseTheCpuTrainer) {
+  const auto& [model, dtype, tail] = GetParam();
+  ucp::testing::TempDir tmp;
+  const fs::path text = WriteText(tmp.path());
+  const TrainConfig c = Config(model, dtype, text);
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer twin,
+                           Trainer::Create(c, Opts(tmp.path() / "twin", "twin", tail)));
+  EXPECT_THAT(twin.Describe(), HasSubstr("device twin"));
+  const Outcome a = Train(cpu, 5);
+  const Outcome b = Train(twin, 5);
+  ExpectSame(a, b);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, DeviceTwin,
+    ::testing::Values(std::make_tuple("llama-tiny", "bf16", 0),
+                      std::make_tuple("llama-tiny", "bf16", 2),
+                      std::make_tuple("llama-tiny", "bf16", 6),
+                      std::make_tuple("gpt-tiny", "fp16", 2),
+                      std::make_tuple("gpt-tiny", "fp32", 0),
+                      std::make_tuple("llama-tiny-tied", "bf16", 1)));
+
+// A checkpoint written through the device path (tail pieces on the "device": their state is
+// pulled into the save) resumes on the CPU engine at another ZeRO stage, and a CPU checkpoint
+// resumes on the device path: both continue bitwise as the uninterrupted CPU run.
+TEST(DeviceTwinCheckpoint, ResumesAcrossEnginesAndLayouts) {
+  ucp::testing::TempDir tmp;
+  const fs::path text = WriteText(tmp.path());
+  const TrainConfig c = Config("llama-tiny", "bf16", text);
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer ref, Trainer::Create(c, Opts(tmp.path() / "ref", "cpu", 0)));
+  const Outcome full = Train(ref, 6);
+
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer dev, Trainer::Create(c, Opts(tmp.path() / "a", "twin", 3)));
+  const Outcome first = Train(dev, 2, /*save_at=*/2);
+  for (size_t i = 0; i < first.losses.size(); ++i) EXPECT_EQ(first.losses[i], full.losses[i]);
+
+  // Device (zero=1) -> CPU (zero=2): steps 3 and 4, then saved.
+  TrainConfig c2 = c;
+  c2.layout = "tp=1,pp=1,dp=1,zero=2";
+  RunOptions r2 = Opts(tmp.path() / "a", "cpu", 0);
+  r2.resume = tmp.path() / "a";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c2, r2));
+  ASSERT_EQ(cpu.step(), 2);
+  const Outcome mid = Train(cpu, 4, /*save_at=*/4);
+  ASSERT_EQ(mid.losses.size(), 2u);
+  EXPECT_EQ(mid.losses[0], full.losses[2]);
+  EXPECT_EQ(mid.losses[1], full.losses[3]);
+
+  // CPU (zero=2) -> device (zero=0, all groups on the device Adam): steps 5 and 6.
+  TrainConfig c3 = c;
+  c3.layout = "tp=1,pp=1,dp=1,zero=0";
+  RunOptions r3 = Opts(tmp.path() / "a", "twin", 6);
+  r3.resume = tmp.path() / "a";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer back, Trainer::Create(c3, r3));
+  ASSERT_EQ(back.step(), 4);
+  const Outcome last = Train(back, 6);
+  ASSERT_EQ(last.losses.size(), 2u);
+  EXPECT_EQ(last.losses[0], full.losses[4]);
+  EXPECT_EQ(last.losses[1], full.losses[5]);
+  EXPECT_EQ(last.val, full.val);
+}
+
+TEST(DeviceOptions, RefusedWhereNotRun) {
+  ucp::testing::TempDir tmp;
+  const fs::path text = WriteText(tmp.path());
+  const TrainConfig c = Config("llama-tiny", "bf16", text);
+  EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "a", "tpu", 0)).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--device tpu")));
+  // No factory: a build without the CUDA engine.
+  EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "b", "cuda", 0)).status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("no CUDA engine")));
+  RunOptions o = Opts(tmp.path() / "c", "twin", 0);
+  o.pipeline = "overlap";
+  EXPECT_THAT(Trainer::Create(c, o).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("--pipeline sync only")));
+  EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "d", "twin", 7)).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--gpu-tail-buckets 7")));
+  TrainConfig d = c;
+  d.deterministic = true;
+  EXPECT_THAT(Trainer::Create(d, Opts(tmp.path() / "e", "twin", 0)).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("--deterministic")));
+  TrainConfig f = c;
+  f.dtype = "fp32";
+  EXPECT_THAT(Trainer::Create(f, Opts(tmp.path() / "f", "twin", 1)).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("bf16 or fp16")));
+}
+
+}  // namespace
+}  // namespace ucp::offload
