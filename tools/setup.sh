@@ -13,6 +13,7 @@ packages=(
   g++-aarch64-linux-gnu qemu-user  # offload/: NEON/SVE cross-compile and qemu test
   libopenblas-dev  # offload/model: CPU matrix products (docs/adr/0007)
   fortunes         # offload/data: the built-in English training corpus
+  valgrind         # tests/corrupt: HDF5's error path on corrupt metadata, checked clean
   python3-matplotlib  # tools/plot_loss.py: loss curves of ucp-train runs
 )
 
