@@ -628,7 +628,13 @@ FIXTURES = {
     "megatron_qkvblocks_tp1_pp1_dp2_fp16_zero1": "expected.pt",
     "megatron_sgd_tp2_pp1_dp2_fp16_zero2": "expected_sgd.pt",
     "megatron_uneven_tp2_pp2_dp2_bf16": "expected_uneven.pt",
+    "deepspeed_moe_tp1_pp1_dp4_ep2_fp32_zero1": "expected_moe.pt",
 }
+# Native DeepSpeed-MoE checkpoints (expert files, written by the real engine: tests/peer/
+# ds_moe_peer.py): DeepSpeed 0.14.4's ds_to_universal knows no expert files (DeepSpeed #5716) and
+# asserts on the missing layer_* files; ucp reads them (cli_deepspeed_moe_test, and
+# peer_ucp_reads_deepspeed_moe_* against the engine's own state).
+NATIVE_MOE_FIXTURES = {"deepspeed_moe_tp1_pp1_dp4_ep2_fp32_zero1"}
 # Fixtures of optimizers other than Adam (torch SGD's momentum_buffer): DeepSpeed's converter
 # hard-codes exp_avg / exp_avg_sq (DeepSpeed issue #8608), so it must refuse them with that
 # KeyError; ucp reads them (api_deepspeed_source_test) and peer_ucp_sgd runs the real engine.
@@ -770,6 +776,21 @@ def non_adam_fixture(data, name, failed):
                       f"hard-coded, DeepSpeed #8608)")
 
 
+def native_moe_fixture(data, name, failed):
+    """DeepSpeed's ds_to_universal on a native DeepSpeed-MoE fixture must refuse it."""
+    with open(os.path.join(data, name, "latest")) as f:
+        tag = os.path.join(data, name, f.read().strip())
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            run_ds_to_universal(tag, os.path.join(tmp, "universal"), inject_missing_state=True)
+            print(f"FAIL {name}: ds_to_universal converted a native DeepSpeed-MoE checkpoint; "
+                  f"update NATIVE_MOE_FIXTURES and compare its output")
+            failed.append(name)
+        except AssertionError as e:
+            print(f"ok {name}: ds_to_universal refuses native DeepSpeed-MoE (AssertionError: {e}; "
+                  f"DeepSpeed #5716)")
+
+
 def cmd_fixtures(a):
     failed = []
     megatron_enums_importable()
@@ -778,6 +799,9 @@ def cmd_fixtures(a):
         # are compared, bitwise, with the truth's; its model_bf16 / model_fp16 are not used here.
         if name in NON_ADAM_FIXTURES:
             non_adam_fixture(a.data, name, failed)
+            continue
+        if name in NATIVE_MOE_FIXTURES:
+            native_moe_fixture(a.data, name, failed)
             continue
         expected = {n: {s: st[s] for s in STATES}
                     for n, st in torch.load(os.path.join(a.data, FIXTURES[name])).items()}
