@@ -95,6 +95,10 @@ Status RunInspect(const po::variables_map& vm, CommandIo& io) {
   io.out << "\nfits:      ";
   for (size_t i = 0; i < fits.size(); ++i) {
     io.out << (i ? "; " : " ") << fits[i].first << " " << IntList(fits[i].second);
+    // Those are the even splits; an uneven one fits any pp up to the layers (docs/patterns.md).
+    if (fits[i].first == "pp" && m.spec.hyper.contains("layers")) {
+      io.out << " (even stages; with stages= any pp up to " << m.spec.hyper.at("layers") << ")";
+    }
   }
   io.out << "\noptimizer:  " << m.optimizer_kind << ", states";
   for (const auto& s : m.optimizer_states) io.out << " " << s;
