@@ -2,13 +2,14 @@
 // The model binding is in deepspeed_model.cc. See deepspeed_checkpoint.h and docs/deepspeed.md.
 #include "ucp/deepspeed/deepspeed_checkpoint.h"
 
-#include <cmath>
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <regex>
+#include <set>
 #include <utility>
 
 #include "ucp/base/checked_math.h"
@@ -57,6 +58,9 @@ struct FileNames {
   std::map<std::pair<int, int>, std::string> optim;  // (dp, mp) -> name
   std::string optim_prefix;
   std::map<int, int> layer_files_per_index;  // layer index -> count
+  // layer_XX-model_states.pt: a PipelineModule whose topology has no `model` axis (DeepSpeed's
+  // PipeDataParallelTopology; get_rank_repr leaves out pipe and data) names no tp rank.
+  std::set<int> layer_files_without_model;
   std::map<std::pair<int, int>, std::string> zero3;  // ZeRO-3 model states: (dp, mp) -> name
   // DeepSpeed-MoE (engine.py _save_moe_checkpoint): (moe layer, global expert, mp) -> name, and
   // the expert-parallel optimizer files (ep rank, mp) -> name.
@@ -69,6 +73,7 @@ Result<FileNames> ListFiles(const fs::path& dir) {
   static const std::regex optim_re(
       R"((bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
   static const std::regex layer_re(R"(layer_(\d+)-model_(\d+)-model_states\.pt)");
+  static const std::regex plain_layer_re(R"(layer_(\d+)-model_states\.pt)");
   static const std::regex zero3_re(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)");
   // DeepSpeed's MoE layer saves its experts apart from the module (deepspeed_ucp.md 8), one file
   // per (MoE layer, global expert, mp rank), and one expp_rank file per expert-parallel rank.
@@ -124,6 +129,10 @@ Result<FileNames> ListFiles(const fs::path& dir) {
       const std::optional<int> i = RankIndex(m[1]);
       if (!i) return bad_index(n);
       ++f.layer_files_per_index[*i];
+    } else if (std::regex_match(n, m, plain_layer_re)) {
+      const std::optional<int> i = RankIndex(m[1]);
+      if (!i) return bad_index(n);
+      f.layer_files_without_model.insert(*i);
     } else if (std::regex_match(n, m, zero3_re)) {
       const std::optional<int> d = RankIndex(m[1]), mp = RankIndex(m[2]);
       if (!d || !mp) return bad_index(n);
@@ -201,8 +210,7 @@ std::string DeepSpeedCheckpoint::LayoutString() const {
   const std::string zero = optimizer_ == "zero2" ? "2" : optimizer_ == "zero3" ? "3" : "1";
   return "tp=" + std::to_string(tp_) + ",pp=" + std::to_string(pp_) + ",dp=" + std::to_string(dp_) +
          ",sp=" + std::to_string(sp_) + (ep_ > 1 ? ",ep=" + std::to_string(ep_) : "") +
-         ",zero=" + zero +
-         (stages_.empty() ? "" : ",stages=" + layout::StagesToString(stages_));
+         ",zero=" + zero + (stages_.empty() ? "" : ",stages=" + layout::StagesToString(stages_));
 }
 
 std::string DeepSpeedCheckpoint::ExpertFile(int moe_layer, int64_t expert, int mp_rank) {
@@ -234,6 +242,14 @@ std::string DeepSpeedCheckpoint::OptimStatesFile(int pp_rank, int tp_rank, int d
   return buf;
 }
 
+std::string DeepSpeedCheckpoint::LayerFileOf(int64_t layer_index, int tp_rank) const {
+  if (!layer_files_without_model_) return LayerFile(layer_index, tp_rank);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "layer_%02lld-model_states.pt",
+                static_cast<long long>(layer_index));
+  return buf;
+}
+
 std::string DeepSpeedCheckpoint::LayerFile(int64_t layer_index, int tp_rank) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "layer_%02lld-model_%02d-model_states.pt",
@@ -256,6 +272,14 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
                            (i < 10 ? "0" : "") + std::to_string(i) + "_model_states.pt");
     }
   }
+  if (!files.layer_files_without_model.empty()) {
+    if (!files.layer_files_per_index.empty()) {
+      return DataLossError("checkpoint folder " + ck.dir_.string() +
+                           " mixes layer_XX-model_TT-model_states.pt and layer_XX-model_states.pt "
+                           "files (layer_" +
+                           std::to_string(*files.layer_files_without_model.begin()) + ")");
+    }
+  }
   // Rank 0's model states: topology, client state.
   UCP_ASSIGN_OR_RETURN(TorchFile mp0, TorchFile::Open(ck.dir_ / files.mp.at(0)));
   const PyValue& root = mp0.root();
@@ -272,6 +296,10 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     }
     ck.pp_ = static_cast<int>(pp);
     ck.tp_ = static_cast<int>(tp);
+  } else if (files.layer_files_per_index.empty() && !files.layer_files_without_model.empty()) {
+    // No model axis in the pipeline topology: every mp_rank file is a pipeline stage.
+    ck.tp_ = 1;
+    ck.pp_ = num_mp;
   } else if (!files.layer_files_per_index.empty()) {
     if (!files.layer_files_per_index.contains(1)) {
       return NotFoundError("checkpoint folder " + ck.dir_.string() +
@@ -282,6 +310,15 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   } else {
     ck.tp_ = num_mp;
     ck.pp_ = 1;
+  }
+  if (!files.layer_files_without_model.empty()) {
+    if (ck.tp_ != 1) {
+      return DataLossError("checkpoint folder " + ck.dir_.string() +
+                           ": layer_XX-model_states.pt files name no tensor-parallel rank, but "
+                           "checkpoint_parallel_dimensions says tp_degree=" +
+                           std::to_string(ck.tp_));
+    }
+    ck.layer_files_without_model_ = true;
   }
   if (ck.tp_ < 1 || ck.pp_ < 1 || ck.tp_ * ck.pp_ != num_mp) {
     return DataLossError("checkpoint folder " + ck.dir_.string() + ": " + std::to_string(num_mp) +
@@ -310,18 +347,18 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   }
   if (ck.zero3_files_) {
     if (ck.pp_ != 1) {
-      return UnimplementedError("checkpoint folder " + ck.dir_.string() +
-                                " is a ZeRO-3 checkpoint with pipeline stages (pp=" +
-                                std::to_string(ck.pp_) +
-                                "), which DeepSpeed does not train and ucp does not read");
+      return UnimplementedError(
+          "checkpoint folder " + ck.dir_.string() +
+          " is a ZeRO-3 checkpoint with pipeline stages (pp=" + std::to_string(ck.pp_) +
+          "), which DeepSpeed does not train and ucp does not read");
     }
     for (int d = 0; d < dp_sp; ++d) {
       for (int m = 0; m < num_mp; ++m) {
         if (!files.zero3.contains({d, m})) {
           return NotFoundError("checkpoint folder " + ck.dir_.string() + " lacks " +
-                               ck.Zero3ModelStatesFile(m, d) + " (ZeRO-3, tp=" +
-                               std::to_string(ck.tp_) + ", " + std::to_string(dp_sp) +
-                               " data-parallel partitions)");
+                               ck.Zero3ModelStatesFile(m, d) +
+                               " (ZeRO-3, tp=" + std::to_string(ck.tp_) + ", " +
+                               std::to_string(dp_sp) + " data-parallel partitions)");
         }
       }
     }
@@ -383,18 +420,18 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
       }
     }
     if (dp_sp % ck.ep_ != 0) {
-      return DataLossError("checkpoint folder " + ck.dir_.string() + ": " +
-                           std::to_string(ck.ep_) + " expert-parallel ranks (expp_rank files) do "
-                           "not divide the " + std::to_string(dp_sp) +
-                           " data-parallel optimizer partitions");
+      return DataLossError("checkpoint folder " + ck.dir_.string() + ": " + std::to_string(ck.ep_) +
+                           " expert-parallel ranks (expp_rank files) do "
+                           "not divide the " +
+                           std::to_string(dp_sp) + " data-parallel optimizer partitions");
     }
     size_t want = 0;
     for (size_t l = 0; l < ck.num_experts_.size(); ++l) {
       const int64_t n = ck.num_experts_[l];
       if (n % ck.ep_ != 0) {
         return DataLossError(where + ": MoE layer " + std::to_string(l) + " has " +
-                             std::to_string(n) + " experts, not a multiple of ep=" +
-                             std::to_string(ck.ep_));
+                             std::to_string(n) +
+                             " experts, not a multiple of ep=" + std::to_string(ck.ep_));
       }
       for (int64_t e = 0; e < n; ++e) {
         for (int m = 0; m < num_mp; ++m) {
@@ -409,10 +446,9 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
       want += static_cast<size_t>(n) * static_cast<size_t>(num_mp);
     }
     if (files.experts.size() != want) {
-      return DataLossError("checkpoint folder " + ck.dir_.string() + " has " +
-                           std::to_string(files.experts.size()) +
-                           " expert files, but num_experts of " + files.mp.at(0) + " makes " +
-                           std::to_string(want));
+      return DataLossError(
+          "checkpoint folder " + ck.dir_.string() + " has " + std::to_string(files.experts.size()) +
+          " expert files, but num_experts of " + files.mp.at(0) + " makes " + std::to_string(want));
     }
   }
   // Frozen parameters (requires_grad=False) have no optimizer state, and a universal checkpoint
@@ -565,8 +601,8 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
         // Sizes from a file are checked before any arithmetic uses them.
         for (int64_t d : shape) {
           if (d > (int64_t{1} << 40)) {
-            return DataLossError(lname + ": param_shapes[\"" + name + "\"] " +
-                                 ShapeString(shape) + " has an implausible dim");
+            return DataLossError(lname + ": param_shapes[\"" + name + "\"] " + ShapeString(shape) +
+                                 " has an implausible dim");
           }
         }
         UCP_RETURN_IF_ERROR(
@@ -633,9 +669,10 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     ck.optimizer_ = "bf16_optimizer";
   }
   if (ck.moe_ && ck.optimizer_ == "bf16_optimizer") {
-    return UnimplementedError(optim0 + ": DeepSpeed-MoE with BF16_Optimizer; ucp reads "
-                                       "DeepSpeed-MoE under ZeRO-1/2 (the missing piece is "
-                                       "BF16_Optimizer's expert-parallel partitions)");
+    return UnimplementedError(optim0 +
+                              ": DeepSpeed-MoE with BF16_Optimizer; ucp reads "
+                              "DeepSpeed-MoE under ZeRO-1/2 (the missing piece is "
+                              "BF16_Optimizer's expert-parallel partitions)");
   }
   // ZeRO-3 keeps the torch optimizer's state_dict under optimizer_state_dict (stage3.py
   // _rigid_state_dict), ZeRO-1/2 and BF16_Optimizer under base_optimizer_state.
@@ -681,8 +718,9 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
           n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") ==
               std::string::npos;
       if (!name_ok) {
-        return UnimplementedError(what + ": the state name is not one ucp can store (letters, "
-                                         "digits and _; not fp32 or model)");
+        return UnimplementedError(what +
+                                  ": the state name is not one ucp can store (letters, "
+                                  "digits and _; not fp32 or model)");
       }
       ck.optimizer_states_.push_back(n);
     }
@@ -781,7 +819,8 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   }
   if (const PyValue* u = root.Get("ucp_client_state"); u != nullptr) {
     if (u->kind() != PyKind::kStr) {
-      return DataLossError((ck.dir_ / files.mp.at(0)).string() + ": ucp_client_state is not a string");
+      return DataLossError((ck.dir_ / files.mp.at(0)).string() +
+                           ": ucp_client_state is not a string");
     }
     ck.ucp_client_state_json_ = u->str();
   }
@@ -789,6 +828,8 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
   std::string js = "{\"naming\":\"" + std::string(NamingName(ck.naming_)) + "\",\"tag\":";
   AppendJsonString(ck.dir_.filename().string(), js);
   js += ",\"layout\":\"" + ck.LayoutString() + "\",\"optimizer\":\"" + ck.optimizer_ + "\"";
+  // DeepSpeed-MoE files (at any ep, 1 included): a DeepSpeed writer writes them again.
+  if (ck.moe_) js += ",\"deepspeed_moe\":true";
   for (const char* key :
        {"iteration", "args", "checkpoint_version", "tokens", "global_steps", "global_samples",
         "skipped_steps", "ds_version", "ds_config", "lr_scheduler", "universal_checkpoint_info"}) {
@@ -851,9 +892,9 @@ Result<DeepSpeedCheckpoint> DeepSpeedCheckpoint::Open(const fs::path& path,
     UCP_RETURN_IF_ERROR(
         ck.DecideQkvLayout(options, args, root.Get("ucp_qkv_layout"), files.mp.at(0)));
     // Recorded with the client state, so that ucp's own formats carry it to a DeepSpeed writer.
-    ck.client_state_json_.insert(ck.client_state_json_.size() - 1,
-                                 ",\"qkv_layout\":\"" +
-                                     std::string(QkvLayoutName(ck.qkv_layout_)) + "\"");
+    ck.client_state_json_.insert(
+        ck.client_state_json_.size() - 1,
+        ",\"qkv_layout\":\"" + std::string(QkvLayoutName(ck.qkv_layout_)) + "\"");
   }
   return ck;
 }
@@ -905,16 +946,15 @@ Status DeepSpeedCheckpoint::DecideQkvLayout(const OpenOptions& options, const Py
     qkv_layout_origin_ = "--qkv-layout";
   } else {
     qkv_layout_ = QkvLayout::kPerGroup;
-    qkv_layout_origin_ =
-        "default: " + file + " does not record it (" +
-        (args == nullptr ? std::string("no Megatron args")
-                         : mha ? std::string("Megatron args from before PR #441")
-                               : std::string("grouped-query attention")) +
-        "); --qkv-layout per-rank-blocks reads Megatron-DeepSpeed since PR #441";
+    qkv_layout_origin_ = "default: " + file + " does not record it (" +
+                         (args == nullptr ? std::string("no Megatron args")
+                          : mha           ? std::string("Megatron args from before PR #441")
+                                          : std::string("grouped-query attention")) +
+                         "); --qkv-layout per-rank-blocks reads Megatron-DeepSpeed since PR #441";
   }
-  return CheckQkvLayout(model_, qkv_layout_, tp_,
-                        "QKV order " + std::string(QkvLayoutName(qkv_layout_)) + " (" +
-                            qkv_layout_origin_ + ")");
+  return CheckQkvLayout(
+      model_, qkv_layout_, tp_,
+      "QKV order " + std::string(QkvLayoutName(qkv_layout_)) + " (" + qkv_layout_origin_ + ")");
 }
 
 }  // namespace ucp::deepspeed

@@ -190,6 +190,9 @@ class DeepSpeedCheckpoint {
   std::string OptimStatesFile(int pp_rank, int tp_rank, int dp_rank) const;
   /// GPTModelPipe: the low-precision weights of spec `layer_index` on tp rank `tp_rank`.
   static std::string LayerFile(int64_t layer_index, int tp_rank);
+  /// This folder's layer file: LayerFile, or layer_XX-model_states.pt when the engine's pipeline
+  /// topology had no `model` axis (PipeDataParallelTopology: no tp rank in the names, tp=1).
+  std::string LayerFileOf(int64_t layer_index, int tp_rank) const;
   /// DeepSpeed-MoE: expert `expert` (global index) of MoE layer `moe_layer` on model-parallel
   /// rank `mp_rank` (engine.py _get_expert_ckpt_name).
   static std::string ExpertFile(int moe_layer, int64_t expert, int mp_rank);
@@ -203,6 +206,7 @@ class DeepSpeedCheckpoint {
   std::filesystem::path dir_;
   int tp_ = 1, pp_ = 1, dp_ = 1, sp_ = 1, ep_ = 1;
   bool moe_ = false;
+  bool layer_files_without_model_ = false;
   std::vector<int64_t> num_experts_;
   int64_t iteration_ = 0, step_ = 0;
   DType dtype_ = DType::kFp32;

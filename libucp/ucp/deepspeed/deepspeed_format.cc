@@ -202,14 +202,6 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
                                 ": DeepSpeed's ZeRO checkpoints are written at zero=1, 2 or 3; "
                                 "zero=0 has no ZeRO optimizer files");
   }
-  if (to.ep != 1) {
-    return UnimplementedError(where +
-                              ": DeepSpeed-MoE expert parallelism (ep > 1) is not "
-                              "written (the missing piece is the writer's expert layout: "
-                              "layer_L_expert_E files, expp_rank files and the moe param groups "
-                              "partitioned over dp / ep); pass ep=1 to write the experts as "
-                              "ordinary parameters");
-  }
   if (options.group != nullptr && options.group->size() > 1) {
     return UnimplementedError(
         "--format deepspeed runs in one process (every optimizer file takes "
@@ -259,13 +251,32 @@ Result<exec::ExecStats> ToDeepSpeed(const CheckpointSource& src, const layout::L
       wo.layout.naming == deepspeed::Naming::kMegatronPipe) {
     wo.layout.naming = deepspeed::Naming::kMegatronGpt;
   }
-  // One param group when the source DeepSpeed run had one; Megatron's two otherwise.
+  // One param group when the source DeepSpeed run had one (besides DeepSpeed-MoE's expert
+  // groups); Megatron's two otherwise.
   if (recorded.is_object() && recorded.contains("optimizer_state") &&
       recorded["optimizer_state"].is_object() &&
       recorded["optimizer_state"].contains("param_groups") &&
-      recorded["optimizer_state"]["param_groups"].is_array() &&
-      recorded["optimizer_state"]["param_groups"].size() == 1) {
-    wo.layout.grouping = deepspeed::ParamGrouping::kSingle;
+      recorded["optimizer_state"]["param_groups"].is_array()) {
+    size_t dense = 0;
+    for (const json& g : recorded["optimizer_state"]["param_groups"]) {
+      if (!(g.is_object() && g.contains("moe") && g["moe"] == true)) ++dense;
+    }
+    if (dense == 1) wo.layout.grouping = deepspeed::ParamGrouping::kSingle;
+  }
+  // DeepSpeed-MoE files (expert files, expp_rank files, expert param groups over dp / ep) at
+  // ep > 1, and at ep=1 when the source was DeepSpeed-MoE: an engine with MoE layers loads
+  // nothing else. Otherwise experts are ordinary parameters under ucp's names.
+  wo.layout.ep = to.ep;
+  wo.layout.deepspeed_moe =
+      to.ep > 1 || (recorded.is_object() && recorded.contains("deepspeed_moe") &&
+                    recorded["deepspeed_moe"] == true);
+  if (wo.layout.deepspeed_moe && meta.model.spec.dtype != DType::kFp32) {
+    return UnimplementedError(
+        where + ": DeepSpeed-MoE is written for fp32 training only, not " +
+        std::string(DTypeName(meta.model.spec.dtype)) +
+        " (the missing piece: DeepSpeed-MoE's model states hold no ds_config, so the training "
+        "dtype is not in them for a reader, and no bf16 / fp16 MoE run has been checked "
+        "against the engine)");
   }
   const bool bf16_allowed = meta.model.spec.dtype == DType::kBf16 && to.zero_stage == 1;
   if (ds.optimizer == "bf16") {

@@ -58,8 +58,11 @@ Result<Naming> ParseNamingOption(std::string_view text);
 
 /// Writes `src` as a DeepSpeed checkpoint at `layout` (tp, pp, dp, sp, zero 1 or 2) in the new
 /// folder `dst` (DST/latest, DST/<tag>/...), streaming: no universal copy, memory a few windows.
+/// ep > 1, or a DeepSpeed-MoE source at ep=1, writes DeepSpeed-MoE's files (expert files,
+/// expp_rank files, expert param groups partitioned over dp / ep; docs/deepspeed.md).
 /// Errors: kInvalidArgument (zero=0, universal, a naming or optimizer the model or dtype cannot
-/// take, BF16_Optimizer at ZeRO-2), kUnimplemented (zero=3, ep > 1, several processes),
+/// take, BF16_Optimizer at ZeRO-2), kUnimplemented (DeepSpeed-MoE at pp > 1, sp > 1, ZeRO-3 or
+/// a dtype other than fp32; several processes),
 /// kFailedPrecondition (the model does not fit the layout), kAlreadyExists (dst exists), and
 /// the errors of the source, the plan, the executor and deepspeed::DeepSpeedWriter.
 Result<exec::ExecStats> ToDeepSpeed(const api::CheckpointSource& src, const layout::Layout& layout,

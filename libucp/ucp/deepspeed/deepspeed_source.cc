@@ -509,7 +509,7 @@ Result<std::unique_ptr<DeepSpeedTensorSource>> DeepSpeedTensorSource::Open(
         key = p.engine_name;
       } else if (ck.naming() == Naming::kMegatronPipe) {
         UCP_ASSIGN_OR_RETURN(PipeLayerKey at, PipeLayerOf(p.engine_name));
-        name = DeepSpeedCheckpoint::LayerFile(at.layer_index, t.tp);
+        name = ck.LayerFileOf(at.layer_index, t.tp);
         key = at.key;
       } else {
         name = ck.ModelStatesFile(t.pp, t.tp);

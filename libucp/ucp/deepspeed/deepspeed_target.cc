@@ -39,6 +39,12 @@ std::string DeepSpeedTarget::Zero3ModelStatesFile(int tp, int d) const {
   return buf;
 }
 
+std::string DeepSpeedTarget::ExpertOptimFile(int e, int tp) const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "expp_rank_%d_mp_rank_%02d_optim_states.pt", e, MpRank(0, tp));
+  return buf;
+}
+
 std::string DeepSpeedTarget::OptimStatesFile(int pp, int tp, int d,
                                              const std::string& prefix) const {
   char buf[96];
@@ -57,6 +63,14 @@ std::vector<TargetFragment> TargetRank::Fragments(int g, int d) const {
     // DeepSpeed links a parameter to a partition only when they share an element.
     if (overlap.empty()) continue;
     out.push_back({i, overlap.size(), overlap.inclusive_min - part.inclusive_min});
+  }
+  return out;
+}
+
+std::vector<int> TargetRank::FileGroups(int d, int ep) const {
+  std::vector<int> out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].ep_rank < 0 || groups[g].ep_rank == d % ep) out.push_back(static_cast<int>(g));
   }
   return out;
 }
@@ -81,8 +95,8 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
   if (zero3 && (l.pp > 1 || l.naming == Naming::kMegatronPipe)) {
     return InvalidArgumentError(
         "ZeRO-3 is written without pipeline stages (pp=1, naming megatron-gpt or plain): "
-        "DeepSpeed's pipeline engine does not run ZeRO-3 (asked: pp=" + std::to_string(l.pp) +
-        ", naming " + std::string(NamingName(l.naming)) + ")");
+        "DeepSpeed's pipeline engine does not run ZeRO-3 (asked: pp=" +
+        std::to_string(l.pp) + ", naming " + std::string(NamingName(l.naming)) + ")");
   }
   if (l.pp > 1 && l.naming != Naming::kMegatronPipe) {
     return InvalidArgumentError("naming " + std::string(NamingName(l.naming)) +
@@ -106,15 +120,71 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
       }
     }
   }
+  if (!l.deepspeed_moe && l.ep != 1) {
+    return InvalidArgumentError("DeepSpeed layout ep=" + std::to_string(l.ep) +
+                                ": expert parallelism is written as DeepSpeed-MoE only");
+  }
+  // DeepSpeed-MoE: the MoE layers (layers with per-expert parameters, in layer order: the
+  // engine counts its MoE modules in named_modules order) and their expert counts.
+  std::map<int64_t, int64_t> experts_of_layer;
+  if (l.deepspeed_moe) {
+    const std::string what = "DeepSpeed-MoE at tp=" + std::to_string(l.tp) +
+                             ",pp=" + std::to_string(l.pp) + ",dp=" + std::to_string(l.dp) +
+                             ",sp=" + std::to_string(l.sp) + ",ep=" + std::to_string(l.ep) +
+                             ",zero=" + std::to_string(l.zero_stage);
+    if (l.ep < 1) return InvalidArgumentError(what + ": ep is below 1");
+    if (l.pp > 1 || l.sp > 1 || zero3) {
+      return UnimplementedError(
+          what +
+          ": DeepSpeed-MoE is written at ZeRO-1/2 without pipeline stages or sequence "
+          "parallelism (the missing piece is the expert files' MoE-layer numbering per "
+          "stage, the expert groups over dp * sp, and ZeRO-3's expert sub-groups)");
+    }
+    if ((l.dp * l.sp) % l.ep != 0) {
+      return FailedPreconditionError(
+          what + ": ep does not divide dp * sp = " + std::to_string(l.dp * l.sp) +
+          " (every expert data-parallel group has dp * sp / ep ranks)");
+    }
+    for (const patterns::ResolvedParam& p : model.params) {
+      if (p.rule.axis == patterns::Axis::kEp && p.expert < 0) {
+        return UnimplementedError(what + ": parameter \"" + p.name +
+                                  "\" is sharded on axis ep, not one expert's; DeepSpeed-MoE "
+                                  "saves whole experts (the missing piece is its layout of an "
+                                  "ep-sharded tensor)");
+      }
+      if (p.expert < 0) continue;
+      if (p.stage != patterns::StagePlacement::kLayer) {
+        return UnimplementedError(what + ": expert parameter \"" + p.name +
+                                  "\" is in no transformer layer");
+      }
+      int64_t& n = experts_of_layer[p.layer];
+      n = std::max(n, p.expert + 1);
+    }
+    if (experts_of_layer.empty()) {
+      return FailedPreconditionError(what + ": model \"" + model.spec.name +
+                                     "\" has no per-expert parameters");
+    }
+    for (const auto& [layer, n] : experts_of_layer) {
+      if (n % l.ep != 0) {
+        return FailedPreconditionError(what + ": layer " + std::to_string(layer) + " has " +
+                                       std::to_string(n) + " experts, not a multiple of ep");
+      }
+    }
+  }
   DeepSpeedTarget target;
   target.layout = l;
+  std::map<int64_t, int> moe_layer_of;
+  for (const auto& [layer, n] : experts_of_layer) {
+    moe_layer_of[layer] = static_cast<int>(target.num_experts.size());
+    target.num_experts.push_back(n);
+  }
   target.num_layers = model.num_layers;
   auto tied = model.spec.hyper.find("tied_embeddings");
   target.tied_embeddings = tied != model.spec.hyper.end() && tied->second != 0;
   UCP_ASSIGN_OR_RETURN(layout::StageAssignment stages,
                        layout::AssignStages(model.num_layers, l.pp, l.stages),
                        "model \"" + model.spec.name + "\" at pp=" + std::to_string(l.pp));
-  const EngineNameContext names{model.num_layers, target.tied_embeddings};
+  const EngineNameContext names{model.num_layers, target.tied_embeddings, l.deepspeed_moe};
   std::vector<std::string> engine_names(model.params.size());
   for (size_t i = 0; i < model.params.size(); ++i) {
     UCP_ASSIGN_OR_RETURN(engine_names[i], EngineName(model.params[i].name, l.naming, names),
@@ -180,18 +250,40 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
       rank.tp = r;
       // Group membership, then the groups that have members, renumbered.
       const int num_groups = l.grouping == ParamGrouping::kMegatron ? 2 : 1;
-      std::vector<std::vector<Placed>> by_group(static_cast<size_t>(num_groups));
+      // DeepSpeed-MoE (moe/utils.py split_params_into_different_moe_groups_for_optimizer): the
+      // dense groups first, then per dense group kind the experts of each ep rank, each
+      // in the engine's order (MoE layer, local expert, the expert's parameters).
+      const int ep = l.deepspeed_moe ? l.ep : 1;
+      std::vector<std::vector<Placed>> by_group(static_cast<size_t>(num_groups * (1 + ep)));
       for (const Placed& x : order) {
-        const int g = l.grouping == ParamGrouping::kMegatron
-                          ? model.params[x.model_index].optimizer_group
-                          : 0;
-        by_group[static_cast<size_t>(g)].push_back(x);
+        const patterns::ResolvedParam& p = model.params[x.model_index];
+        const int g = l.grouping == ParamGrouping::kMegatron ? p.optimizer_group : 0;
+        int slot = g;
+        if (l.deepspeed_moe && p.expert >= 0) {
+          const int64_t local = experts_of_layer.at(p.layer) / ep;
+          slot = num_groups + g * ep + static_cast<int>(p.expert / local);
+        }
+        by_group[static_cast<size_t>(slot)].push_back(x);
       }
-      for (size_t kind = 0; kind < by_group.size(); ++kind) {
-        const std::vector<Placed>& members = by_group[kind];
+      for (size_t slot = static_cast<size_t>(num_groups); slot < by_group.size(); ++slot) {
+        std::stable_sort(by_group[slot].begin(), by_group[slot].end(),
+                         [&](const Placed& a, const Placed& b) {
+                           const patterns::ResolvedParam& pa = model.params[a.model_index];
+                           const patterns::ResolvedParam& pb = model.params[b.model_index];
+                           return std::tie(pa.layer, pa.expert, a.model_index) <
+                                  std::tie(pb.layer, pb.expert, b.model_index);
+                         });
+      }
+      for (size_t slot = 0; slot < by_group.size(); ++slot) {
+        const std::vector<Placed>& members = by_group[slot];
         if (members.empty()) continue;
+        const bool expert_group = slot >= static_cast<size_t>(num_groups);
+        const size_t kind = expert_group ? (slot - num_groups) / ep : slot;
+        // An expert group is partitioned over its expert data-parallel group.
+        const int64_t ranks = int64_t{l.dp} * l.sp / (expert_group ? ep : 1);
         TargetGroup group;
         group.kind = static_cast<int>(kind);
+        if (expert_group) group.ep_rank = static_cast<int>((slot - num_groups) % ep);
         std::vector<int64_t> numels;
         for (const Placed& x : members) {
           const patterns::ResolvedParam& p = model.params[x.model_index];
@@ -205,6 +297,10 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
           t.numel = NumElementsOrDie(slice.local_shape);
           t.group = static_cast<int>(rank.groups.size());
           t.source_stage = x.source_stage;
+          if (l.deepspeed_moe && p.expert >= 0) {
+            t.moe_layer = moe_layer_of.at(p.layer);
+            t.expert = p.expert;
+          }
           numels.push_back(t.numel);
           group.params.push_back(static_cast<int32_t>(rank.params.size()));
           rank.params.push_back(std::move(t));
@@ -222,10 +318,10 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
           }
           part.total = part.padded_total = part.fragment_size * parts;
         } else {
-          UCP_ASSIGN_OR_RETURN(group.partition, layout::PartitionFlat(numels, l.dp * l.sp, 2),
-                               "optimizer group " + std::to_string(rank.groups.size()) +
-                                   " of pipeline stage " + std::to_string(s) + ", tp rank " +
-                                   std::to_string(r));
+          UCP_ASSIGN_OR_RETURN(
+              group.partition, layout::PartitionFlat(numels, static_cast<int>(ranks), 2),
+              "optimizer group " + std::to_string(rank.groups.size()) + " of pipeline stage " +
+                  std::to_string(s) + ", tp rank " + std::to_string(r));
           for (size_t k = 0; k < group.params.size(); ++k) {
             rank.params[static_cast<size_t>(group.params[k])].offset = group.partition.offsets[k];
           }
@@ -243,6 +339,9 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
         if (pipe) {
           UCP_ASSIGN_OR_RETURN(PipeLayerKey at, PipeLayerOf(p.engine_name));
           file_order = at.layer_index;
+        } else if (p.expert >= 0) {
+          // DeepSpeed-MoE: after the module, one file per (MoE layer, expert).
+          file_order = 1 + p.moe_layer * (int64_t{1} << 32) + p.expert;
         }
         saved.emplace_back(file_order, p.model_index, static_cast<int32_t>(i));
       }
@@ -255,6 +354,9 @@ Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& m
           UCP_ASSIGN_OR_RETURN(PipeLayerKey at, PipeLayerOf(p.engine_name));
           m.file = DeepSpeedCheckpoint::LayerFile(at.layer_index, r);
           m.key = at.key;
+        } else if (p.expert >= 0) {
+          m.file = DeepSpeedCheckpoint::ExpertFile(p.moe_layer, p.expert, target.MpRank(s, r));
+          m.key = p.engine_name;  // the global expert index, as _save_moe_checkpoint renames it
         } else {
           m.file = target.ModelStatesFile(s, r);
           m.key = p.engine_name;

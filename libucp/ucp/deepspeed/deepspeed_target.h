@@ -53,6 +53,13 @@ struct DeepSpeedLayout {
   ParamGrouping grouping = ParamGrouping::kMegatron;
   /// Transformer layers per pipeline stage (layout::Layout::stages); empty: the even split.
   std::vector<int64_t> stages;
+  /// DeepSpeed-MoE (deepspeed.moe.layer.MoE; engine.py _save_moe_checkpoint): routers and
+  /// experts under DeepSpeed-MoE's names, every expert weight in its own
+  /// layer_L_expert_E_mp_rank_TT file, and the experts of each of the `ep` expert-parallel ranks
+  /// in their own param groups, partitioned over the dp * sp / ep ranks of its expert
+  /// data-parallel group. Without it experts are ordinary parameters (ep must be 1).
+  bool deepspeed_moe = false;
+  int ep = 1;
 };
 
 /// One trainable parameter in one (pp, tp) rank's flat buffers.
@@ -68,6 +75,10 @@ struct TargetParam {
   /// The stage whose ucp view holds its values: its own, or 0 for the tied module's copy on the
   /// last stage of parameters ucp's rules keep on the first stage only.
   int source_stage = 0;
+  /// DeepSpeed-MoE experts: the MoE layer (the engine's count of MoE modules) and the global
+  /// expert index; -1 for other parameters.
+  int moe_layer = -1;
+  int64_t expert = -1;
 };
 
 /// One optimizer param group of a rank: its parameters in flattening order and their ZeRO
@@ -76,6 +87,10 @@ struct TargetGroup {
   /// Which group of the grouping it is (Megatron: 0 weight decay, 1 none), whatever its index
   /// among the rank's non-empty groups.
   int kind = 0;
+  /// DeepSpeed-MoE: the expert-parallel rank whose experts the group holds (a param group marked
+  /// `moe`, partitioned over dp * sp / ep ranks: partition k is in file k * ep + ep_rank);
+  /// -1 for the dense groups, partitioned over all dp * sp ranks.
+  int ep_rank = -1;
   std::vector<int32_t> params;  ///< indices into TargetRank::params
   /// ZeRO-1/2: layout::PartitionFlat. ZeRO-3: fragment_size = the partition's length (the sum
   /// of its parameters' pieces), num_fragments = dp * sp, total = padded_total = their product.
@@ -109,6 +124,9 @@ struct TargetRank {
   /// Trailing padding DeepSpeed records for group `g` on partition `d`: all of the group's
   /// alignment padding on the last partition, 0 on the others.
   int64_t GroupPadding(int g, int d) const;
+  /// The groups in optimizer file `d` (0 <= d < dp * sp), in the file's order: the dense groups,
+  /// then (DeepSpeed-MoE) the expert groups of ep rank d % ep.
+  std::vector<int> FileGroups(int d, int ep) const;
 };
 
 struct DeepSpeedTarget {
@@ -132,12 +150,26 @@ struct DeepSpeedTarget {
   std::string Zero3ModelStatesFile(int tp, int d) const;
   /// `prefix` is "bf16_" when bf16 is enabled, else "".
   std::string OptimStatesFile(int pp, int tp, int d, const std::string& prefix) const;
+  /// DeepSpeed-MoE: experts per MoE layer (the model states' num_experts).
+  std::vector<int64_t> num_experts;
+  /// The partition of group `g` that optimizer file `d` holds (d, or d / ep for an expert group).
+  int PartitionInFile(const TargetGroup& g, int d) const {
+    return g.ep_rank < 0 ? d : d / layout.ep;
+  }
+  /// The optimizer file holding partition `k` of group `g`.
+  int FileOfPartition(const TargetGroup& g, int k) const {
+    return g.ep_rank < 0 ? k : k * layout.ep + g.ep_rank;
+  }
+  /// DeepSpeed-MoE: expp_rank_E_mp_rank_XX_optim_states.pt of expert-parallel rank e.
+  std::string ExpertOptimFile(int e, int tp) const;
 };
 
 /// Describes the checkpoint DeepSpeed saves for `model` at `layout`.
 /// Errors: kInvalidArgument (a layout size < 1, zero_stage not 1, 2 or 3, a naming that cannot
 /// express the model: pp > 1 without GPTModelPipe, a parameter the naming has no name for;
-/// ZeRO-3 with pp > 1 or GPTModelPipe, which DeepSpeed's pipeline engine does not run);
+/// ZeRO-3 with pp > 1 or GPTModelPipe, which DeepSpeed's pipeline engine does not run; ep > 1
+/// without deepspeed_moe); kUnimplemented (DeepSpeed-MoE at pp > 1, sp > 1 or ZeRO-3, an expert
+/// rule on axis ep); kFailedPrecondition (ep does not divide dp * sp or a layer's experts);
 /// kFailedPrecondition (the model does not fit the layout: layers % pp, heads % tp, ...).
 Result<DeepSpeedTarget> DescribeDeepSpeedTarget(const patterns::ResolvedModel& model,
                                                 const DeepSpeedLayout& layout);

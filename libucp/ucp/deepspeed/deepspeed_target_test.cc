@@ -37,14 +37,17 @@ std::vector<std::string> EngineNames(const TargetRank& r) {
 // flattening order; the partitions are DeepSpeed's (2 * dp * sp alignment, equal parts, padding
 // at the end only); every parameter's fragments over the partitions tile it exactly once, in
 // dp order; every parameter has the TP slice shape; records name rank parameters.
+// A DeepSpeed-MoE expert group is partitioned over its expert data-parallel group (dp * sp / ep
+// ranks) the same way.
 void CheckInvariants(const patterns::ResolvedModel& model, const DeepSpeedTarget& t) {
-  const int parts = t.layout.dp * t.layout.sp;
   ASSERT_EQ(t.ranks.size(), static_cast<size_t>(t.layout.pp * t.layout.tp));
   for (const TargetRank& r : t.ranks) {
     SCOPED_TRACE("pp " + std::to_string(r.pp) + " tp " + std::to_string(r.tp));
     std::set<int32_t> seen;
     for (size_t g = 0; g < r.groups.size(); ++g) {
       const TargetGroup& group = r.groups[g];
+      const int parts = t.layout.dp * t.layout.sp / (group.ep_rank >= 0 ? t.layout.ep : 1);
+      ASSERT_EQ(group.partition.num_fragments, parts);
       ASSERT_FALSE(group.params.empty());
       int64_t offset = 0;
       for (int32_t i : group.params) {
@@ -187,6 +190,79 @@ TEST(DeepSpeedTarget, SingleGroupAndPaddingAcrossPartitions) {
   ASSERT_EQ(t.ranks[0].groups.size(), 1u);
   EXPECT_EQ(t.ranks[0].params.size(), model.params.size());
   EXPECT_EQ(t.ranks[0].params[0].engine_name, "embedding.word_embeddings.weight");
+}
+
+// DeepSpeed-MoE at dp=4, ep=2: the dense groups over all 4 ranks, then per ep rank its experts
+// (2 of each layer's 4) in the engine's order, over 2 ranks; file d holds the dense groups and
+// ep rank d % 2's experts, partition d / 2; expert weights in layer_L_expert_E files.
+TEST(DeepSpeedTarget, DeepSpeedMoeExpertGroupsPerEpRank) {
+  const patterns::ResolvedModel model = Model("mixtral-tiny");
+  DeepSpeedLayout l;
+  l.naming = Naming::kPlain;
+  l.dp = 4;
+  l.ep = 2;
+  l.deepspeed_moe = true;
+  Result<DeepSpeedTarget> t = DescribeDeepSpeedTarget(model, l);
+  ASSERT_TRUE(t.ok()) << t.status();
+  CheckInvariants(model, *t);
+  EXPECT_THAT(t->num_experts, ElementsAre(4, 4));
+  const TargetRank& r = t->ranks[0];
+  // Megatron's two dense groups, then the weight-decay experts of ep ranks 0 and 1 (the experts
+  // have no 1-dim parameters, so no second expert group kind).
+  ASSERT_EQ(r.groups.size(), 4u);
+  EXPECT_EQ(r.groups[0].ep_rank, -1);
+  EXPECT_EQ(r.groups[1].ep_rank, -1);
+  EXPECT_EQ(r.groups[2].ep_rank, 0);
+  EXPECT_EQ(r.groups[3].ep_rank, 1);
+  EXPECT_THAT(r.FileGroups(0, 2), ElementsAre(0, 1, 2));
+  EXPECT_THAT(r.FileGroups(3, 2), ElementsAre(0, 1, 3));
+  EXPECT_EQ(t->PartitionInFile(r.groups[3], 3), 1);
+  EXPECT_EQ(t->FileOfPartition(r.groups[3], 1), 3);
+  EXPECT_EQ(t->PartitionInFile(r.groups[0], 3), 3);
+  std::vector<std::string> ep1;
+  for (int32_t i : r.groups[3].params) ep1.push_back(r.params[static_cast<size_t>(i)].engine_name);
+  EXPECT_THAT(ep1,
+              ElementsAre("layers.0.mlp.deepspeed_moe.experts.deepspeed_experts.2.linear_fc1.weight",
+                          "layers.0.mlp.deepspeed_moe.experts.deepspeed_experts.2.linear_fc2.weight",
+                          "layers.0.mlp.deepspeed_moe.experts.deepspeed_experts.3.linear_fc1.weight",
+                          "layers.0.mlp.deepspeed_moe.experts.deepspeed_experts.3.linear_fc2.weight",
+                          "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.2.linear_fc1.weight",
+                          "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.2.linear_fc2.weight",
+                          "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.linear_fc1.weight",
+                          "layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.3.linear_fc2.weight"));
+  std::set<std::string> files;
+  bool gate_in_module = false;
+  for (const ModelRecord& m : r.model) {
+    files.insert(m.file);
+    if (m.key == "layers.1.mlp.deepspeed_moe.gate.wg.weight") {
+      gate_in_module = m.file == "mp_rank_00_model_states.pt";
+    }
+  }
+  EXPECT_TRUE(gate_in_module);
+  EXPECT_EQ(files.size(), 1u + 8u);
+  EXPECT_TRUE(files.contains("layer_1_expert_3_mp_rank_00_model_states.pt"));
+  EXPECT_EQ(t->ExpertOptimFile(1, 0), "expp_rank_1_mp_rank_00_optim_states.pt");
+
+  DeepSpeedLayout bad = l;
+  bad.dp = 3;
+  bad.ep = 2;
+  EXPECT_THAT(DescribeDeepSpeedTarget(model, bad).status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("ep does not divide dp * sp")));
+  bad = l;
+  bad.zero_stage = 3;
+  EXPECT_THAT(DescribeDeepSpeedTarget(model, bad).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("without pipeline stages")));
+  bad = l;
+  bad.ep = 8;
+  bad.dp = 8;
+  EXPECT_THAT(DescribeDeepSpeedTarget(model, bad).status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("not a multiple of ep")));
+  bad = l;
+  bad.deepspeed_moe = false;
+  EXPECT_THAT(DescribeDeepSpeedTarget(model, bad).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("written as DeepSpeed-MoE only")));
+  EXPECT_THAT(DescribeDeepSpeedTarget(Model("gpt-tiny"), l).status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("no per-expert parameters")));
 }
 
 TEST(DeepSpeedTarget, RefusesWhatTheNamingOrLayoutCannotExpress) {

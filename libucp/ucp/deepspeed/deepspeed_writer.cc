@@ -65,7 +65,8 @@ const std::set<std::string>& EngineKeys() {
                                              "mp_world_size",
                                              "checkpoint_parallel_dimensions",
                                              "ds_config",
-                                             "ds_version"};
+                                             "ds_version",
+                                             "num_experts"};
   return keys;
 }
 
@@ -218,7 +219,7 @@ struct DeepSpeedWriter::Impl {
   std::vector<OutFile> files;
   // Per rank, per dp partition: the optim file; per group and state: its deferred storage.
   struct RankFiles {
-    std::vector<int32_t> optim;                                // per d: index into files
+    std::vector<int32_t> optim;                              // per d: index into files
     std::vector<std::vector<std::vector<int32_t>>> storage;  // [d][g][state]
   };
   std::vector<RankFiles> rank_files;
@@ -268,7 +269,12 @@ class Builder {
     json cfg = json::object();
     if (c_.from_folder()) {
       UCP_ASSIGN_OR_RETURN(const TorchFile* f, c_.ModelStates(0, 0));
-      if (const PyValue* v = f->root().Get("ds_config"); v != nullptr && !v->is_none()) {
+      const PyValue* v = f->root().Get("ds_config");
+      if ((v == nullptr || v->is_none()) && c_.optim0.has_value()) {
+        // DeepSpeed-MoE's model states hold none; its optimizer files do.
+        v = c_.optim0->root().Get("ds_config");
+      }
+      if (v != nullptr && !v->is_none()) {
         UCP_ASSIGN_OR_RETURN(cfg, ToJson(v), "ds_config");
       }
     } else if (c_.js.contains("ds_config") && c_.js["ds_config"].is_object()) {
@@ -536,45 +542,71 @@ class Builder {
       }
       root->SetItem(a.Str("module"), module);
     }
-    UCP_ASSIGN_OR_RETURN(const PyValue* buffers, carried_or("buffer_names", a.List()));
-    root->SetItem(a.Str("buffer_names"), buffers);
-    root->SetItem(a.Str("optimizer"), a.None());
-    PyValue* shapes = a.List();
-    for (const TargetGroup& g : rank.groups) {
-      PyValue* d = a.Dict(/*ordered=*/true);
-      for (int32_t i : g.params) {
-        const TargetParam& p = rank.params[static_cast<size_t>(i)];
-        d->SetItem(a.Str(p.engine_name), a.TorchSize(p.local_shape));
+    const bool moe = l.deepspeed_moe;
+    if (moe) {
+      // engine.py _save_moe_checkpoint: the module without the experts (saved in their own
+      // files), then its own keys, with num_experts and without param_shapes, buffer names,
+      // frozen parameters, ds_config and ds_version.
+      for (const char* key : {"lr_scheduler", "data_sampler", "random_ltd"}) {
+        UCP_ASSIGN_OR_RETURN(const PyValue* v, carried_or(key, a.None()));
+        root->SetItem(a.Str(key), v);
       }
-      shapes->Append(d);
+      UCP_ASSIGN_OR_RETURN(const PyValue* sparse,
+                           carried_or("sparse_tensor_module_names", a.Set()));
+      root->SetItem(a.Str("sparse_tensor_module_names"), sparse);
+      UCP_ASSIGN_OR_RETURN(const PyValue* skipped, carried_or("skipped_steps", a.Int(0)));
+      root->SetItem(a.Str("skipped_steps"), skipped);
+      UCP_ASSIGN_OR_RETURN(const PyValue* steps, carried_or("global_steps", a.Int(Iteration())));
+      root->SetItem(a.Str("global_steps"), steps);
+      UCP_ASSIGN_OR_RETURN(const PyValue* samples, carried_or("global_samples", nullptr));
+      if (samples != nullptr) root->SetItem(a.Str("global_samples"), samples);
+      root->SetItem(a.Str("dp_world_size"), a.Int(target_.DpWorldSize()));
+      root->SetItem(a.Str("mp_world_size"), a.Int(target_.MpWorldSize()));
+      PyValue* experts = a.List();
+      for (int64_t n : target_.num_experts) experts->Append(a.Int(n));
+      root->SetItem(a.Str("num_experts"), experts);
+    } else {
+      UCP_ASSIGN_OR_RETURN(const PyValue* buffers, carried_or("buffer_names", a.List()));
+      root->SetItem(a.Str("buffer_names"), buffers);
+      root->SetItem(a.Str("optimizer"), a.None());
+      PyValue* shapes = a.List();
+      for (const TargetGroup& g : rank.groups) {
+        PyValue* d = a.Dict(/*ordered=*/true);
+        for (int32_t i : g.params) {
+          const TargetParam& p = rank.params[static_cast<size_t>(i)];
+          d->SetItem(a.Str(p.engine_name), a.TorchSize(p.local_shape));
+        }
+        shapes->Append(d);
+      }
+      root->SetItem(a.Str("param_shapes"), shapes);
+      // ZeRO-2 saves the (here empty) frozen parameters' shapes and fragments; ZeRO-1 None.
+      root->SetItem(a.Str("frozen_param_shapes"), zero2 ? a.Dict(true) : a.None());
+      root->SetItem(a.Str("shared_params"), a.Dict());
+      root->SetItem(a.Str("frozen_param_fragments"), zero2 ? a.Dict(true) : a.None());
+      for (const char* key : {"lr_scheduler", "data_sampler", "random_ltd"}) {
+        UCP_ASSIGN_OR_RETURN(const PyValue* v, carried_or(key, a.None()));
+        root->SetItem(a.Str(key), v);
+      }
+      UCP_ASSIGN_OR_RETURN(const PyValue* sparse,
+                           carried_or("sparse_tensor_module_names", a.Set()));
+      root->SetItem(a.Str("sparse_tensor_module_names"), sparse);
+      UCP_ASSIGN_OR_RETURN(const PyValue* skipped, carried_or("skipped_steps", a.Int(0)));
+      root->SetItem(a.Str("skipped_steps"), skipped);
+      UCP_ASSIGN_OR_RETURN(const PyValue* steps, carried_or("global_steps", a.Int(Iteration())));
+      root->SetItem(a.Str("global_steps"), steps);
+      // Unknown without a source; DeepSpeed then takes global_steps * train_batch_size.
+      UCP_ASSIGN_OR_RETURN(const PyValue* samples, carried_or("global_samples", nullptr));
+      if (samples != nullptr) root->SetItem(a.Str("global_samples"), samples);
+      root->SetItem(a.Str("dp_world_size"), a.Int(target_.DpWorldSize()));
+      root->SetItem(a.Str("mp_world_size"), a.Int(target_.MpWorldSize()));
+      PyValue* dims = a.Dict();
+      dims->SetItem(a.Str("pp_degree"), a.Int(l.pp));
+      dims->SetItem(a.Str("tp_degree"), a.Int(l.tp));
+      root->SetItem(a.Str("checkpoint_parallel_dimensions"), dims);
+      UCP_ASSIGN_OR_RETURN(const PyValue* cfg, DsConfig(a));
+      root->SetItem(a.Str("ds_config"), cfg);
+      root->SetItem(a.Str("ds_version"), DsVersion(a));
     }
-    root->SetItem(a.Str("param_shapes"), shapes);
-    // ZeRO-2 saves the (here empty) frozen parameters' shapes and fragments; ZeRO-1 None.
-    root->SetItem(a.Str("frozen_param_shapes"), zero2 ? a.Dict(true) : a.None());
-    root->SetItem(a.Str("shared_params"), a.Dict());
-    root->SetItem(a.Str("frozen_param_fragments"), zero2 ? a.Dict(true) : a.None());
-    for (const char* key : {"lr_scheduler", "data_sampler", "random_ltd"}) {
-      UCP_ASSIGN_OR_RETURN(const PyValue* v, carried_or(key, a.None()));
-      root->SetItem(a.Str(key), v);
-    }
-    UCP_ASSIGN_OR_RETURN(const PyValue* sparse, carried_or("sparse_tensor_module_names", a.Set()));
-    root->SetItem(a.Str("sparse_tensor_module_names"), sparse);
-    UCP_ASSIGN_OR_RETURN(const PyValue* skipped, carried_or("skipped_steps", a.Int(0)));
-    root->SetItem(a.Str("skipped_steps"), skipped);
-    UCP_ASSIGN_OR_RETURN(const PyValue* steps, carried_or("global_steps", a.Int(Iteration())));
-    root->SetItem(a.Str("global_steps"), steps);
-    // Unknown without a source; DeepSpeed then takes global_steps * train_batch_size.
-    UCP_ASSIGN_OR_RETURN(const PyValue* samples, carried_or("global_samples", nullptr));
-    if (samples != nullptr) root->SetItem(a.Str("global_samples"), samples);
-    root->SetItem(a.Str("dp_world_size"), a.Int(target_.DpWorldSize()));
-    root->SetItem(a.Str("mp_world_size"), a.Int(target_.MpWorldSize()));
-    PyValue* dims = a.Dict();
-    dims->SetItem(a.Str("pp_degree"), a.Int(l.pp));
-    dims->SetItem(a.Str("tp_degree"), a.Int(l.tp));
-    root->SetItem(a.Str("checkpoint_parallel_dimensions"), dims);
-    UCP_ASSIGN_OR_RETURN(const PyValue* cfg, DsConfig(a));
-    root->SetItem(a.Str("ds_config"), cfg);
-    root->SetItem(a.Str("ds_version"), DsVersion(a));
 
     // Client state: the source's keys in its order (args and universal_checkpoint_info
     // rewritten for the new layout), or what JSON kept; Megatron namings always get the
@@ -682,18 +714,57 @@ class Builder {
     return static_cast<const PyValue*>(nullptr);
   }
 
-  // The hyper-parameters of param group `kind`: the source's (its group of the same kind, or
-  // its last), without `params`; torch AdamW's otherwise.
+  // Which of the source's `n` param groups stands for a group of `kind`: among its groups of
+  // the same sort (DeepSpeed-MoE expert groups, marked `moe`, or the others) the one of that
+  // kind, or the last; the dense ones when it has no expert group. `is_moe(i)` says which are.
+  template <typename IsMoe>
+  static size_t SourceGroup(size_t n, int kind, bool expert, IsMoe is_moe) {
+    std::vector<size_t> same, dense;
+    for (size_t i = 0; i < n; ++i) {
+      (is_moe(i) ? same : dense).push_back(i);
+    }
+    if (!expert) same.swap(dense);
+    if (same.empty()) same = dense.empty() ? std::vector<size_t>{0} : dense;
+    return same[std::min(static_cast<size_t>(kind), same.size() - 1)];
+  }
+
+  // The hyper-parameters of param group `kind` (an expert group of DeepSpeed-MoE when `expert`):
+  // the source's (its group of the same sort and kind, or its last), without `params`; torch
+  // AdamW's otherwise. An expert group is marked as split_params_into_different_moe_groups_-
+  // for_optimizer marks it (`name` ep_size_<ep>, `moe` True): torch's load_state_dict replaces
+  // the engine's groups with these, and DeepSpeed finds its expert groups by the flag.
   Result<std::vector<std::pair<const PyValue*, const PyValue*>>> GroupHyper(TorchWriter& w,
-                                                                            int kind) {
+                                                                            int kind, bool expert) {
+    UCP_ASSIGN_OR_RETURN(auto out, SourceGroupHyper(w, kind, expert));
+    if (!expert) return out;
+    PyArena& a = w.arena();
+    std::vector<std::pair<const PyValue*, const PyValue*>> marked;
+    marked.emplace_back(a.Str("name"), a.Str("ep_size_" + std::to_string(target_.layout.ep)));
+    marked.emplace_back(a.Str("moe"), a.Bool(true));
+    for (const auto& [k, v] : out) {
+      if (k->kind() == PyKind::kStr && (k->str() == "name" || k->str() == "moe")) continue;
+      marked.emplace_back(k, v);
+    }
+    // DeepSpeed's split keeps the dense group's keys in their order with `name` replaced and
+    // `moe` after it; the order does not matter to torch.
+    return marked;
+  }
+
+  Result<std::vector<std::pair<const PyValue*, const PyValue*>>> SourceGroupHyper(TorchWriter& w,
+                                                                                  int kind,
+                                                                                  bool expert) {
     PyArena& a = w.arena();
     std::vector<std::pair<const PyValue*, const PyValue*>> out;
     if (c_.from_folder()) {
       const PyValue* base = SourceBase();
       const PyValue* groups = base ? base->Get("param_groups") : nullptr;
       if (groups != nullptr && groups->kind() == PyKind::kList && !groups->items().empty()) {
-        const size_t g = std::min(static_cast<size_t>(kind), groups->items().size() - 1);
-        const PyValue* src = groups->items()[g];
+        const auto& items = groups->items();
+        const size_t g = SourceGroup(items.size(), kind, expert, [&](size_t i) {
+          const PyValue* m = items[i]->Get("moe");
+          return m != nullptr && m->kind() == PyKind::kBool && m->bool_value();
+        });
+        const PyValue* src = items[g];
         for (const auto& [k, v] : src->entries()) {
           if (k->kind() == PyKind::kStr && k->str() == "params") continue;
           UCP_ASSIGN_OR_RETURN(const PyValue* kc, w.CopyFrom(*c_.optim0, *k));
@@ -707,7 +778,9 @@ class Builder {
                c_.js["optimizer_state"]["param_groups"].is_array() &&
                !c_.js["optimizer_state"]["param_groups"].empty()) {
       const json& groups = c_.js["optimizer_state"]["param_groups"];
-      const size_t g = std::min(static_cast<size_t>(kind), groups.size() - 1);
+      const size_t g = SourceGroup(groups.size(), kind, expert, [&](size_t i) {
+        return groups[i].is_object() && groups[i].contains("moe") && groups[i]["moe"] == true;
+      });
       for (const auto& [k, v] : groups[g].items()) {
         if (k != "params") out.emplace_back(a.Str(k), FromJson(a, v));
       }
@@ -823,10 +896,15 @@ class Builder {
     PyValue* mappings = a.List();
     const std::vector<std::string> names = StateNames(o_);
     ids.assign(rank.groups.size(), std::vector<int32_t>(names.size(), -1));
-    for (size_t g = 0; g < rank.groups.size(); ++g) {
-      const TargetGroup& group = rank.groups[g];
+    // The file's groups (DeepSpeed-MoE: the dense ones, then the experts of ep rank d % ep),
+    // numbered from 0 in the file; `part` is the partition of each this file holds.
+    const std::vector<int> in_file = rank.FileGroups(d, l.deepspeed_moe ? l.ep : 1);
+    for (size_t j = 0; j < in_file.size(); ++j) {
+      const int g = in_file[j];
+      const TargetGroup& group = rank.groups[static_cast<size_t>(g)];
+      const int part = target_.PartitionInFile(group, d);
       const int64_t size = group.partition.fragment_size;
-      const int64_t padding = zero3 ? 0 : rank.GroupPadding(static_cast<int>(g), d);
+      const int64_t padding = zero3 ? 0 : rank.GroupPadding(g, part);
       PyValue* s = a.Dict();
       if (step_form == StepForm::kTensor) {
         const double step = static_cast<double>(o_.step);
@@ -844,11 +922,11 @@ class Builder {
         UCP_ASSIGN_OR_RETURN(torch::DeferredTensor t,
                              w.AddDeferredTensor(DType::kFp32, {size}, size));
         s->SetItem(a.Str(names[k]), t.node);
-        ids[g][k] = t.id;
+        ids[static_cast<size_t>(g)][k] = t.id;
       }
-      state->SetItem(a.Int(static_cast<int64_t>(g)), s);
+      state->SetItem(a.Int(static_cast<int64_t>(j)), s);
       PyValue* pg = a.Dict();
-      UCP_ASSIGN_OR_RETURN(auto hyper, GroupHyper(w, group.kind));
+      UCP_ASSIGN_OR_RETURN(auto hyper, GroupHyper(w, group.kind, group.ep_rank >= 0));
       for (const auto& [k, v] : hyper) {
         if (step_form == StepForm::kInGroups && k->kind() == PyKind::kStr && k->str() == "step") {
           continue;
@@ -857,7 +935,7 @@ class Builder {
       }
       if (step_form == StepForm::kInGroups) pg->SetItem(a.Str("step"), a.Int(o_.step));
       PyValue* params = a.List();
-      params->Append(a.Int(static_cast<int64_t>(g)));
+      params->Append(a.Int(static_cast<int64_t>(j)));
       pg->SetItem(a.Str("params"), params);
       groups->Append(pg);
       // ZeRO saves the fp32 partition without its padding, as a view of the whole storage;
@@ -866,19 +944,29 @@ class Builder {
       UCP_ASSIGN_OR_RETURN(torch::DeferredTensor t, w.AddDeferredTensor(DType::kFp32, {view}, size,
                                                                         /*requires_grad=*/true));
       fp32->Append(t.node);
-      ids[g][0] = t.id;
+      ids[static_cast<size_t>(g)][0] = t.id;
       paddings->Append(a.Int(padding));
-      counts->Append(a.Int(target_.DpWorldSize()));
+      counts->Append(a.Int(group.partition.num_fragments));
       if (zero3) continue;  // ZeRO-3 records no param_slice_mappings
       PyValue* m = a.Dict(/*ordered=*/true);
-      for (const TargetFragment& f : rank.Fragments(static_cast<int>(g), d)) {
+      // An expert group's fragments are where its partition (of its expert data-parallel group)
+      // holds them, under the engine's local expert names. DeepSpeed 0.14.4 itself records them
+      // cut by the dense dp size (docs/deepspeed.md); its loader does not read them.
+      for (const TargetFragment& f : rank.Fragments(g, part)) {
+        const TargetParam& fp = rank.params[static_cast<size_t>(f.param)];
+        std::string name = fp.engine_name;
+        if (fp.expert >= 0) {
+          const int64_t local =
+              target_.num_experts[static_cast<size_t>(fp.moe_layer)] / target_.layout.ep;
+          UCP_ASSIGN_OR_RETURN(name, WithDeepSpeedExpertIndex(name, fp.expert % local));
+        }
         PyValue* addr = a.Object(a.Global("deepspeed.utils.tensor_fragment", "fragment_address"),
                                  a.Tuple(), /*newobj=*/true);
         PyValue* fields = a.Dict();
         fields->SetItem(a.Str("numel"), a.Int(f.numel));
         fields->SetItem(a.Str("start"), a.Int(f.start));
         addr->SetState(fields);
-        m->SetItem(a.Str(rank.params[static_cast<size_t>(f.param)].engine_name), addr);
+        m->SetItem(a.Str(name), addr);
       }
       mappings->Append(m);
     }
@@ -955,9 +1043,9 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
   impl->dst = dst;
   impl->options = options;
   UCP_ASSIGN_OR_RETURN(impl->target, DescribeDeepSpeedTarget(model, options.layout));
-  UCP_RETURN_IF_ERROR(CheckQkvLayout(model, options.qkv_layout, options.layout.tp,
-                                     "QKV order " +
-                                         std::string(QkvLayoutName(options.qkv_layout))));
+  UCP_RETURN_IF_ERROR(
+      CheckQkvLayout(model, options.qkv_layout, options.layout.tp,
+                     "QKV order " + std::string(QkvLayoutName(options.qkv_layout))));
   UCP_ASSIGN_OR_RETURN(Carried carried, LoadCarried(options));
   Builder builder(model, impl->target, options, carried);
   impl->tag =
@@ -973,6 +1061,7 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
     std::set<std::string> files;
     for (const ModelRecord& m : r.model) files.insert(m.file);
     num_files += 1 + 2 * impl->target.DpWorldSize() + static_cast<int64_t>(files.size());
+    if (impl->target.layout.deepspeed_moe) num_files += impl->target.layout.ep;
   }
   UCP_RETURN_IF_ERROR(io::EnsureOpenFileLimit(num_files), "DeepSpeed output " + dst.string());
   UCP_ASSIGN_OR_RETURN(impl->tmp, io::MakeTempSiblingDir(dst));
@@ -1014,12 +1103,12 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
                             }).status());
       }
     }
-    UCP_ASSIGN_OR_RETURN(
-        const int32_t mp,
-        target.layout.zero_stage == 3
-            ? Result<int32_t>(-1)
-            : open(target.ModelStatesFile(rank.pp, rank.tp),
-                   [&](TorchWriter& w) { return builder.ModelStates(w, rank, ids); }));
+    UCP_ASSIGN_OR_RETURN(const int32_t mp,
+                         target.layout.zero_stage == 3
+                             ? Result<int32_t>(-1)
+                             : open(target.ModelStatesFile(rank.pp, rank.tp), [&](TorchWriter& w) {
+                                 return builder.ModelStates(w, rank, ids);
+                               }));
     for (size_t i = 0; i < rank.model.size(); ++i) {
       if (ids[i] >= 0) model_place[{ri, i}] = {mp, ids[i]};
     }
@@ -1045,6 +1134,18 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
         for (size_t k = i; k < end; ++k) model_place[{ri, k}] = {lf, layer_ids[k - i]};
       }
       i = end;
+    }
+    // DeepSpeed-MoE: one expp_rank file per expert-parallel rank. Under ZeRO the engine saves
+    // {'optimizer': None} there (its state is in the ZeRO files) and loads nothing from it.
+    if (target.layout.deepspeed_moe) {
+      for (int e = 0; e < target.layout.ep; ++e) {
+        UCP_RETURN_IF_ERROR(
+            open(target.ExpertOptimFile(e, rank.tp), [&](TorchWriter& w) -> Result<const PyValue*> {
+              PyValue* d = w.arena().Dict();
+              d->SetItem(w.arena().Str("optimizer"), w.arena().None());
+              return static_cast<const PyValue*>(d);
+            }).status());
+      }
     }
     // The optimizer files, one per data-parallel partition.
     Impl::RankFiles& rf = m.rank_files[ri];
@@ -1074,15 +1175,16 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
         }
         continue;
       }
-      for (size_t g = 0; g < rank.groups.size(); ++g) {
-        const layout::ZeroPartition& part = rank.groups[g].partition;
-        const layout::IndexRange pad =
-            layout::Intersect({part.total, part.padded_total}, part.Fragment(d));
+      for (int g : rank.FileGroups(d, target.layout.deepspeed_moe ? target.layout.ep : 1)) {
+        const TargetGroup& group = rank.groups[static_cast<size_t>(g)];
+        const layout::ZeroPartition& part = group.partition;
+        const layout::IndexRange mine = part.Fragment(target.PartitionInFile(group, d));
+        const layout::IndexRange pad = layout::Intersect({part.total, part.padded_total}, mine);
         if (pad.empty()) continue;
         const std::vector<std::byte> zeros(static_cast<size_t>(pad.size()) * 4);
-        for (int32_t id : rf.storage.back()[g]) {
+        for (int32_t id : rf.storage.back()[static_cast<size_t>(g)]) {
           UCP_RETURN_IF_ERROR(m.files[static_cast<size_t>(of)].file->WriteStorage(
-              id, (pad.inclusive_min - part.Fragment(d).inclusive_min) * 4, zeros));
+              id, (pad.inclusive_min - mine.inclusive_min) * 4, zeros));
         }
       }
     }
@@ -1113,8 +1215,7 @@ Result<std::unique_ptr<DeepSpeedWriter>> DeepSpeedWriter::Create(
     const auto key = std::make_tuple(t.pp, t.tp, t.param);
     if (t.kind == TensorKind::kOptimSlice) {
       const std::vector<std::string> names = StateNames(options);
-      dest.state =
-          static_cast<int>(std::find(names.begin(), names.end(), t.state) - names.begin());
+      dest.state = static_cast<int>(std::find(names.begin(), names.end(), t.state) - names.begin());
       auto it = optim_of.find(key);
       if (dest.state >= static_cast<int>(names.size()) || it == optim_of.end() ||
           t.dtype != DType::kFp32) {
@@ -1171,7 +1272,8 @@ Status DeepSpeedWriter::Impl::Place(const Destination& d, int64_t begin,
   for (const OptimPlace& o : d.optim) {
     const TargetRank& rank = target.ranks[static_cast<size_t>(o.rank)];
     const TargetParam& p = rank.params[static_cast<size_t>(o.param)];
-    const layout::ZeroPartition& part = rank.groups[static_cast<size_t>(p.group)].partition;
+    const TargetGroup& group = rank.groups[static_cast<size_t>(p.group)];
+    const layout::ZeroPartition& part = group.partition;
     const RankFiles& rf = rank_files[static_cast<size_t>(o.rank)];
     if (target.layout.zero_stage == 3) {
       // Element e of the slice is element offset + e % piece of partition e / piece.
@@ -1196,10 +1298,12 @@ Status DeepSpeedWriter::Impl::Place(const Destination& d, int64_t begin,
       const int64_t part_index = flat / part.fragment_size;
       const int64_t in_part = flat - part_index * part.fragment_size;
       const int64_t len = std::min(n - at, part.fragment_size - in_part);
-      OutFile& f = files[static_cast<size_t>(rf.optim[static_cast<size_t>(part_index)])];
+      const auto file =
+          static_cast<size_t>(target.FileOfPartition(group, static_cast<int>(part_index)));
+      OutFile& f = files[static_cast<size_t>(rf.optim[file])];
       UCP_RETURN_IF_ERROR(f.file->WriteStorage(
-          rf.storage[static_cast<size_t>(part_index)][static_cast<size_t>(p.group)][d.state],
-          in_part * 4, data.subspan(static_cast<size_t>(at) * 4, static_cast<size_t>(len) * 4)));
+          rf.storage[file][static_cast<size_t>(p.group)][d.state], in_part * 4,
+          data.subspan(static_cast<size_t>(at) * 4, static_cast<size_t>(len) * 4)));
       at += len;
     }
   }
@@ -1216,13 +1320,12 @@ Status DeepSpeedWriter::WriteRange(const TensorInfo& t, int64_t begin, int64_t,
   const int64_t item = d.state < 0 ? d.item : 4;
   const int64_t n = static_cast<int64_t>(data.size()) / item;
   // A fused QKV written in another row order is placed block by block where its rows go.
-  return ForEachStoredRange(d.qkv_blocks, begin, begin + n,
-                            [&](int64_t view_begin, int64_t stored, int64_t len) {
-                              return impl_->Place(
-                                  d, stored,
-                                  data.subspan(static_cast<size_t>((view_begin - begin) * item),
-                                               static_cast<size_t>(len * item)));
-                            });
+  return ForEachStoredRange(
+      d.qkv_blocks, begin, begin + n, [&](int64_t view_begin, int64_t stored, int64_t len) {
+        return impl_->Place(d, stored,
+                            data.subspan(static_cast<size_t>((view_begin - begin) * item),
+                                         static_cast<size_t>(len * item)));
+      });
 }
 
 Status DeepSpeedWriter::Commit() {

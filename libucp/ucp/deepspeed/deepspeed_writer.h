@@ -8,6 +8,10 @@
 //   DST/<tag>/[bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.pt
 //                                                the flat fp32 and optimizer-state partitions,
 //                                                param_slice_mappings, optimizer metadata
+//   DeepSpeed-MoE (DeepSpeedLayout::deepspeed_moe): mp_rank files without the experts and with
+//   num_experts, DST/<tag>/layer_L_expert_E_mp_rank_XX_model_states.pt per expert,
+//   DST/<tag>/expp_rank_E_mp_rank_XX_optim_states.pt per ep rank, and in each zero_pp_rank_D
+//   file the expert groups of ep rank D % ep (partition D / ep of dp / ep)
 //
 // The writer is the executor's sink for a plan into the target's ucp view layout
 // (tp=T,pp=P,dp=1,zero=0, as the DeepSpeed reader presents a checkpoint): each model slice and
