@@ -543,10 +543,8 @@ class Builder {
       root->SetItem(a.Str("module"), module);
     }
     const bool moe = l.deepspeed_moe;
-    if (moe) {
-      // engine.py _save_moe_checkpoint: the module without the experts (saved in their own
-      // files), then its own keys, with num_experts and without param_shapes, buffer names,
-      // frozen parameters, ds_config and ds_version.
+    // The engine's run keys, in its order (both savers write them; the MoE one first).
+    auto set_run_keys = [&]() -> Status {
       for (const char* key : {"lr_scheduler", "data_sampler", "random_ltd"}) {
         UCP_ASSIGN_OR_RETURN(const PyValue* v, carried_or(key, a.None()));
         root->SetItem(a.Str(key), v);
@@ -558,10 +556,18 @@ class Builder {
       root->SetItem(a.Str("skipped_steps"), skipped);
       UCP_ASSIGN_OR_RETURN(const PyValue* steps, carried_or("global_steps", a.Int(Iteration())));
       root->SetItem(a.Str("global_steps"), steps);
+      // Unknown without a source; DeepSpeed then takes global_steps * train_batch_size.
       UCP_ASSIGN_OR_RETURN(const PyValue* samples, carried_or("global_samples", nullptr));
       if (samples != nullptr) root->SetItem(a.Str("global_samples"), samples);
       root->SetItem(a.Str("dp_world_size"), a.Int(target_.DpWorldSize()));
       root->SetItem(a.Str("mp_world_size"), a.Int(target_.MpWorldSize()));
+      return Status::Ok();
+    };
+    if (moe) {
+      // engine.py _save_moe_checkpoint: the module without the experts (saved in their own
+      // files), then its own keys, with num_experts and without param_shapes, buffer names,
+      // frozen parameters, ds_config and ds_version.
+      UCP_RETURN_IF_ERROR(set_run_keys());
       PyValue* experts = a.List();
       for (int64_t n : target_.num_experts) experts->Append(a.Int(n));
       root->SetItem(a.Str("num_experts"), experts);
@@ -583,22 +589,7 @@ class Builder {
       root->SetItem(a.Str("frozen_param_shapes"), zero2 ? a.Dict(true) : a.None());
       root->SetItem(a.Str("shared_params"), a.Dict());
       root->SetItem(a.Str("frozen_param_fragments"), zero2 ? a.Dict(true) : a.None());
-      for (const char* key : {"lr_scheduler", "data_sampler", "random_ltd"}) {
-        UCP_ASSIGN_OR_RETURN(const PyValue* v, carried_or(key, a.None()));
-        root->SetItem(a.Str(key), v);
-      }
-      UCP_ASSIGN_OR_RETURN(const PyValue* sparse,
-                           carried_or("sparse_tensor_module_names", a.Set()));
-      root->SetItem(a.Str("sparse_tensor_module_names"), sparse);
-      UCP_ASSIGN_OR_RETURN(const PyValue* skipped, carried_or("skipped_steps", a.Int(0)));
-      root->SetItem(a.Str("skipped_steps"), skipped);
-      UCP_ASSIGN_OR_RETURN(const PyValue* steps, carried_or("global_steps", a.Int(Iteration())));
-      root->SetItem(a.Str("global_steps"), steps);
-      // Unknown without a source; DeepSpeed then takes global_steps * train_batch_size.
-      UCP_ASSIGN_OR_RETURN(const PyValue* samples, carried_or("global_samples", nullptr));
-      if (samples != nullptr) root->SetItem(a.Str("global_samples"), samples);
-      root->SetItem(a.Str("dp_world_size"), a.Int(target_.DpWorldSize()));
-      root->SetItem(a.Str("mp_world_size"), a.Int(target_.MpWorldSize()));
+      UCP_RETURN_IF_ERROR(set_run_keys());
       PyValue* dims = a.Dict();
       dims->SetItem(a.Str("pp_degree"), a.Int(l.pp));
       dims->SetItem(a.Str("tp_degree"), a.Int(l.tp));
