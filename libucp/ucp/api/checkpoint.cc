@@ -698,7 +698,16 @@ Result<exec::ExecStats> WriteCheckpoint(const CheckpointSource& src, std::string
   Result<exec::ExecStats> written = f->Write(**universal, dst, again);
   universal->reset();
   cleanup();
-  if (!written.ok()) return written.status();
+  if (!written.ok()) {
+    // The format's errors name the folder it read: here a temporary the user never made (and
+    // that is gone now), so they name the source instead.
+    std::string message = written.status().message();
+    const std::string temp = (staging / "universal").string();
+    for (size_t at; (at = message.find(temp)) != std::string::npos;) {
+      message.replace(at, temp.size(), src.meta().dir.string());
+    }
+    return Status(written.status().code(), message);
+  }
   written->bytes_read = stats->bytes_read;
   return written;
 }
