@@ -18,6 +18,7 @@
 
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_train_device.h"
+#include "offload/train/device_check_config.h"
 #include "offload/train/trainer.h"
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
@@ -27,31 +28,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path WriteText(const fs::path& dir) {
-  const fs::path p = dir / "text.txt";
-  std::ofstream f(p);
-  for (int i = 0; i < 80; ++i) {
-    f << "Line " << i << ": the quick brown fox jumps over the lazy dog, again and again.\n";
-  }
-  return p;
-}
+fs::path WriteText(const fs::path& dir) { return WriteDeviceCheckText(dir); }
 
 TrainConfig Config(const std::string& model, const std::string& dtype, const fs::path& data) {
-  TrainConfig c;
-  c.model = model;
-  c.dtype = dtype;
-  c.data = data.string();
-  c.seq_len = 32;
-  c.global_batch = 4;
-  c.micro_batch = 2;
-  c.steps = 8;
-  c.lr = 1e-3;
-  c.min_lr = 1e-4;
-  c.warmup_samples = 4;
-  c.val_samples = 4;
-  c.clip_grad = 1.0;
-  c.layout = "tp=1,pp=1,dp=1,zero=1";
-  return c;
+  return DeviceCheckConfig(model, dtype, data, /*lr=*/1e-3, /*min_lr=*/1e-4, /*clip_grad=*/1.0);
 }
 
 RunOptions Opts(const fs::path& out, bool cuda, int tail = 0) {

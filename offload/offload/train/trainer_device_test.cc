@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "offload/train/device_check_config.h"
 #include "offload/train/trainer.h"
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
@@ -22,31 +23,11 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::ucp::testing::StatusIs;
 
-fs::path WriteText(const fs::path& dir) {
-  const fs::path p = dir / "text.txt";
-  std::ofstream f(p);
-  for (int i = 0; i < 80; ++i) {
-    f << "Line " << i << ": the quick brown fox jumps over the lazy dog, again and again.\n";
-  }
-  return p;
-}
+fs::path WriteText(const fs::path& dir) { return WriteDeviceCheckText(dir); }
 
 TrainConfig Config(const std::string& model, const std::string& dtype, const fs::path& data) {
-  TrainConfig c;
-  c.model = model;
-  c.dtype = dtype;
-  c.data = data.string();
-  c.seq_len = 32;
-  c.global_batch = 4;
-  c.micro_batch = 2;
-  c.steps = 8;
-  c.lr = 1e-2;
-  c.min_lr = 1e-3;
-  c.warmup_samples = 4;
-  c.val_samples = 4;
-  c.clip_grad = 0.5;  // some steps clipped, some not (the multiplier reaches the device Adam)
-  c.layout = "tp=1,pp=1,dp=1,zero=1";
-  return c;
+  // some steps clipped, some not (the multiplier reaches the device Adam)
+  return DeviceCheckConfig(model, dtype, data, /*lr=*/1e-2, /*min_lr=*/1e-3, /*clip_grad=*/0.5);
 }
 
 RunOptions Opts(const fs::path& out, const std::string& device, int tail) {
