@@ -7,9 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/build.sh
-# The peer tests need the DeepSpeed venv; without PyPI they fail (they are not skipped), and the
+# The peer tests need the two peer venvs; without PyPI they fail (they are not skipped), and the
 # rest of the suite still runs.
-bash tools/setup_peers.sh || echo "test: no DeepSpeed venv, so the peer tests (label peer) will fail"
+bash tools/setup_peers.sh ||
+  echo "test: a peer venv could not be made (above), so the peer tests (label peer) will fail"
 if [ $# -gt 0 ]; then
   ctest --test-dir build --output-on-failure -j"${UCP_JOBS:-$(nproc)}" "$@"
   exit

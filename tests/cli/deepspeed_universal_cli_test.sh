@@ -7,6 +7,7 @@
 #   args, no recorded model) read without --model, equal to the fixture's extraction;
 #   llama-tiny (GQA, SwiGLU) written with the keys DeepSpeed's loader cuts by (SwiGLU as
 #   param_n_sub_params 2) and read back bitwise; mixtral-tiny written at ep=1 and refused at ep=2;
+#   the ZeRO-3 layout of a current ds_to_universal (zero_pp_rank model states, flat states) read;
 # and each bad folder (truncated or corrupt .pt, missing parameter folder or state file, a state
 # of the wrong shape) is one error line with its exit code (docs/errors.md) and no output.
 set -euo pipefail
@@ -33,8 +34,9 @@ assert j["source_framework"] == "megatron-deepspeed", j'
 "$ucp" extract dsu back.u >/dev/null
 "$ucp" diff back.u g.u | grep -q "^equal: "
 # The extraction's files hold what the original's hold, dataset by dataset (h5py).
-/usr/bin/python3 - g.u back.u <<'PY'
-import json, sys, h5py
+# states.load(folder): {parameter: {state: bytes}} of a universal folder, for both checks below.
+cat >states.py <<'PY'
+import json, h5py
 def load(d):
     m = json.load(open(d + "/manifest.json"))
     out = {}
@@ -42,6 +44,10 @@ def load(d):
         with h5py.File(d + "/" + p["file"], "r") as f:
             out[p["name"]] = {s["name"]: f[s["name"]][()].tobytes() for s in p["states"]}
     return out
+PY
+PYTHONPATH=$work /usr/bin/python3 - g.u back.u <<'PY'
+import sys
+from states import load
 a, b = load(sys.argv[1]), load(sys.argv[2])
 assert a == b, sorted(k for k in a if a[k] != b.get(k))
 print("ucp -> deepspeed-universal -> ucp:", len(a), "parameters x", len(next(iter(a.values()))),
@@ -74,15 +80,9 @@ echo "megatron fixture: universal folder with its args read without --model: ok"
 "$ucp" reshard l.u l.dsu --layout tp=2,pp=1 --format deepspeed-universal >/dev/null
 "$ucp" diff l.dsu l.u | grep -q "^equal: "
 "$ucp" extract l.dsu l.back >/dev/null
-/usr/bin/python3 - l.u l.back l.dsu <<'PY'
-import json, os, sys, h5py, torch
-def load(d):
-    m = json.load(open(d + "/manifest.json"))
-    out = {}
-    for p in m["params"]:
-        with h5py.File(d + "/" + p["file"], "r") as f:
-            out[p["name"]] = {s["name"]: f[s["name"]][()].tobytes() for s in p["states"]}
-    return out
+PYTHONPATH=$work /usr/bin/python3 - l.u l.back l.dsu <<'PY'
+import os, sys, torch
+from states import load
 a, b = load(sys.argv[1]), load(sys.argv[2])
 assert a == b, sorted(k for k in a if a[k] != b.get(k))
 # The keys DeepSpeed's load_hp_checkpoint_state cuts by (GPTModelPipe names, 4 layers).
@@ -167,4 +167,69 @@ expect_fail 7 "states [momentum_buffer]) has no exp_avg" -- \
 "$ucp" diff x.dsu x.u | grep -q "^equal: "
 expect_fail 7 "is an expert at ep=2: DeepSpeed's universal loader (0.14.4) cuts tp only" -- \
   "$ucp" reshard x.u out --layout tp=1,pp=1,dp=2,ep=2 --format deepspeed-universal
+
+# ds_to_universal's ZeRO-3 layout (DeepSpeed >= 0.14.5), made from ucp's own tp=1 folder with
+# Debian's torch: the model states under ZeRO-3's name with param_shapes (no mp_rank_00), each
+# state a bare flat tensor, no step.pt (the step in optimizer_state.pt's Adam state). Read back
+# equal, its step the Adam state's; a flat state of the wrong size, a missing grid rank and a bare
+# state at tp=2 are refused.
+"$ucp" generate z --model gpt-tiny --layout tp=1,pp=1,dp=1 --seed 5 >/dev/null
+"$ucp" extract z z.u >/dev/null
+"$ucp" reshard z.u z.dsu --layout tp=1,pp=1 --format deepspeed-universal >/dev/null
+/usr/bin/python3 - z.dsu <<'PY'
+import collections, glob, os, sys, torch
+d = sys.argv[1]
+mp = torch.load(f"{d}/mp_rank_00_model_states.pt")
+shapes = collections.OrderedDict()
+for p in sorted(glob.glob(f"{d}/zero/*/")):
+    name = os.path.basename(os.path.dirname(p))
+    for s in ("fp32", "exp_avg", "exp_avg_sq"):
+        t = torch.load(f"{p}{s}.pt")["param"]
+        shapes[name] = t.shape
+        torch.save(t.detach().clone().flatten(), f"{p}{s}.pt")
+    os.remove(f"{p}step.pt")
+mp.pop("iteration", None)
+mp.update(param_shapes=[shapes], dp_world_size=1, mp_world_size=1, global_steps=0)
+torch.save(mp, f"{d}/zero_pp_rank_0_mp_rank_00_model_states.pt")
+os.remove(f"{d}/mp_rank_00_model_states.pt")
+opt = torch.load(f"{d}/zero/optimizer_state.pt")
+# Two sub-groups, one step (9: not the model states' global_steps 0 nor the source's).
+opt["optimizer_state_dict"] = {
+    "state": {0: {"step": torch.tensor(9.0)}, 1: {"step": torch.tensor(9.0)}},
+    "param_groups": opt.get("param_groups", [])}
+torch.save(opt, f"{d}/zero/optimizer_state.pt")
+PY
+"$ucp" diff z.dsu z.u | grep -q "^equal: "
+"$ucp" inspect z.dsu | grep -q "ZeRO-3 model-state files (shapes from param_shapes)"
+"$ucp" inspect z.dsu | grep -q "^step: *9$"
+"$ucp" extract z.dsu z.back >/dev/null
+"$ucp" diff z.back z.u | grep -q "^equal: "
+expect_rc() {  # rc, folder, what the message names
+  local rc=0
+  "$ucp" inspect "$2" >/dev/null 2>err.txt || rc=$?
+  [ "$rc" = "$1" ] || { echo "rc $rc, not $1, for $2: $(cat err.txt)" >&2; exit 1; }
+  grep -q -- "$3" err.txt || { echo "no '$3' in: $(cat err.txt)" >&2; exit 1; }
+}
+cp -r z.dsu z.short
+/usr/bin/python3 -c 'import sys, torch; p = sys.argv[1]; torch.save(torch.load(p)[:-1].clone(), p)' \
+  z.short/zero/6.weight/exp_avg.pt
+expect_rc 6 z.short 'param_shapes\["6.weight"\] is \[64\]'
+# set_key KEY VALUE FILE: one key of a pickled dict set to an integer.
+set_key() {
+  /usr/bin/python3 -c '
+import sys, torch
+k, v, p = sys.argv[1:]
+m = torch.load(p)
+m[k] = int(v)
+torch.save(m, p)' "$@"
+}
+cp -r z.dsu z.grid
+set_key dp_world_size 2 z.grid/zero_pp_rank_0_mp_rank_00_model_states.pt
+expect_rc 4 z.grid 'zero_pp_rank_1_mp_rank_00_model_states.pt: missing'
+cp -r z.dsu z.tp2
+cp z.tp2/zero_pp_rank_0_mp_rank_00_model_states.pt z.tp2/zero_pp_rank_0_mp_rank_01_model_states.pt
+set_key mp_world_size 2 z.tp2/zero_pp_rank_0_mp_rank_00_model_states.pt
+expect_rc 7 z.tp2 'a bare tensor in a ZeRO-3 folder of tp=2'
+echo "ZeRO-3 ds_to_universal layout (zero_pp_rank model states, flat states): read back: ok"
+
 echo "deepspeed-universal cli: ok"

@@ -12,7 +12,8 @@ the subcommands together with the ucp CLI, and docs/peers.md says what each test
                                        ucp's extraction U == ds_to_universal (into O) ==
                                        zero_to_fp32 == the engine's state, bitwise (ZeRO-3:
                                        DeepSpeed 0.14.4's ds_to_universal has no ZeRO-3 path, so
-                                       U == zero_to_fp32 == the engine's state)
+                                       U == zero_to_fp32 == the engine's state; dtu-vs-ucp runs a
+                                       current one)
     fixtures     --data D              DeepSpeed's ds_to_universal on each of ucp's committed
                                        fixtures (FIXTURES) gives its model's D/expected*.pt
     resume       --work W --load L --dp P --mode universal|zero [--ucp U] [--zero Z]
@@ -31,6 +32,11 @@ the subcommands together with the ucp CLI, and docs/peers.md says what each test
                                        DeepSpeed's ds_to_universal on T (a checkpoint ucp wrote
                                        with --format deepspeed) gives U's fp32 / exp_avg /
                                        exp_avg_sq bitwise and U's step
+    dtu-vs-ucp   --tag T --ucp U --out O [--truth F]
+                                       run with the newer DeepSpeed's venv
+                                       (tools/peer-dsu-requirements.txt): its ds_to_universal on
+                                       the ZeRO-3 tag T == U (ucp extract of T) bitwise, fp32 /
+                                       exp_avg / exp_avg_sq and step, and == F if given
 
 Everything is fp32: under gloo, torch 1.13 cannot broadcast bf16 (docs/peers.md).
 """
@@ -475,20 +481,24 @@ def run_ds_to_universal(src_tag, out, inject_missing_state):
     refuses a checkpoint without universal_checkpoint_info, which plain DeepSpeed clients (as HF
     Trainer) do not save. Its `--inject_missing_state` (PR #5608, first in DeepSpeed 0.14.5) only
     sets that info to {universal_checkpoint_version} when it is missing; inject_missing_state does
-    exactly that, in the converter's own check."""
+    exactly that, in the converter's own check; a newer DeepSpeed (tools/peer-dsu-requirements.txt)
+    is given the flag itself."""
     import_deepspeed()
     from deepspeed.checkpoint import ds_to_universal as dtu
     from deepspeed.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO,
                                                 UNIVERSAL_CHECKPOINT_VERSION_KEY,
                                                 UNIVERSAL_CHECKPOINT_VERSION_VALUE)
-    if inject_missing_state:
-        def check(ds_checkpoint):
-            if ds_checkpoint.get_checkpoint_info(UNIVERSAL_CHECKPOINT_INFO) is None:
-                ds_checkpoint.global_state[UNIVERSAL_CHECKPOINT_INFO] = {
-                    UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
+
+    def check(ds_checkpoint):
+        if ds_checkpoint.get_checkpoint_info(UNIVERSAL_CHECKPOINT_INFO) is None:
+            ds_checkpoint.global_state[UNIVERSAL_CHECKPOINT_INFO] = {
+                UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
+
+    if inject_missing_state and not hasattr(dtu, "_inject_missing_state"):  # 0.14.4: no flag
         dtu._check_for_required_state = check
     args = argparse.Namespace(input_folder=src_tag, output_folder=out, num_extract_workers=1,
-                              num_merge_workers=1, keep_temp_folder=False, strict=True)
+                              num_merge_workers=1, keep_temp_folder=False, strict=True,
+                              inject_missing_state=inject_missing_state)
     log = io.StringIO()
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         try:
@@ -510,16 +520,26 @@ def read_ucp_universal(path):
     return out
 
 
-def read_ds_universal(path):
-    """A DeepSpeed universal folder: zero/<name>/{fp32,exp_avg,exp_avg_sq}.pt ('param'), step.pt."""
+def read_ds_universal(path, flat=None):
+    """A DeepSpeed universal folder: zero/<name>/{fp32,exp_avg,exp_avg_sq}.pt ('param'), step.pt.
+    The DP-only ZeRO-3 path of DeepSpeed >= 0.14.5's converter saves the merged 1-dim tensor itself
+    (no dict, no shape); those are read as they are, and their names added to the set `flat`."""
     zero = os.path.join(path, "zero")
     out, steps = {}, {}
     for name in sorted(os.listdir(zero)):
         d = os.path.join(zero, name)
         if not os.path.isdir(d):
             continue
-        out[name] = {s: torch.load(os.path.join(d, f"{s}.pt"))["param"].detach()
-                     for s in STATES if os.path.exists(os.path.join(d, f"{s}.pt"))}
+        out[name] = {}
+        for s in STATES:
+            if os.path.exists(os.path.join(d, f"{s}.pt")):
+                sd = torch.load(os.path.join(d, f"{s}.pt"))
+                if torch.is_tensor(sd):
+                    assert flat is not None, f"{d}/{s}.pt: a bare tensor, not {{'param': ...}}"
+                    flat.add(name)
+                    out[name][s] = sd.detach()
+                else:
+                    out[name][s] = sd["param"].detach()
         if os.path.exists(os.path.join(d, "step.pt")):
             steps[name] = float(torch.load(os.path.join(d, "step.pt")))
     return out, steps
@@ -567,7 +587,8 @@ def cmd_extract(a):
     mm = Mismatches()
     # DeepSpeed's universal converter and its fp32 exporter, on the engine's own files. The
     # converter of 0.14.4 has no ZeRO-3 path (it came in 0.14.5, PR #5475): ucp's optimizer states
-    # are then compared with the engine's own, gathered when it saved.
+    # are then compared with the engine's own, gathered when it saved (and with a current
+    # DeepSpeed's converter by dtu-vs-ucp, from a venv of its own).
     if not engine_only:
         ds, ds_steps = read_ds_universal(ds_universal(a.work, a.out))
         compare_states(mm, "ds_to_universal vs engine", ds, want)
@@ -605,6 +626,65 @@ def cmd_extract(a):
                    {n: {"fp32": t} for n, t in fp32.items()})
     mm.check(f"ucp extract {a.ucp} == {'the engine' if engine_only else 'ds_to_universal'} == "
              f"zero_to_fp32 ({len(want)} parameters x {len(STATES)} states)")
+
+
+# ---------------------------------------------------------------------------------------------
+# dtu-vs-ucp: a newer DeepSpeed's ds_to_universal (tools/peer-dsu-requirements.txt; 0.14.4's has no
+# ZeRO-3 path) and ucp extract agree on a ZeRO-3 checkpoint
+
+
+def ds_optimizer_steps(folder):
+    """The Adam steps of a ds_to_universal folder: every zero/<name>/step.pt (ZeRO-1/2), else the
+    torch optimizer state its ZeRO-3 path copies into zero/optimizer_state.pt (rank 0's file)."""
+    _, steps = read_ds_universal(folder, flat=set())
+    if steps:
+        return set(steps.values())
+    osd = torch.load(os.path.join(folder, "zero", "optimizer_state.pt"))
+    return {float(st["step"]) for st in osd["optimizer_state_dict"]["state"].values()}
+
+
+def cmd_dtu_vs_ucp(a):
+    """DeepSpeed's ds_to_universal on T and ucp's extraction U of T: every fp32 / exp_avg /
+    exp_avg_sq bitwise equal (names mapped to ucp's canonical ones, Megatron-DeepSpeed's by
+    canonical_name), and the Adam step equal. With --truth (the run's truth.pt, or a fixture's
+    expected*.pt) the converter's output is also compared with it, so that a disagreement says
+    which side is wrong."""
+    shutil.rmtree(a.out, ignore_errors=True)
+    os.makedirs(a.out)
+    folder = os.path.join(a.out, os.path.basename(os.path.normpath(a.tag)) + "_universal")
+    megatron_enums_importable()  # the Megatron fixture's args (the converter copies them)
+    # No --inject_missing_state: the converter's ZeRO-3 path reads universal_checkpoint_info only
+    # at tp > 1, which Megatron-DeepSpeed saves, and a plain client (tp=1) needs none.
+    run_ds_to_universal(a.tag, folder, inject_missing_state=False)
+    flat = set()
+    got, _ = read_ds_universal(folder, flat)
+    want = read_ucp_universal(a.ucp)
+    layers = 1 + max(int(n.split(".")[1]) for n in want if n.startswith("layers."))
+    got = {canonical_name(n, layers): st for n, st in got.items()}
+    flat = {canonical_name(n, layers) for n in flat}
+    mm = Mismatches()
+    for name in flat & set(want):
+        # The DP-only path saves the parameter flat: compared at ucp's shape (row-major, so the
+        # same elements in the same order) once the element counts agree.
+        for s, t in got[name].items():
+            w = want[name].get(s)
+            if w is not None and t.dim() == 1 and t.numel() == w.numel():
+                got[name][s] = t.view(w.shape)
+    compare_states(mm, "ds_to_universal vs ucp extract", got, want)
+    with open(os.path.join(a.ucp, "manifest.json")) as f:
+        ucp_step = json.load(f).get("step")
+    ds_steps = ds_optimizer_steps(folder)
+    if ds_steps != {ucp_step}:
+        mm.add(f"ds_to_universal step {sorted(ds_steps)} != ucp extract manifest step {ucp_step}")
+    if a.truth:
+        truth = torch.load(a.truth)
+        truth = truth["states"] if "states" in truth else truth
+        compare_states(mm, "ds_to_universal vs truth", got,
+                       {n: {s: st[s] for s in STATES} for n, st in truth.items()})
+    version = importlib.metadata.version("deepspeed")
+    mm.check(f"ds_to_universal {version} == ucp extract ({len(want)} parameters x {len(STATES)} "
+             f"states, step {ucp_step}{'; its files flat' if flat else ''})"
+             + (f" == {os.path.basename(a.truth)}" if a.truth else ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -803,7 +883,8 @@ def cmd_fixtures(a):
         if any(f.startswith("zero_pp_rank_") and f.endswith("_model_states.pt")
                for f in os.listdir(tag)):
             # DeepSpeed 0.14.4's ds_to_universal has no ZeRO-3 path (0.14.5's PR #5475 added a
-            # DP-only one): its zero_to_fp32 reads the fp32 masters.
+            # DP-only one): its zero_to_fp32 reads the fp32 masters. (A current converter, which
+            # also merges ZeRO-3's TP shards, is compared with ucp on this fixture by dtu-vs-ucp.)
             got = zero3_fixture_fp32(tag, layers)
             for n, st in got.items():
                 want = expected[n]["fp32"]
@@ -1154,11 +1235,17 @@ def main():
     w.add_argument("--tag", required=True, help="the DeepSpeed tag folder it was extracted from")
     w.add_argument("--ucp", required=True, help="ucp's extraction of the tag")
     w.add_argument("--out", required=True, help="folder for ds_to_universal's output")
+    x = sub.add_parser("dtu-vs-ucp")
+    x.add_argument("--tag", required=True, help="a ZeRO-3 tag folder (the engine's or a fixture)")
+    x.add_argument("--ucp", required=True, help="ucp extract's output for the tag")
+    x.add_argument("--out", required=True, help="folder for ds_to_universal's output")
+    x.add_argument("--truth", help="truth.pt of the run, or the fixture's expected*.pt")
     a = p.parse_args()
     print(f"peer: torch {torch.__version__}, deepspeed {importlib.metadata.version('deepspeed')}")
     {"train": cmd_train, "ds-universal": cmd_ds_universal, "extract": cmd_extract,
      "fixtures": cmd_fixtures, "resume": cmd_resume, "reads-ucp": cmd_reads_ucp,
-     "universal-loader": cmd_universal_loader, "same-as-dtu": cmd_same_as_dtu}[a.cmd](a)
+     "universal-loader": cmd_universal_loader, "same-as-dtu": cmd_same_as_dtu,
+     "dtu-vs-ucp": cmd_dtu_vs_ucp}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 #   ucp-reads-deepspeed Z   ucp extract of that checkpoint == ds_to_universal == zero_to_fp32,
 #                           and ucp reads ds_to_universal's folder back equal to its extraction
 #                           (ZeRO-3: == zero_to_fp32 == the engine's state; 0.14.4's
-#                           ds_to_universal has no ZeRO-3 path)
+#                           ds_to_universal has no ZeRO-3 path: ds-to-universal-zero3 below)
 #   deepspeed-reads-ucp Z   ucp extract, then ucp reshard --format deepspeed-universal; DeepSpeed
 #                           loads it at dp=1 and at dp=2 and continues the run
 #   deepspeed-control Z     the same resumes without ucp: DeepSpeed's own ZeRO files at dp=2, its
@@ -36,6 +36,12 @@
 #                           same for a fuse of unequal parts (a SubparamShape) at tp=2; and
 #                           ds_to_universal on Megatron tp=2 fixtures writes ucp's folder
 #   deepspeed-reads-fixtures  DeepSpeed's ds_to_universal on tests/data/deepspeed == expected.pt
+#   ds-to-universal-zero3 3|3sg|fixture  a current DeepSpeed's ds_to_universal (the second venv,
+#                           tools/peer-dsu-requirements.txt) on the ZeRO-3 run's checkpoint, or on
+#                           the ZeRO-3 fixture megatron_llama_zero3_tp2_dp3_bf16 (tp=2), == ucp
+#                           extract of it, bitwise, and == the run's truth / the fixture's
+#                           expected_llama.pt; and ucp diff reads the converter's folder back
+#                           equal to its extraction
 #   pipe-uneven             the real PipelineEngine at pp=2 with 2 + 1 layers (partition_method
 #                           uniform): ucp extract == the engine's state; ucp's --format deepspeed
 #                           of it loads into a fresh engine, state bitwise, the same losses
@@ -65,7 +71,8 @@ case $test_case in
     py extract --work "$run" --ucp "$out/universal" --out "$out/ds"
     # ucp reads DeepSpeed's own universal output (ds_to_universal on the same checkpoint): bitwise
     # what it extracted (plain DeepSpeed records no model: --model).
-    if [ "$zero" = 1 ] || [ "$zero" = 2 ]; then  # 0.14.4's ds_to_universal has no ZeRO-3 path
+    # 0.14.4's ds_to_universal has no ZeRO-3 path: ds-to-universal-zero3 reads a current one's.
+    if [ "$zero" = 1 ] || [ "$zero" = 2 ]; then
       py ds-universal --work "$run" --out "$out/dsu"
       "$bin/ucp" diff "$out/dsu/$(cat "$out/dsu/latest_universal")" "$out/universal" \
         --model "$src/tests/peer/gpt-peer.json"
@@ -268,6 +275,43 @@ PY
     "$bin/ucp" convert "$t" "$w/ds" --format deepspeed "${m[@]}"
     "$bin/ucp" inspect "$w/ds" | grep "^layout: .*stages=2+1$"
     pipe resume --work "$w" --load "$w/ds"
+    ;;
+  ds-to-universal-zero3)
+    # 0.14.4's converter has no ZeRO-3 path (0.14.5's PR #5475 added it) and a current DeepSpeed's
+    # engine needs torch >= 2: the converter runs from a venv of its own (tools/setup_peers.sh).
+    dsu_venv=${UCP_PEER_DSU_VENV:-$HOME/.cache/ucp/peer-venv-dsu}
+    if [ ! -x "$dsu_venv/bin/python" ]; then
+      echo "peer: no current-DeepSpeed venv at $dsu_venv: run tools/setup_peers.sh" \
+           "(it needs PyPI)" >&2
+      exit 1
+    fi
+    dtu() { "$dsu_venv/bin/python" "$src/tests/peer/ds_peer.py" dtu-vs-ucp "$@"; }
+    if [ "$zero" = fixture ]; then
+      f=$src/tests/data/deepspeed/megatron_llama_zero3_tp2_dp3_bf16
+      out=$work/ds-to-universal-zero3-fixture
+      rm -rf "$out" && mkdir -p "$out"
+      "$bin/ucp" extract "$f" "$out/universal"
+      dtu --tag "$f/$(cat "$f/latest")" --ucp "$out/universal" --out "$out/dsu" \
+        --truth "$src/tests/data/deepspeed/expected_llama.pt"
+      # The converter's folder holds no ucp_model and Megatron's GPTModel names fit the gpt and
+      # llama rule sets alike: the family is named (the sizes come from its args and shapes).
+      model=(--model llama)
+    else
+      out=$run/ds-to-universal-zero3
+      rm -rf "$out" && mkdir -p "$out"
+      "$bin/ucp" extract "$(tag)" "$out/universal" --model "$src/tests/peer/gpt-peer.json"
+      dtu --tag "$(tag)" --ucp "$out/universal" --out "$out/dsu" --truth "$run/truth.pt"
+      model=(--model "$src/tests/peer/gpt-peer.json")
+    fi
+    # ucp reads the converter's ZeRO-3 folder itself (zero_pp_rank_* model states, at tp=1 flat
+    # state files shaped by their param_shapes): equal to its own extraction, every state.
+    dsu=$out/dsu/$(cat "$out/dsu/latest_universal")
+    "$bin/ucp" diff "$dsu" "$out/universal" "${model[@]}" | tee "$out/diff.txt"
+    grep -q "^equal: " "$out/diff.txt"
+    # and its step (from the Adam state of its zero/optimizer_state.pt) is the extraction's
+    step=$("$dsu_venv/bin/python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' \
+      "$out/universal/manifest.json")
+    "$bin/ucp" inspect "$dsu" "${model[@]}" | grep "^step: *$step\$"
     ;;
   deepspeed-reads-fixtures)
     py fixtures --data "$src/tests/data/deepspeed"

@@ -8,12 +8,15 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <optional>
 #include <regex>
 #include <set>
 #include <utility>
 #include <vector>
 
+#include "ucp/base/checked_math.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/deepspeed/deepspeed_universal.h"
 #include "ucp/deepspeed/naming.h"
@@ -55,7 +58,7 @@ struct Param {
 };
 
 // `v` as the state tensor of a state file: {'param': tensor, ...} (ucp, ds_to_universal) or a
-// bare tensor (ZeRO-3's universal files).
+// bare tensor (ds_to_universal's ZeRO-3 path at tp=1 saves the merged 1-dim tensor itself).
 Result<const PyValue*> StateTensor(const PyValue& root, const std::string& where) {
   if (root.kind() == PyKind::kTensor) return &root;
   if (root.kind() != PyKind::kDict) {
@@ -83,8 +86,14 @@ Result<const PyValue*> StateTensor(const PyValue& root, const std::string& where
   return p;
 }
 
+struct OpenedState {
+  StateFile file;
+  Shape shape;        // the tensor's own shape
+  bool bare = false;  // a bare tensor, not {'param': tensor, ...}
+};
+
 // Opens one state file strictly and locates its tensor. `where` names the parameter.
-Result<std::pair<StateFile, Shape>> OpenState(const fs::path& path, const std::string& where) {
+Result<OpenedState> OpenState(const fs::path& path, const std::string& where) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
     return NotFoundError(path.string() + ": missing (" + where + ")");
@@ -113,26 +122,26 @@ Result<std::pair<StateFile, Shape>> OpenState(const fs::path& path, const std::s
                          std::to_string(ref.num_elements()) + " elements) reaches past its " +
                          std::to_string(rec->num_bytes) + "-byte storage");
   }
-  StateFile s;
-  s.path = path;
-  s.storage_key = rec->key;
-  s.data_offset = rec->data_offset + ref.storage_offset * 4;
-  return std::pair{std::move(s), ref.size};
+  OpenedState s;
+  s.file.path = path;
+  s.file.storage_key = rec->key;
+  s.file.data_offset = rec->data_offset + ref.storage_offset * 4;
+  s.shape = ref.size;
+  s.bare = t == &f.root();
+  return s;
 }
 
-// A step.pt: a 0-d (or one-element) tensor or a number.
-Result<double> ReadStep(const fs::path& path) {
-  UCP_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(path));
-  const PyValue& v = f.root();
+// A step value `v` of the open file `f`: a 0-d (or one-element) tensor or a number. `where`
+// names the file and the field.
+Result<double> StepValue(const TorchFile& f, const PyValue& v, const std::string& where) {
   if (v.kind() == PyKind::kInt || v.kind() == PyKind::kFloat || v.kind() == PyKind::kBool) {
-    return AsDouble(&v, path.string());
+    return AsDouble(&v, where);
   }
   if (v.kind() != PyKind::kTensor || v.tensor().num_elements() != 1) {
-    return DataLossError(path.string() + ": the step is a " +
-                         std::string(torch::PyKindName(v.kind())) +
+    return DataLossError(where + ": the step is a " + std::string(torch::PyKindName(v.kind())) +
                          ", not a number or a one-element tensor");
   }
-  UCP_ASSIGN_OR_RETURN(Tensor t, f.ReadTensor(v.tensor()));
+  UCP_ASSIGN_OR_RETURN(Tensor t, f.ReadTensor(v.tensor()), where);
   switch (t.dtype()) {
     case DType::kFp32:
       return static_cast<double>(t.as<float>()[0]);
@@ -143,9 +152,84 @@ Result<double> ReadStep(const fs::path& path) {
     case DType::kInt32:
       return static_cast<double>(t.as<int32_t>()[0]);
     default:
-      return UnimplementedError(path.string() + ": the step tensor is " +
+      return UnimplementedError(where + ": the step tensor is " +
                                 std::string(DTypeName(t.dtype())));
   }
+}
+
+// A step.pt: a 0-d (or one-element) tensor or a number.
+Result<double> ReadStep(const fs::path& path) {
+  UCP_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(path));
+  return StepValue(f, f.root(), path.string());
+}
+
+// The Adam step of a ZeRO-3 zero/optimizer_state.pt (ds_to_universal copies rank 0's ZeRO-3
+// optimizer state there and writes no step.pt): every sub-group's
+// optimizer_state_dict.state[i].step, which must agree; nullopt when the file holds none.
+Result<std::optional<double>> OptimizerStateStep(const TorchFile& opt, const std::string& name) {
+  const PyValue* osd = opt.root().Get("optimizer_state_dict");
+  if (osd == nullptr || osd->kind() != PyKind::kDict) return std::optional<double>();
+  const PyValue* state = osd->Get("state");
+  if (state == nullptr) return std::optional<double>();
+  if (state->kind() != PyKind::kDict) {
+    return DataLossError(name + ": optimizer_state_dict.state is a " +
+                         std::string(torch::PyKindName(state->kind())) + ", not a dict");
+  }
+  std::optional<double> step;
+  std::string first;
+  for (const auto& [k, v] : state->entries()) {
+    const std::string field = "optimizer_state_dict.state[" +
+                              (k->kind() == PyKind::kInt ? std::to_string(k->int_value())
+                                                         : std::string("?")) + "]";
+    const std::string at = name + ": " + field;
+    if (v->kind() != PyKind::kDict) return DataLossError(at + " is not a dict");
+    const PyValue* st = v->Get("step");
+    if (st == nullptr) continue;
+    UCP_ASSIGN_OR_RETURN(double x, StepValue(opt, *st, at + ".step"));
+    if (step && *step != x) {
+      return DataLossError(at + ".step " + std::to_string(x) + " differs from " + first + " " +
+                           std::to_string(*step) + " (one Adam step for every sub-group)");
+    }
+    if (!step) first = field + ".step";
+    step = x;
+  }
+  return step;
+}
+
+// ZeRO-3's model-state files record each parameter's shape in `param_shapes` (one dict per
+// sub-group, name -> torch.Size); ds_to_universal's ZeRO-3 path at tp=1 saves the states flat, so
+// their shapes come from there. Names are the folders' (the engine's). Errors: kNotFound (no
+// param_shapes), kDataLoss (not a list of dicts of shapes, a name listed twice).
+Result<std::map<std::string, Shape>> ParamShapes(const PyValue& root, const std::string& name) {
+  const PyValue* shapes = root.Get("param_shapes");
+  if (shapes == nullptr) {
+    return NotFoundError(name + ": no param_shapes (ZeRO-3's model states record each "
+                                "parameter's shape there)");
+  }
+  std::vector<const PyValue*> groups;
+  if (shapes->kind() == PyKind::kDict) {
+    groups.push_back(shapes);
+  } else if (shapes->kind() == PyKind::kList || shapes->kind() == PyKind::kTuple) {
+    for (const PyValue* g : shapes->items()) groups.push_back(g);
+  } else {
+    return DataLossError(name + ": param_shapes is a " +
+                         std::string(torch::PyKindName(shapes->kind())) +
+                         ", not a list of dicts");
+  }
+  std::map<std::string, Shape> out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string at = name + ": param_shapes[" + std::to_string(g) + "]";
+    if (groups[g]->kind() != PyKind::kDict) return DataLossError(at + " is not a dict");
+    for (const auto& [k, v] : groups[g]->entries()) {
+      if (k->kind() != PyKind::kStr) return DataLossError(at + " has a key that is not a str");
+      UCP_ASSIGN_OR_RETURN(Shape shape, AsShape(v, at + "[" + Q(k->str()) + "]"));
+      UCP_RETURN_IF_ERROR(CheckedProduct(shape, at + "[" + Q(k->str()) + "]").status());
+      if (!out.emplace(k->str(), std::move(shape)).second) {
+        return DataLossError(at + " lists " + Q(k->str()) + " a second time");
+      }
+    }
+  }
+  return out;
 }
 
 // The dtype of the first tensor in a module state dict (Megatron GPTModel saves its weights in
@@ -444,18 +528,74 @@ Result<std::unique_ptr<api::CheckpointSource>> OpenDeepSpeedUniversalSource(
   }
   meta.optimizer_kind = wd != 0 ? "adamw" : "adam";
 
-  // The model-state files: every one parsed (strict), rank 0's read for the model.
+  // The model-state files: every one parsed (strict), rank 0's read for the model. ZeRO-1/2
+  // folders (and ucp's) keep mp_rank_TT_model_states.pt; ds_to_universal's ZeRO-3 path copies
+  // the source's zero_pp_rank_D_mp_rank_TT_model_states.pt instead (each with the client state
+  // and args, and param_shapes), with no mp_rank file.
   std::vector<std::string> mp_files;
+  std::map<std::pair<int64_t, int64_t>, std::string> zero3_files;  // (dp, tp) -> name
   static const std::regex kMp(R"(mp_rank_\d\d+_model_states\.pt)");
+  static const std::regex kZero3(
+      R"(zero_pp_rank_(0|[1-9]\d{0,8})_mp_rank_(\d{2,9})_model_states\.pt)");
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string n = it->path().filename().string();
-    if (std::regex_match(n, kMp)) mp_files.push_back(n);
+    std::smatch m;
+    if (std::regex_match(n, kMp)) {
+      mp_files.push_back(n);
+    } else if (std::regex_match(n, m, kZero3)) {
+      zero3_files[{std::stoll(m[1].str()), std::stoll(m[2].str())}] = n;
+    }
   }
   if (ec) return IoError("cannot list " + dir.string() + ": " + ec.message());
   std::sort(mp_files.begin(), mp_files.end());
-  if (mp_files.empty() || mp_files[0] != "mp_rank_00_model_states.pt") {
+  const bool zero3 = mp_files.empty() && !zero3_files.empty();
+  int64_t zero3_tp = 0;
+  if (!mp_files.empty() && !zero3_files.empty()) {
+    return DataLossError(dir.string() + ": holds both " + mp_files[0] + " and ZeRO-3's " +
+                         zero3_files.begin()->second +
+                         " (DeepSpeed's universal layout keeps the model-state files of one kind)");
+  }
+  if (zero3) {
+    // A full dp x tp grid, as ds_to_universal copies it: the ranks found, and the world sizes
+    // rank 0 records (so that a missing last rank is noticed too).
+    int64_t dp = 0;
+    for (const auto& [rank, n] : zero3_files) {
+      dp = std::max(dp, rank.first + 1);
+      zero3_tp = std::max(zero3_tp, rank.second + 1);
+    }
+    if (auto r0 = zero3_files.find({0, 0}); r0 != zero3_files.end()) {
+      UCP_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(dir / r0->second));
+      for (auto [key, size] :
+           {std::pair{"dp_world_size", &dp}, std::pair{"mp_world_size", &zero3_tp}}) {
+        const PyValue* v = f.root().Get(key);
+        if (v == nullptr || v->is_none()) continue;
+        UCP_ASSIGN_OR_RETURN(int64_t n, AsInt(v, (dir / r0->second).string() + ": " + key));
+        if (n < 1 || n < *size) {
+          return DataLossError((dir / r0->second).string() + ": " + key + " = " +
+                               std::to_string(n) + ", but the folder holds ZeRO-3 model-state " +
+                               "files of " + std::to_string(*size) +
+                               (key[0] == 'd' ? " dp" : " tp") + " ranks");
+        }
+        *size = n;
+      }
+    }
+    for (int64_t d = 0; d < dp; ++d) {
+      for (int64_t t = 0; t < zero3_tp; ++t) {
+        if (zero3_files.contains({d, t})) continue;
+        char name[96];
+        std::snprintf(name, sizeof name, "zero_pp_rank_%lld_mp_rank_%02lld_model_states.pt",
+                      static_cast<long long>(d), static_cast<long long>(t));
+        return NotFoundError((dir / name).string() + ": missing (the ZeRO-3 model-state files " +
+                             "of " + std::to_string(dp) + " dp x " + std::to_string(zero3_tp) +
+                             " tp ranks are there but this one)");
+      }
+    }
+    for (const auto& [rank, n] : zero3_files) mp_files.push_back(n);  // (0, 0) first
+  } else if (mp_files.empty() || mp_files[0] != "mp_rank_00_model_states.pt") {
     return NotFoundError((dir / "mp_rank_00_model_states.pt").string() +
-                         ": missing (DeepSpeed's universal layout keeps the model-state files)");
+                         ": missing (DeepSpeed's universal layout keeps the model-state files: "
+                         "mp_rank_TT_model_states.pt, or ZeRO-3's "
+                         "zero_pp_rank_D_mp_rank_TT_model_states.pt)");
   }
   for (size_t i = 1; i < mp_files.size(); ++i) {
     UCP_RETURN_IF_ERROR(TorchFile::Open(dir / mp_files[i]).status());
@@ -466,9 +606,19 @@ Result<std::unique_ptr<api::CheckpointSource>> OpenDeepSpeedUniversalSource(
     return DataLossError(mp0_name + ": holds a " +
                          std::string(torch::PyKindName(mp0.root().kind())) + ", not a dict");
   }
+  // At tp=1 ZeRO-3's param_shapes are the full shapes the flat state files lack; at tp > 1
+  // they are rank 0's slices (the converter then writes {'param': full tensor, ...}).
+  std::map<std::string, Shape> param_shapes;
+  bool shaped_by_param_shapes = false;  // a flat state took its shape from there
+  if (zero3 && zero3_tp == 1) {
+    UCP_ASSIGN_OR_RETURN(param_shapes, ParamShapes(mp0.root(), mp0_name));
+  }
   int64_t iteration = 0;
   if (const PyValue* v = mp0.root().Get("iteration"); v != nullptr && !v->is_none()) {
     UCP_ASSIGN_OR_RETURN(iteration, AsInt(v, mp0_name + ": iteration"));
+  } else if (const PyValue* g = mp0.root().Get("global_steps"); g != nullptr && !g->is_none()) {
+    // DeepSpeed's own engine records no iteration (Megatron's key), only its global_steps.
+    UCP_ASSIGN_OR_RETURN(iteration, AsInt(g, mp0_name + ": global_steps"));
   }
 
   // The parameter folders, their names and their state files.
@@ -506,15 +656,41 @@ Result<std::unique_ptr<api::CheckpointSource>> OpenDeepSpeedUniversalSource(
     for (size_t s = 0; s < kStates.size(); ++s) {
       const fs::path path = zero / e / (std::string(kStates[s]) + ".pt");
       const std::string where = "parameter " + Q(p.name) + ", state " + kStates[s];
-      UCP_ASSIGN_OR_RETURN(auto opened, OpenState(path, where));
+      UCP_ASSIGN_OR_RETURN(OpenedState opened, OpenState(path, where));
+      if (opened.bare && zero3) {
+        // ds_to_universal's ZeRO-3 path at tp=1: the merged flat tensor, its shape in
+        // param_shapes. At tp > 1 it writes dicts at the full shape, which param_shapes (each
+        // rank's slice) cannot give.
+        const std::string at = path.string() + " (" + where + ")";
+        if (zero3_tp != 1) {
+          return UnimplementedError(at + ": a bare tensor in a ZeRO-3 folder of tp=" +
+                                    std::to_string(zero3_tp) + " ranks: its full shape is "
+                                    "not recorded (param_shapes hold each tp rank's slice)");
+        }
+        auto ps = param_shapes.find(e);
+        if (ps == param_shapes.end()) {
+          return NotFoundError(at + ": a bare tensor, and " + mp0_name +
+                               ": param_shapes has no " + Q(e) + " to give its shape");
+        }
+        const int64_t n = NumElementsOrDie(opened.shape);
+        const int64_t want = NumElementsOrDie(ps->second);
+        if (n != want || (opened.shape.size() != 1 && opened.shape != ps->second)) {
+          return DataLossError(at + ": a bare " + ShapeString(opened.shape) + " tensor of " +
+                               std::to_string(n) + " elements, but " + mp0_name +
+                               ": param_shapes[" + Q(e) + "] is " + ShapeString(ps->second) +
+                               " (" + std::to_string(want) + " elements)");
+        }
+        opened.shape = ps->second;  // row-major: the flat elements in the same order
+        shaped_by_param_shapes = true;
+      }
       if (s == 0) {
-        p.shape = opened.second;
-      } else if (opened.second != p.shape) {
+        p.shape = opened.shape;
+      } else if (opened.shape != p.shape) {
         return DataLossError(path.string() + " (" + where + "): 'param' shape " +
-                             ShapeString(opened.second) + " differs from fp32.pt's " +
+                             ShapeString(opened.shape) + " differs from fp32.pt's " +
                              ShapeString(p.shape));
       }
-      p.states[s] = std::move(opened.first);
+      p.states[s] = std::move(opened.file);
     }
     const fs::path sp = zero / e / "step.pt";
     if (fs::exists(sp, ec)) {
@@ -527,6 +703,11 @@ Result<std::unique_ptr<api::CheckpointSource>> OpenDeepSpeedUniversalSource(
       step_file = sp.string();
     }
     params.push_back(std::move(p));
+  }
+  if (!step) {
+    // No step.pt (ds_to_universal's ZeRO-3 path): the Adam step of its optimizer_state.pt.
+    UCP_ASSIGN_OR_RETURN(step, OptimizerStateStep(opt, opt_path.string()));
+    if (step) step_file = opt_path.string();
   }
   if (step && (*step < 0 || *step != std::floor(*step) || *step > 1e15)) {
     return DataLossError(step_file + ": step " + std::to_string(*step) + " is not a count");
@@ -605,8 +786,10 @@ Result<std::unique_ptr<api::CheckpointSource>> OpenDeepSpeedUniversalSource(
   meta.source_notes = dir.filename().string() + ", DeepSpeed universal layout, " +
                       std::to_string(params.size()) + " parameter folders, " +
                       std::string(NamingName(naming)) + " names, " +
-                      std::to_string(mp_files.size()) + " model-state files, model from " +
-                      choice.origin;
+                      std::to_string(mp_files.size()) +
+                      (zero3 ? " ZeRO-3 model-state files" : " model-state files") +
+                      (shaped_by_param_shapes ? " (shapes from param_shapes)" : "") +
+                      ", model from " + choice.origin;
   std::string naming_json;
   AppendJsonString(NamingName(naming), naming_json);
   meta.client_state_json = "{\"deepspeed\":{\"naming\":" + naming_json + "}}";
