@@ -91,6 +91,16 @@ a, b = first("init_u"), first("init_hf")
 assert a == b, "--init from the HF export: loss %r, from the universal source %r" % (b, a)
 print("train_cli_test: --init from a Hugging Face folder = --init from its source (loss %.6f)" % a)
 PY
+# A model whose q/k rows rotate in interleaved pairs (recorded by --rotary-layout) is refused:
+# the engine rotates half-split pairs, and would train another model without a word.
+"$ucp" convert "$work/hf" "$work/inter" --format ucp --layout tp=1 --rotary-layout interleaved \
+  > /dev/null
+expect_exit 7 "$train" --init "$work/inter" --data "$work/text.txt" --dtype fp32 --seq-len 32 \
+  --global-batch 4 --steps 1 --threads 1 --quiet --out "$work/init_inter"
+grep -q "rotate in interleaved pairs (rotary_interleaved = 1)" "$work/err.txt" ||
+  fail "--init of an interleaved-rotary model: $(cat "$work/err.txt")"
+[ ! -e "$work/init_inter" ] || fail "--init of an interleaved-rotary model left $work/init_inter"
+echo "train_cli_test: --init of an interleaved-rotary model refused (exit 7)"
 
 # Killed at several moments, resumed each time: twice deterministically (--kill-at: the process
 # SIGKILLs itself right after a step's checkpoint), then at timed moments that may land inside a

@@ -1240,6 +1240,16 @@ Status Trainer::Impl::ResolveRun(const RunOptions& run, fs::path& start_ckpt,
                          run.resume.empty() ? "--init" : "--resume");
     t.spec = start_src->meta().spec;
     t.model = start_src->meta().model;
+    // The engine rotates q/k in half-split pairs (HF's rotate_half, Megatron's default). A model
+    // recorded with interleaved pairs (docs/hf.md "Rotary pairing") would train as another model
+    // without a word, so it is refused until the engine has that pairing.
+    if (auto it = t.spec.hyper.find(std::string(patterns::kRotaryInterleavedHyper));
+        it != t.spec.hyper.end() && it->second != 0) {
+      return UnimplementedError(
+          start_ckpt.string() + ": the model's q/k rows rotate in interleaved pairs (" +
+          std::string(patterns::kRotaryInterleavedHyper) + " = " + std::to_string(it->second) +
+          "); ucp-train's engine rotates half-split pairs only");
+    }
     if (!c.dtype.empty()) {
       UCP_ASSIGN_OR_RETURN(DType d, DTypeFromName(c.dtype), "--dtype");
       t.spec.dtype = d;
