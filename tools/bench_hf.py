@@ -4,7 +4,12 @@ torch 1.13, tools/setup_peers.sh).
   make --out DIR [--dtype fp32|bf16]   GPT2LMHeadModel with gpt2-medium's config (24 layers,
                                        hidden 1024, 16 heads, vocab 50257, 1024 positions; 355M
                                        parameters) at random init, save_pretrained into DIR (one
-                                       model.safetensors, transformers' default 5GB shard size)
+                                       model.safetensors, transformers' default 5GB shard size).
+                                       Without transformers (Debian's python3 with torch only):
+                                       the same tensors, names, shapes and dtype written by this
+                                       script (header order as the safetensors package sorts it),
+                                       with a GPT-2 config.json; the values differ (not
+                                       transformers' init), the sizes and layout do not
   roundtrip --src DIR --out DIR        what a Python user does without ucp: from_pretrained, then
                                        save_pretrained, then os.sync(); prints the time of each
   import                               imports torch and transformers only (the fixed start-up cost
@@ -14,6 +19,53 @@ import argparse
 import os
 import sys
 import time
+
+
+def make_without_transformers(torch, out, dtype):
+    """The source of `make` where only torch is installed: the benchmark needs the bytes'
+    size and layout, not transformers' initialisation."""
+    import json
+    import struct
+    hidden, layers, heads, vocab, positions = 1024, 24, 16, 50257, 1024
+    shapes = {"transformer.wte.weight": [vocab, hidden],
+              "transformer.wpe.weight": [positions, hidden],
+              "transformer.ln_f.weight": [hidden], "transformer.ln_f.bias": [hidden]}
+    for i in range(layers):
+        h = f"transformer.h.{i}."
+        shapes.update({h + "ln_1.weight": [hidden], h + "ln_1.bias": [hidden],
+                       h + "attn.c_attn.weight": [hidden, 3 * hidden],
+                       h + "attn.c_attn.bias": [3 * hidden],
+                       h + "attn.c_proj.weight": [hidden, hidden], h + "attn.c_proj.bias": [hidden],
+                       h + "ln_2.weight": [hidden], h + "ln_2.bias": [hidden],
+                       h + "mlp.c_fc.weight": [hidden, 4 * hidden],
+                       h + "mlp.c_fc.bias": [4 * hidden],
+                       h + "mlp.c_proj.weight": [4 * hidden, hidden],
+                       h + "mlp.c_proj.bias": [hidden]})
+    tdtype, code = (torch.float32, "F32") if dtype == "fp32" else (torch.bfloat16, "BF16")
+    torch.manual_seed(0)
+    header, offset, names = {"__metadata__": {"format": "pt"}}, 0, sorted(shapes)
+    for n in names:
+        size = torch.Size(shapes[n]).numel() * (4 if dtype == "fp32" else 2)
+        header[n] = {"dtype": code, "shape": shapes[n], "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for n in names:
+            t = torch.randn(shapes[n]) * 0.02
+            f.write(t.to(tdtype).contiguous().view(torch.uint8).numpy().tobytes())
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": hidden,
+              "n_layer": layers, "n_head": heads, "vocab_size": vocab, "n_positions": positions,
+              "n_ctx": positions, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
+              "initializer_range": 0.02, "tie_word_embeddings": True,
+              "torch_dtype": "float32" if dtype == "fp32" else "bfloat16"}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    n = sum(torch.Size(s).numel() for s in shapes.values())
+    print(f"saved {out}: GPT2LMHeadModel tensors (no transformers: written by bench_hf.py), "
+          f"{n / 1e6:.1f}M parameters, {dtype}")
 
 
 def main():
@@ -29,6 +81,12 @@ def main():
     a = p.parse_args()
     t0 = time.monotonic()
     import torch
+    if a.cmd == "make":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            make_without_transformers(torch, a.out, a.dtype)
+            return
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
     t_import = time.monotonic() - t0
     if a.cmd == "import":

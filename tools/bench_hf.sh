@@ -4,6 +4,8 @@
 # save_pretrained (tools/bench_hf.py make), then ROUNDS rounds, each timing in turn:
 #   cp         `cp -r` of the HF folder + `sync` (the baseline: ucp fsyncs what it writes)
 #   import     ucp convert HF ckpt --layout tp=2,pp=2 --format ucp (HF -> ucp distributed)
+#   cp-ckpt    `cp -r` of the import's output + `sync`: a copy of the bytes the import writes
+#              (2.3x the source's: the weights as the model state and as the fp32 master)
 #   export     ucp convert ckpt out --format hf               (ucp distributed -> HF)
 #   export16   ucp convert ckpt out --format hf --dtype bf16  (the same, cast on the way)
 #   hf2hf      ucp convert HF out --format hf                 (HF -> HF, no ucp checkpoint)
@@ -29,7 +31,7 @@ if [ ! -x "$py" ]; then
 fi
 mkdir -p "$work"
 cd "$work"
-rm -rf hf copy ckpt out out16 hf2hf tf .times
+rm -rf hf copy ckpt ckpt-copy out out16 hf2hf tf .times
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(free -g | awk '/Mem:/{print $2}') GiB;" \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ);" \
   "ucp $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$root" diff --quiet 2>/dev/null || echo '+changes')"
@@ -52,6 +54,8 @@ for r in $(seq "$rounds"); do
   measure cp bash -c "cp -r hf copy && sync"
   rm -rf copy
   measure import "$ucp" convert hf ckpt --layout tp=2,pp=2 --format ucp
+  measure cp-ckpt bash -c "cp -r ckpt ckpt-copy && sync"
+  rm -rf ckpt-copy
   measure export "$ucp" convert ckpt out --format hf
   measure export16 "$ucp" convert ckpt out16 --format hf --dtype bf16
   measure hf2hf "$ucp" convert hf hf2hf --format hf
@@ -68,10 +72,14 @@ done
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 cp_med=$(awk '$1=="cp"{print $2}' .times | median)
 echo "summary over $rounds rounds (median wall, its ratio to the median cp -r + sync, max peak RSS):"
-for op in cp import export export16 hf2hf tf; do
+for op in cp import cp-ckpt export export16 hf2hf tf; do
   med=$(awk -v o=$op '$1==o{print $2}' .times | median)
   rss=$(awk -v o=$op '$1==o{print $3}' .times | sort -n | tail -1)
   printf '  %-9s %7.2f s  x%.2f  %8.1f MiB\n' "$op" "$med" "$(echo "$med / $cp_med" | bc -l)" \
     "$(echo "$rss / 1024" | bc -l)"
 done
-rm -rf "$work"/{hf,copy,ckpt,out,out16,hf2hf,tf}
+imp_med=$(awk '$1=="import"{print $2}' .times | median)
+ckpt_med=$(awk '$1=="cp-ckpt"{print $2}' .times | median)
+printf '  import against a copy of the bytes it writes (cp-ckpt): x%.2f\n' \
+  "$(echo "$imp_med / $ckpt_med" | bc -l)"
+rm -rf "$work"/{hf,copy,ckpt,ckpt-copy,out,out16,hf2hf,tf}

@@ -445,15 +445,20 @@ struct Reader {
       const int64_t s0 = sref.strides[0];
       for (int64_t i0 = 0; i0 < b.counts[0]; i0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, b.counts[0] - i0);
-        for (int64_t i = 0; i < rows; ++i) {
-          const int64_t so = sref.offset + (i0 + i) * s0;
-          std::byte* at = tile.data() + i * row_bytes;
-          if (dense) {
-            std::memcpy(at, raw.data() + (so - sref.offset) * in_size,
+        if (dense) {
+          for (int64_t i = 0; i < rows; ++i) {
+            const int64_t so = sref.offset + (i0 + i) * s0;
+            std::memcpy(tile.data() + i * row_bytes, raw.data() + (so - sref.offset) * in_size,
                         static_cast<size_t>(row_bytes));
-          } else {
-            UCP_RETURN_IF_ERROR(Read(t, so, so + row_len, {at, static_cast<size_t>(row_bytes)}));
           }
+        } else {
+          // The tile's rows in one call (a source holding the tensor in memory serves them
+          // without a lookup per row: the HF import's Conv1D weights).
+          const int64_t so = sref.offset + i0 * s0;
+          UCP_RETURN_IF_ERROR(source.ReadRows(t, so, s0, rows, row_len,
+                                              {tile.data(), static_cast<size_t>(rows * row_bytes)}),
+                              "while reading \"" + t.name + "\"");
+          bytes_read += rows * row_bytes;
         }
         const std::byte* packed = tile.data();
         if (!same) {
@@ -708,6 +713,23 @@ int64_t DefaultWindowBytes(const ExecOptions& o) {
 }
 
 }  // namespace
+
+Status TensorSource::ReadRows(const TensorInfo& tensor, int64_t begin, int64_t stride, int64_t rows,
+                              int64_t row_len, std::span<std::byte> out) const {
+  const int64_t row_bytes = row_len * DTypeSizeBytes(tensor.dtype);
+  if (rows < 0 || row_len < 0 || static_cast<int64_t>(out.size()) != rows * row_bytes) {
+    return InvalidArgumentError("reading " + std::to_string(rows) + " rows of " +
+                                std::to_string(row_len) + " elements of \"" + tensor.name +
+                                "\" into " + std::to_string(out.size()) + " bytes");
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t at = begin + i * stride;
+    UCP_RETURN_IF_ERROR(ReadFlatRange(
+        tensor, at, at + row_len,
+        out.subspan(static_cast<size_t>(i * row_bytes), static_cast<size_t>(row_bytes))));
+  }
+  return Status::Ok();
+}
 
 PlanIndex::PlanIndex(const Plan& plan) : plan_(plan), by_target_(plan.targets.size()) {
   for (const Op& op : plan.ops) {

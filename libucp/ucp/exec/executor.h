@@ -28,6 +28,13 @@ class TensorSource {
   /// Errors: whatever the format reports (kNotFound, kDataLoss, kOutOfRange, kIoError).
   virtual Status ReadFlatRange(const convert::TensorInfo& tensor, int64_t begin, int64_t end,
                                std::span<std::byte> out) const = 0;
+  /// Reads `rows` pieces of `row_len` elements, piece i being elements [begin + i * stride,
+  /// begin + i * stride + row_len) of the flattening, packed into `out` (rows * row_len
+  /// elements): the rows of a transposed copy. The default reads each piece by ReadFlatRange; a
+  /// source that can serve the pieces from memory overrides it to pay its lookups once.
+  /// Errors: as ReadFlatRange.
+  virtual Status ReadRows(const convert::TensorInfo& tensor, int64_t begin, int64_t stride,
+                          int64_t rows, int64_t row_len, std::span<std::byte> out) const;
   /// Checks that the files read are still those first read (size, mtime, inode: see
   /// io::RawFileCache::CheckUnchanged, UniversalReader/DistReader::CheckSourcesUnchanged,
   /// TorchFile::CheckSourceUnchanged). ExecutePlan calls it once after the last read, before it

@@ -1,10 +1,16 @@
 // Hugging Face folders as a source and a sink (see hf_format.h, docs/hf.md).
 #include "ucp/hf/hf_format.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <regex>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "ucp/base/status_macros.h"
@@ -149,21 +155,165 @@ Result<HfFiles> OpenFiles(const fs::path& dir) {
   return out;
 }
 
+// Whole HF tensors held in memory while short pieces of them are read. A transposed weight
+// (GPT-2's Conv1D, stored [in, out]) reaches the import as one short piece per source row and
+// window (a head's 64 columns: 256 bytes at a 12 KiB stride), read anew for each of the model
+// and fp32 states and each tp rank: 8 million preads for gpt2-medium, most of the import's time
+// (strace -c; docs/PERFORMANCE.md "Hugging Face import/export"). Read whole into a small shared
+// LRU, the same pieces are memcpys. The LRU holds kCacheBytes (one of the executor's wide
+// windows; 64 MiB saved gpt2-medium's import 10% of its CPU time in reads anew, for 35 MiB more
+// peak memory); besides, each thread keeps the tensor it read last, so that a tensor in use is
+// not read anew for each tile when the threads read more than the LRU holds. A larger tensor,
+// and long pieces of a tensor not held, are read from the file as before.
+constexpr int64_t kCacheBytes = int64_t{32} << 20;
+// A piece at least this long is worth its syscall: it does not load its tensor (but is served
+// from the cache when the tensor is there).
+constexpr int64_t kShortReadBytes = int64_t{64} << 10;
+
+// Anonymous pages of its own (not malloc's, which keeps freed 16 MiB blocks in its heap), so
+// that the process's peak memory is what the cache holds.
+class MappedBytes {
+ public:
+  MappedBytes() = default;
+  MappedBytes(const MappedBytes&) = delete;
+  MappedBytes& operator=(const MappedBytes&) = delete;
+  ~MappedBytes() {
+    if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(size_));
+  }
+  static Result<std::unique_ptr<MappedBytes>> Allocate(int64_t n) {
+    const int64_t size = std::max<int64_t>(n, 1);
+    void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return ResourceExhaustedError("cannot map " + std::to_string(n) +
+                                    " bytes for a Hugging Face tensor");
+    }
+    auto b = std::make_unique<MappedBytes>();
+    b->data_ = static_cast<std::byte*>(p);
+    b->size_ = size;
+    return b;
+  }
+  std::byte* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+class TensorCache {
+ public:
+  struct Entry {
+    const st::SafetensorsEntry* tensor = nullptr;
+    std::mutex mu;  // held while the tensor is read in
+    bool loaded = false;
+    Status status;
+    std::unique_ptr<MappedBytes> bytes;  // at least tensor->num_bytes()
+  };
+
+  // The tensor's bytes, read whole on first use; nullptr when it is too large to hold, or not
+  // held and `load` is false.
+  Result<std::shared_ptr<Entry>> Get(const st::SafetensorsFile& file,
+                                     const st::SafetensorsEntry& tensor, bool load) const {
+    const int64_t n = tensor.num_bytes();
+    if (n > kCacheBytes) return std::shared_ptr<Entry>();
+    std::shared_ptr<Entry> e;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::shared_ptr<Entry>& pinned = pinned_[std::this_thread::get_id()];
+      if (pinned && pinned->tensor == &tensor) e = pinned;
+      for (size_t i = lru_.size(); !e && i-- > 0;) {
+        if (lru_[i]->tensor == &tensor) {
+          e = lru_[i];
+          if (i + 1 != lru_.size()) {
+            lru_.erase(lru_.begin() + static_cast<std::ptrdiff_t>(i));
+            lru_.push_back(e);
+          }
+        }
+      }
+      if (!e) {
+        if (!load) return std::shared_ptr<Entry>();
+        e = std::make_shared<Entry>();
+        e->tensor = &tensor;
+        // Oldest out first. An entry a thread still holds is freed when the thread lets it go;
+        // one no one holds lends its pages to the new entry (no new page faults).
+        while (held_ + n > kCacheBytes && !lru_.empty()) {
+          std::shared_ptr<Entry>& old = lru_.front();
+          held_ -= old->tensor->num_bytes();
+          if (old.use_count() == 1 && !e->bytes && old->bytes && old->bytes->size() >= n) {
+            e->bytes = std::move(old->bytes);
+          }
+          lru_.erase(lru_.begin());
+        }
+        held_ += n;
+        lru_.push_back(e);
+      }
+      pinned = e;
+    }
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (!e->loaded) {
+      e->loaded = true;
+      if (!e->bytes) {
+        Result<std::unique_ptr<MappedBytes>> b = MappedBytes::Allocate(n);
+        if (b.ok()) e->bytes = std::move(*b);
+        e->status = b.status();
+      }
+      if (e->status.ok()) {
+        e->status = file.ReadRange(tensor, 0, n, {e->bytes->data(), static_cast<size_t>(n)});
+      }
+    }
+    if (!e->status.ok()) return e->status;
+    return e;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<std::shared_ptr<Entry>> lru_;  // least recently used first
+  mutable int64_t held_ = 0;
+  // Each thread's last tensor, kept when the LRU lets it go; freed with the cache.
+  mutable std::unordered_map<std::thread::id, std::shared_ptr<Entry>> pinned_;
+};
+
 // Reads HF tensors: plan sources whose rank is the file index.
 class FileReader final : public exec::TensorSource {
  public:
   explicit FileReader(const HfFiles& files) : files_(files) {}
   Status ReadFlatRange(const TensorInfo& t, int64_t begin, int64_t end,
                        std::span<std::byte> out) const override {
+    return ReadRows(t, begin, 0, 1, end - begin, out);
+  }
+  Status ReadRows(const TensorInfo& t, int64_t begin, int64_t stride, int64_t rows, int64_t row_len,
+                  std::span<std::byte> out) const override {
     auto it = files_.tensors.find(t.name);
     if (it == files_.tensors.end()) return InternalError("no HF tensor " + t.name);
     const int64_t size = DTypeSizeBytes(t.dtype);
-    return files_.files[static_cast<size_t>(t.rank)].ReadRange(*it->second.second, begin * size,
-                                                               end * size, out);
+    const int64_t row_bytes = row_len * size;
+    const st::SafetensorsFile& file = files_.files[static_cast<size_t>(t.rank)];
+    const st::SafetensorsEntry& tensor = *it->second.second;
+    if (rows < 0 || row_len < 0 || static_cast<int64_t>(out.size()) != rows * row_bytes) {
+      return InvalidArgumentError("reading " + std::to_string(rows) + " rows of " +
+                                  std::to_string(row_len) + " elements of HF tensor " + t.name +
+                                  " into " + std::to_string(out.size()) + " bytes");
+    }
+    UCP_ASSIGN_OR_RETURN(std::shared_ptr<TensorCache::Entry> cached,
+                         cache_.Get(file, tensor, row_bytes < kShortReadBytes));
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t at = (begin + i * stride) * size;
+      std::span<std::byte> piece =
+          out.subspan(static_cast<size_t>(i * row_bytes), static_cast<size_t>(row_bytes));
+      if (cached && at >= 0 && at + row_bytes <= tensor.num_bytes()) {
+        if (row_bytes > 0) std::memcpy(piece.data(), cached->bytes->data() + at, piece.size());
+      } else {
+        // Not held, or outside the tensor: the file read (and its errors).
+        UCP_RETURN_IF_ERROR(file.ReadRange(tensor, at, at + row_bytes, piece));
+      }
+    }
+    return Status::Ok();
   }
 
  private:
   const HfFiles& files_;
+  TensorCache cache_;
 };
 
 // A Hugging Face folder as the universal layout: each `<param>/<state>` range is built from the

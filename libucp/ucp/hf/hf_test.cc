@@ -5,11 +5,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <span>
 #include <sstream>
+#include <vector>
 
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
@@ -325,6 +328,54 @@ TEST_F(HfImportTest, Bf16ExportRoundsToNearestEven) {
   json::Json c =
       *json::ParseStrict(Slurp(tmp_.path() / "bf16" / kConfigFileName), "c", StatusCode::kDataLoss);
   EXPECT_EQ(c["torch_dtype"], "bfloat16");
+}
+
+// The import reads short pieces of a tensor (a transposed Conv1D weight's columns) from whole
+// tensors held in memory (hf_format.cc, TensorCache): the universal rows read one at a time
+// (a piece per element) and five at a time (a transposed tile per 16 source rows) are the file's
+// columns bitwise, and a file that shrank after it was opened is still kDataLoss when its
+// tensor is first read into the cache, not a crash.
+TEST_F(HfImportTest, TransposedPiecesMatchTheFileAndAShrunkFileIsAnError) {
+  const fs::path dir = Export("gpt-tiny", "gpt");
+  UCP_ASSERT_OK_AND_ASSIGN(auto src, OpenHfSource(dir, api::UcpDataDir()));
+  UCP_ASSERT_OK_AND_ASSIGN(auto file, st::SafetensorsFile::Open(dir / kSingleFileName));
+  UCP_ASSERT_OK_AND_ASSIGN(const st::SafetensorsEntry* e,
+                           file.Find("transformer.h.0.mlp.c_fc.weight"));
+  UCP_ASSERT_OK_AND_ASSIGN(Tensor hf, file.ReadTensor(*e));  // [in, out]
+  ASSERT_EQ(e->dtype, DType::kFp32);
+  const int64_t in = e->shape[0], out = e->shape[1];
+  std::vector<convert::TensorInfo> stored = src->StoredTensors();
+  auto target = [&](const std::string& name) {
+    auto it = std::find_if(stored.begin(), stored.end(),
+                           [&](const convert::TensorInfo& t) { return t.name == name; });
+    EXPECT_NE(it, stored.end()) << name;
+    return *it;
+  };
+  const auto* want = reinterpret_cast<const uint32_t*>(hf.data());
+  for (const std::string state : {"model", "fp32"}) {
+    const convert::TensorInfo t = target("layers.0.mlp.dense_h_to_4h.weight/" + state);
+    for (int64_t rows : {int64_t{1}, int64_t{5}}) {
+      for (int64_t r0 = 0; r0 < out; r0 += rows) {
+        const int64_t r1 = std::min(out, r0 + rows);
+        std::vector<uint32_t> got(static_cast<size_t>((r1 - r0) * in));
+        UCP_ASSERT_OK(src->ReadFlatRange(t, r0 * in, r1 * in,
+                                         std::as_writable_bytes(std::span<uint32_t>(got))));
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t i = 0; i < in; ++i) {
+            ASSERT_EQ(got[static_cast<size_t>((r - r0) * in + i)],
+                      want[static_cast<size_t>(i * out + r)])
+                << state << " row " << r << " column " << i;
+          }
+        }
+      }
+    }
+  }
+  const convert::TensorInfo dense = target("layers.0.self_attention.dense.weight/model");
+  fs::resize_file(dir / kSingleFileName, static_cast<uintmax_t>(file.header().data_offset()));
+  std::vector<uint32_t> row(static_cast<size_t>(dense.shape[1]));
+  EXPECT_THAT(src->ReadFlatRange(dense, 0, dense.shape[1],
+                                 std::as_writable_bytes(std::span<uint32_t>(row))),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("shrank since it was opened")));
 }
 
 // Interleaved rotary (issue 13): a model recording rotary_interleaved = 1 is written with each
