@@ -11,6 +11,8 @@
 #   ucp-skip ucp extract --skip-checksums (what the checksums cost)
 #   dtu      DeepSpeed's ds_to_universal (the peer venv's pinned DeepSpeed, its default workers:
 #            4 extract, 2 merge) + `sync`
+#   dtu-cur  the same with the current DeepSpeed of the second peer venv (tools/setup_peers.sh,
+#            tools/peer-dsu-requirements.txt), when it exists
 # with wall time and peak RSS from /usr/bin/time (for ds_to_universal, the largest of its
 # processes). As tools/bench_convert.sh and tools/bench_hf.sh do, every measured command runs
 # right after an unmeasured copy of the source is written and deleted (the page cache is warm;
@@ -36,13 +38,20 @@ if [ "$have_ds" != "$want_ds" ]; then
   echo "bench_extract: the venv has DeepSpeed $have_ds, tools/peer-requirements.txt pins $want_ds" >&2
   exit 1
 fi
+# The second peer venv's DeepSpeed (a current release; only its converter runs on torch 1.13).
+cur_py=${UCP_PEER_DSU_VENV:-$HOME/.cache/ucp/peer-venv-dsu}/bin/python
+cur_ds=
+if [ -x "$cur_py" ]; then
+  cur_ds=$("$cur_py" -c 'import importlib.metadata as m; print(m.version("deepspeed"))')
+fi
+ops="cp ucp ucp-skip dtu${cur_ds:+ dtu-cur}"
 mkdir -p "$work"
 cd "$work"
 rm -rf ds copy out skip dsu .times
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(free -g | awk '/Mem:/{print $2}') GiB;" \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ);" \
   "ucp $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$root" diff --quiet 2>/dev/null || echo '+changes');" \
-  "DeepSpeed $have_ds (torch $("$py" -c 'import torch; print(torch.__version__)'))"
+  "DeepSpeed $have_ds${cur_ds:+ and $cur_ds} (torch $("$py" -c 'import torch; print(torch.__version__)'))"
 /usr/bin/python3 - "$root/tools" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -92,12 +101,17 @@ for r in $(seq "$rounds"); do
   measure dtu bash -c "'$py' dtu.py '$root' --input_folder ds/global_step7 --output_folder dsu && sync"
   [ "$r" = 1 ] && echo "  bytes: ds_to_universal $(du -sb dsu | cut -f1)"
   rm -rf dsu
+  if [ -n "$cur_ds" ]; then
+    measure dtu-cur bash -c "'$cur_py' dtu.py '$root' --input_folder ds/global_step7 --output_folder dsu && sync"
+    [ "$r" = 1 ] && echo "  bytes: ds_to_universal $cur_ds $(du -sb dsu | cut -f1)"
+    rm -rf dsu
+  fi
 done
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 cp_med=$(awk '$1=="cp"{print $2}' .times | median)
 cp_best=$(awk '$1=="cp"{print $2}' .times | sort -n | head -1)
 echo "summary over $rounds rounds (wall: median and best, each over cp -r + sync's; max peak RSS):"
-for op in cp ucp ucp-skip dtu; do
+for op in $ops; do
   med=$(awk -v o=$op '$1==o{print $2}' .times | median)
   best=$(awk -v o=$op '$1==o{print $2}' .times | sort -n | head -1)
   rss=$(awk -v o=$op '$1==o{print $3}' .times | sort -n | tail -1)
