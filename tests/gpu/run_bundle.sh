@@ -2,7 +2,8 @@
 # Runs on the GPU machine what tests/gpu/bundle.sh packed: every gpu-labelled test (kernels, the
 # device Adam, the CUDA trainer against the CPU engine and across checkpoints), then the model
 # step against the CPU (small, loss checked), a larger LLaMA-style step (timing only), and
-# `ucp-bench train --device cuda` at 16K tokens per step (MFU; optimizer offloaded vs on the GPU).
+# `ucp-bench train --device cuda` at 16K tokens per step (MFU; optimizer offloaded vs on the GPU;
+# then offloaded with --pipeline overlap).
 # Writes each log under $OUT (the device tool brings them back). One call, about 4-5 minutes
 # (estimated: none of it has run on a GPU yet).
 # Usage (device tool): run(command="bash tests/gpu/run_bundle.sh", carry=[".gpu_bundle"])
@@ -42,5 +43,11 @@ timeout 300 $bench --family llama --hidden 2048 --layers 16 --heads 16 --kv-head
 timeout 300 /tmp/ucp_gpu/bin/ucp-bench train --device cuda --model "$PWD/tests/gpu/llama-1b.json" \
   --seq-len 4096 --batch 4 --steps 2 --threads "$(nproc)" --gpu-optimizer 2>&1 |
   tee "$out/bench_train_1b.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+# The same step with --pipeline overlap: each bucket's gradient to the host and its CPU Adam
+# during backward (the ratio to the line above is what the overlap hides).
+timeout 300 /tmp/ucp_gpu/bin/ucp-bench train --device cuda --model "$PWD/tests/gpu/llama-1b.json" \
+  --seq-len 4096 --batch 4 --steps 2 --threads "$(nproc)" --pipeline overlap 2>&1 |
+  tee "$out/bench_train_1b_overlap.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 exit $status

@@ -5,7 +5,8 @@
 # backend bitwise against the CPU twin; the CUDA model's loss and gradients against the CPU
 # model; the device Adam bitwise against the CPU Adam; `--device cuda` training against the CPU
 # engine and across checkpoints — then times the model step on both (ucp-bench model --device
-# both) and the training step (ucp-bench train --device cuda, 16K tokens, MFU).
+# both) and the training step (ucp-bench train --device cuda, 16K tokens, MFU; the optimizer
+# offloaded after backward, on the GPU, and offloaded with --pipeline overlap).
 # Usage: tests/gpu/run_gpu_checks.sh [cuda arch, default 90]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,3 +24,5 @@ build-gpu/bin/ucp-bench model --model gpt2-small --seq-len 1024 --batch 4 --thre
 # the GPU (the ratio).
 build-gpu/bin/ucp-bench train --device cuda --model "$PWD/tests/gpu/llama-1b.json" --seq-len 4096 \
   --batch 4 --steps 2 --threads "$(nproc)" --gpu-optimizer
+build-gpu/bin/ucp-bench train --device cuda --model "$PWD/tests/gpu/llama-1b.json" --seq-len 4096 \
+  --batch 4 --steps 2 --threads "$(nproc)" --pipeline overlap

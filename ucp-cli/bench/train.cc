@@ -98,6 +98,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   const std::string device = vm["device"].as<std::string>();
   const double peak = vm["peak-tflops"].as<double>();
   const bool gpu_optimizer = vm["gpu-optimizer"].as<bool>();
+  const std::string pipeline = vm["pipeline"].as<std::string>();
   if (seq < 1 || batch < 1 || threads < 1 || steps < 1 || !(peak > 0)) {
     return InvalidArgumentError("--seq-len, --batch, --threads and --steps must be >= 1, "
                                 "--peak-tflops > 0");
@@ -156,6 +157,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.out = work / "run";
   r.threads = threads;
   r.comm = comm.get();
+  r.pipeline = pipeline;
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
   if (cuda) {
     r.device = "cuda";
@@ -257,7 +259,9 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     os << "device cuda: " << step_flops / best / 1e12 << " TFLOP/s, MFU "
        << 100.0 * step_flops / best / 1e12 / peak << "% of " << peak
        << " TFLOPS (bf16 dense peak; the step includes gradients to the host, the CPU AdamW on "
-          "fp32 masters and the weights back)\n";
+          "fp32 masters and the weights back"
+       << (pipeline == "overlap" ? ", overlapped with backward bucket by bucket" : ", after backward")
+       << ")\n";
   } else {
     os << "cblas_sgemm " << batch * seq << "x" << mc.vocab << "x" << mc.hidden << " (the largest "
        << "GEMM" << (comm->size() > 1 ? ", on every process at once, summed" : "")
@@ -298,6 +302,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     offload::RunOptions rg = r;
     rg.out = work / "run_gpu_optimizer";
     rg.gpu_tail_buckets = static_cast<int>(table.groups.size());
+    rg.pipeline = "sync";  // the device Adam runs after backward (tail buckets are sync-only)
     UCP_ASSIGN_OR_RETURN(offload::Trainer g, offload::Trainer::Create(c, rg));
     std::vector<double> gt;
     for (int i = 0; i < steps + 1; ++i) {
@@ -327,7 +332,8 @@ Command MakeTrainBench() {
       .summary = "training-step tokens/s against PyTorch and the BLAS rate, same run",
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
                "[--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
-               "[--device cpu|cuda [--gpu-optimizer] [--peak-tflops 989]]",
+               "[--pipeline sync|overlap] [--device cpu|cuda [--gpu-optimizer] "
+               "[--peak-tflops 989]]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
@@ -347,6 +353,9 @@ Command MakeTrainBench() {
                 "and at --resume-layout")(
                 "resume-layout", po::value<std::string>()->default_value("tp=1,pp=1,dp=1,zero=3"),
                 "the other layout of the resume timing (same process count)")(
+                "pipeline", po::value<std::string>()->default_value("sync"),
+                "the optimizer pipeline: sync (Adam after backward) or overlap (each bucket's "
+                "Adam during backward, speculative, validated after it)")(
                 "device", po::value<std::string>()->default_value("cpu"),
                 "cpu, or cuda: forward/backward on the GPU, the optimizer offloaded to the CPU "
                 "(prints TFLOP/s and MFU)")(

@@ -127,11 +127,13 @@ int main(int argc, char** argv) {
      "them; validated after it; bitwise the same training as sync)")
     ("device", po::value(&r.device)->default_value("cpu"),
      "where forward and backward run: cpu, or cuda (bf16 weights on the GPU, gradients to the "
-     "CPU Adam on fp32 masters in host memory, updated weights back; --pipeline sync). Not "
-     "recorded: a checkpoint resumes on either")
+     "CPU Adam on fp32 masters in host memory, updated weights back; with --pipeline overlap "
+     "bucket by bucket during backward, one process, bf16/fp16), or twin (the CPU standing in "
+     "for a device, for tests). Not recorded: a checkpoint resumes on either")
     ("gpu-tail-buckets", po::value(&r.gpu_tail_buckets)->default_value(0),
      "the last buckets of backward (first layers, embeddings) stepped on the device: overlap "
-     "(the CPU twin), or --device cuda (a GPU Adam on device-resident fp32 masters)")
+     "on the CPU, or --device cuda|twin with --pipeline sync (a device Adam on device-resident "
+     "fp32 masters)")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
      "threads per process (0: all cores; on --resume, the run's recorded count, so that the "

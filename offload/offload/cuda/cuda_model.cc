@@ -153,7 +153,8 @@ struct CudaModel::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  Result<double> Run(const float* w, float* g, const Batch& b, float grad_scale) {
+  Result<double> Run(const float* w, float* g, const Batch& b, float grad_scale,
+                     const BackwardHook* hook = nullptr) {
     if (b.batch < 1 || b.batch > max_batch || b.seq_len < 1 ||
         b.position_offset < 0 || b.position_offset + b.seq_len > max_seq_len) {
       return InvalidArgumentError("batch " + Str(b.batch) + " x " + Str(b.seq_len) + " at " +
@@ -182,7 +183,7 @@ struct CudaModel::Impl {
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok()};
     Result<double> loss = graph::RunGraph<float>(
         ops, config, layout, acts, w, g, inputs.data(), targets.data(), b.batch, b.seq_len,
-        b.position_offset, grad_scale, static_cast<NoSequenceParallel*>(nullptr));
+        b.position_offset, grad_scale, static_cast<NoSequenceParallel*>(nullptr), hook);
     const cudaError_t sync = cudaStreamSynchronize(stream);
     UCP_RETURN_IF_ERROR(ops.status);
     if (sync != cudaSuccess) {
@@ -242,9 +243,11 @@ Result<double> CudaModel::Forward(const float* weights, const Batch& batch) {
 }
 
 Result<double> CudaModel::ForwardBackward(const float* weights, float* grads, const Batch& batch,
-                                          float grad_scale) {
+                                          float grad_scale, const BackwardHook* hook) {
   if (grads == nullptr) return InvalidArgumentError("CUDA model: null gradient buffer");
-  return impl_->Run(weights, grads, batch, grad_scale);
+  return impl_->Run(weights, grads, batch, grad_scale, hook);
 }
+
+void* CudaModel::stream() const { return impl_->stream; }
 
 }  // namespace ucp::offload::cuda

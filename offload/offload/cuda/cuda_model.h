@@ -4,8 +4,9 @@
 //
 // The trainer runs it through cuda_train_device.h (`ucp-train --device cuda`). Not yet: bf16
 // GEMMs in the graph (the ops exist: MatmulForwardBf16; the device widens the bf16 weights into
-// an fp32 copy this graph reads), sequence parallelism (NCCL all-to-alls), backward hooks (the
-// overlapped pipeline, cuda_pipeline.h, is not driven from the GPU trainer yet).
+// an fp32 copy this graph reads), sequence parallelism (NCCL all-to-alls), backward hooks are
+// passed through (the overlapped pipeline's: cuda_train_device.cc orders each bucket's copy
+// after its group's kernels with an event).
 #pragma once
 
 #include <cstdint>
@@ -37,8 +38,12 @@ class CudaModel {
   /// grads), synchronised at the end (the loss is returned to the host).
   /// Errors: kInvalidArgument (batch sizes, a token >= vocab), kDeviceError.
   Result<double> Forward(const float* weights, const Batch& batch);
+  /// `hook` (optional): RunGraph's, called on this thread as each grad group's backward kernels
+  /// are queued on stream(); record an event there to order work after them.
   Result<double> ForwardBackward(const float* weights, float* grads, const Batch& batch,
-                                 float grad_scale);
+                                 float grad_scale, const BackwardHook* hook = nullptr);
+  /// The stream every kernel of the model runs on (a cudaStream_t).
+  void* stream() const;
 
  private:
   struct Impl;

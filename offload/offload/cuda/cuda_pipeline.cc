@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <utility>
 
 #include "offload/cuda/cuda_cast.h"
 #include "ucp/base/status_macros.h"
@@ -19,6 +20,8 @@ Status Cuda(cudaError_t err, const char* what) {
 
 class CudaBackend final : public PipelineBackend {
  public:
+  explicit CudaBackend(BeforeGradCopy before_copy) : before_copy_(std::move(before_copy)) {}
+
   ~CudaBackend() override {
     if (stage16_) cudaFree(stage16_);
     if (d_flag_) cudaFree(d_flag_);
@@ -27,6 +30,7 @@ class CudaBackend final : public PipelineBackend {
   }
 
   Status Init() {
+    UCP_RETURN_IF_ERROR(Cuda(cudaGetDevice(&device_), "current device"));
     UCP_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                              "copy stream"));
     UCP_RETURN_IF_ERROR(Cuda(cudaMalloc(&d_flag_, sizeof(int)), "finite flag"));
@@ -38,6 +42,9 @@ class CudaBackend final : public PipelineBackend {
   Result<bool> GradToHost(const Bucket& bucket, std::span<const float> d_grad,
                           std::span<float> h_grad, std::span<uint16_t> h_grad16,
                           bool fp16_range) override {
+    // The pipeline's copy thread: the current device is per thread, and the stream is this one's.
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
+    if (before_copy_) UCP_RETURN_IF_ERROR(before_copy_(bucket.index, stream_));
     UCP_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(d_flag_, 0, sizeof(int), stream_), "finite flag"));
     const bool narrow = !h_grad16.empty();
     int64_t total = 0;
@@ -78,6 +85,7 @@ class CudaBackend final : public PipelineBackend {
 
   Status WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
                          std::span<uint16_t> d_weights) override {
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
     for (const BucketPiece& pc : bucket.pieces) {
       UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_weights.data() + pc.grad_offset,
                                                h_out.data() + pc.state_offset,
@@ -89,6 +97,8 @@ class CudaBackend final : public PipelineBackend {
   }
 
  private:
+  BeforeGradCopy before_copy_;
+  int device_ = 0;
   cudaStream_t stream_ = nullptr;
   uint16_t* stage16_ = nullptr;
   int64_t stage_n_ = 0;
@@ -98,9 +108,9 @@ class CudaBackend final : public PipelineBackend {
 
 }  // namespace
 
-Result<std::unique_ptr<PipelineBackend>> CudaPipelineBackend() {
+Result<std::unique_ptr<PipelineBackend>> CudaPipelineBackend(BeforeGradCopy before_copy) {
   if (DeviceCount() == 0) return DeviceError("CUDA pipeline backend: no CUDA device");
-  auto b = std::make_unique<CudaBackend>();
+  auto b = std::make_unique<CudaBackend>(std::move(before_copy));
   UCP_RETURN_IF_ERROR(b->Init(), "CUDA pipeline backend");
   return std::unique_ptr<PipelineBackend>(std::move(b));
 }

@@ -4,11 +4,13 @@
 // The pipeline's scheduling, speculation and validation are the CPU twin's, unchanged.
 //
 // Limits (refused by Pipeline::Create through host_addressable()): no tail buckets (they need a
-// GPU Adam) and no fp32 training. The host staging is the pipeline's ordinary memory, so the
-// copies are synchronous with respect to the host thread that issues them (the copy-stream
-// thread, which is what the pipeline expects); pinning it is the next step for overlap.
+// GPU Adam) and no fp32 training. The host staging is pinned when the caller passes its own
+// registered buffers (PipelineMemory::h_grad / h_weights: the trainer's, which the CUDA device
+// pins); the pipeline's own staging is ordinary memory, so its copies run at pageable speed.
+// Each call returns when its copies are done (the copy-stream thread is the one that waits).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "offload/engine/pipeline.h"
@@ -16,8 +18,14 @@
 
 namespace ucp::offload::cuda {
 
-/// A backend on its own non-blocking copy stream of the current device.
+/// Called before bucket `index`'s gradient is read, with the backend's copy stream (a
+/// cudaStream_t), to order the copy after the kernels that wrote the gradient (the trainer's
+/// device waits there on the event it recorded when the bucket's grad group was queued).
+using BeforeGradCopy = std::function<Status(int index, void* copy_stream)>;
+
+/// A backend on its own non-blocking copy stream of the current device. Without `before_copy`
+/// the caller must have finished the gradient's kernels before handing a bucket over.
 /// Errors: kDeviceError (no device; stream or buffer allocation).
-Result<std::unique_ptr<PipelineBackend>> CudaPipelineBackend();
+Result<std::unique_ptr<PipelineBackend>> CudaPipelineBackend(BeforeGradCopy before_copy = nullptr);
 
 }  // namespace ucp::offload::cuda

@@ -11,6 +11,7 @@
 #include "offload/cuda/cuda_adam.h"
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_model.h"
+#include "offload/cuda/cuda_pipeline.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::offload::cuda {
@@ -28,6 +29,9 @@ class CudaTrainDevice final : public TrainDevice {
 
   ~CudaTrainDevice() override {
     if (stream_) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : group_done_) {
+      if (e) cudaEventDestroy(e);
+    }
     for (void* p : registered_) cudaHostUnregister(p);
     for (void* p : {static_cast<void*>(d_w32_), static_cast<void*>(d_w16_),
                     static_cast<void*>(d_grads_), static_cast<void*>(d_master_),
@@ -47,6 +51,14 @@ class CudaTrainDevice final : public TrainDevice {
     }
     UCP_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                              "copy stream"));
+    // One event per grad group: recorded on the model's stream when the group's backward
+    // kernels are queued, waited on by the pipeline's copy stream (--pipeline overlap).
+    UCP_ASSIGN_OR_RETURN(ParamTable table, ModelParamTable(spec_.model));
+    group_done_.assign(table.groups.size(), nullptr);
+    for (cudaEvent_t& e : group_done_) {
+      UCP_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                               "CUDA device: grad-group events"));
+    }
     UCP_RETURN_IF_ERROR(Alloc(&d_w32_, n * 4, "fp32 compute weights"));
     UCP_RETURN_IF_ERROR(Alloc(&d_grads_, n * 4, "gradients"));
     if (lowp()) UCP_RETURN_IF_ERROR(Alloc(&d_w16_, n * 2, "training-dtype weights"));
@@ -98,8 +110,27 @@ class CudaTrainDevice final : public TrainDevice {
     return Cuda(cudaStreamSynchronize(stream_), "zeroing gradients");
   }
 
-  Result<double> ForwardBackward(const Batch& batch, float grad_scale) override {
-    return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale);
+  Result<double> ForwardBackward(const Batch& batch, float grad_scale,
+                                 const BackwardHook* hook) override {
+    if (hook == nullptr) return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale);
+    // Each group's event is recorded before the pipeline hears of the group, so the copy of
+    // its bucket waits for exactly the kernels queued so far.
+    Status recorded;
+    BackwardHook h;
+    h.on_backward_begin = hook->on_backward_begin;
+    h.on_group_done = [&](int k) {
+      if (k < 0 || k >= static_cast<int>(group_done_.size())) {
+        if (recorded.ok()) recorded = InternalError("grad group " + std::to_string(k));
+      } else if (const cudaError_t e = cudaEventRecord(
+                     group_done_[static_cast<size_t>(k)], static_cast<cudaStream_t>(model_.stream()));
+                 e != cudaSuccess && recorded.ok()) {
+        recorded = Cuda(e, "recording grad group " + std::to_string(k));
+      }
+      if (hook->on_group_done) hook->on_group_done(k);
+    };
+    Result<double> loss = model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, &h);
+    UCP_RETURN_IF_ERROR(recorded);
+    return loss;
   }
 
   Result<double> Forward(const Batch& batch) override { return model_.Forward(d_w32_, batch); }
@@ -140,6 +171,36 @@ class CudaTrainDevice final : public TrainDevice {
       at += pc.n;
     }
     return Cuda(cudaStreamSynchronize(stream_), "device Adam");
+  }
+
+  DevicePipelineView PipelineView() override {
+    const size_t n = static_cast<size_t>(model_.num_params());
+    return {std::span<const float>(d_grads_, n),
+            lowp() ? std::span<uint16_t>(d_w16_, n) : std::span<uint16_t>()};
+  }
+
+  Result<std::unique_ptr<PipelineBackend>> MakePipelineBackend() override {
+    return CudaPipelineBackend([this](int k, void* copy_stream) -> Status {
+      if (k < 0 || k >= static_cast<int>(group_done_.size())) {
+        return InternalError("pipeline bucket " + std::to_string(k) + " is no grad group");
+      }
+      return Cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(copy_stream),
+                                      group_done_[static_cast<size_t>(k)], 0),
+                  "ordering the copy of bucket " + std::to_string(k) + " after its backward");
+    });
+  }
+
+  Status WeightsWritten() override {
+    const int64_t n = model_.num_params();
+    if (spec_.weights == LowpDType::kBf16) {
+      UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_, d_w32_, n, stream_));
+    } else {
+      // fp16: as UploadWeights, the host's widened compute copy (no fp16 widening kernel).
+      UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w32_, spec_.h_weights32.data(), n * 4,
+                                               cudaMemcpyHostToDevice, stream_),
+                               "weights to the device"));
+    }
+    return Cuda(cudaStreamSynchronize(stream_), "widening the weights");
   }
 
   int64_t device_bytes() const override {
@@ -205,6 +266,7 @@ class CudaTrainDevice final : public TrainDevice {
   float* d_m_ = nullptr;
   float* d_v_ = nullptr;
   int64_t pieces_n_ = 0;
+  std::vector<cudaEvent_t> group_done_;
   std::vector<void*> registered_;
   int to_pin_ = 0;
 };

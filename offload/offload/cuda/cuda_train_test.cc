@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,9 @@ TrainConfig Config(const std::string& model, const std::string& dtype, const fs:
   return DeviceCheckConfig(model, dtype, data, /*lr=*/1e-3, /*min_lr=*/1e-4, /*clip_grad=*/1.0);
 }
 
-RunOptions Opts(const fs::path& out, bool cuda, int tail = 0) {
+RunOptions Opts(const fs::path& out, bool cuda, int tail = 0, const std::string& pipeline = "sync") {
   RunOptions r;
+  r.pipeline = pipeline;
   r.out = out;
   r.threads = 2;
   r.async_save = false;
@@ -113,6 +115,43 @@ TEST_P(CudaTailTest, DeviceAdamTailIsBitwiseTheCpuAdam) {
   }
 }
 
+// --pipeline overlap on the GPU: each bucket's gradient leaves on the copy stream once an event
+// says its backward kernels have run, the CPU Adam steps it while backward goes on, validation
+// commits or corrects (clip 1.0: some steps; 1e-3: every step), the weights go back bucket by
+// bucket. The device is deterministic, so this is bitwise the sync path on the same GPU: every
+// loss, norm and state. The trace shows the transfers.
+TEST_P(CudaTailTest, OverlapIsBitwiseTheSyncPath) {
+  for (double clip : {1.0, 1e-3}) {
+    SCOPED_TRACE("clip " + std::to_string(clip));
+    ucp::testing::TempDir tmp;
+    TrainConfig c = Config(GetParam().first, GetParam().second, WriteText(tmp.path()));
+    c.clip_grad = clip;
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer sync, Trainer::Create(c, Opts(tmp.path() / "s", true)));
+    RunOptions o = Opts(tmp.path() / "o", true, 0, "overlap");
+    o.trace = tmp.path() / "trace.json";
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer ov, Trainer::Create(c, o));
+    std::vector<double> la, lb, na, nb;
+    for (int i = 0; i < 4; ++i) {
+      UCP_ASSERT_OK_AND_ASSIGN(StepRecord a, sync.Step());
+      UCP_ASSERT_OK_AND_ASSIGN(StepRecord b, ov.Step());
+      std::printf("step %d: sync loss %.9g norm %.9g, overlap loss %.9g norm %.9g (%.1f / %.1f ms)\n",
+                  i + 1, a.loss, a.grad_norm, b.loss, b.grad_norm, a.seconds * 1e3,
+                  b.seconds * 1e3);
+      EXPECT_EQ(a.loss, b.loss) << "step " << i + 1;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << i + 1;
+    }
+    const auto sa = sync.StateForTest(), sb = ov.StateForTest();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) {
+      EXPECT_TRUE(sa[i].second == sb[i].second) << sa[i].first;
+    }
+    std::ifstream f(o.trace);
+    const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(json.find("grad->host "), std::string::npos);
+    EXPECT_NE(json.find("weights->device"), std::string::npos);
+  }
+}
+
 // A checkpoint of the CUDA engine (tail pieces on the device) resumes on the CPU engine at
 // another layout (zero=2), whose next step's loss matches the CUDA engine's own next step;
 // and the CPU's checkpoint resumes on the CUDA engine (zero=0), matching the CPU's next step.
@@ -157,7 +196,8 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaTrainTest,
                                            std::make_pair("llama-tiny-tied", "fp16"),
                                            std::make_pair("gpt-tiny", "fp32")));
 
-// Tail pieces need bf16/fp16 training (fp32 training's weights are the masters).
+// Tail pieces and the overlapped pipeline need bf16/fp16 training (fp32 training's weights are
+// the masters).
 INSTANTIATE_TEST_SUITE_P(Models, CudaTailTest,
                          ::testing::Values(std::make_pair("llama-tiny", "bf16"),
                                            std::make_pair("gpt-tiny", "bf16"),

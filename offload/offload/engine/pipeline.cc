@@ -72,6 +72,16 @@ struct Pipeline::Impl {
   // weights on their way back; all in state order.
   std::vector<float> h_grad, snap_p, snap_m, snap_v;
   std::vector<uint16_t> h_grad16, h_out;
+  // What the stages use: the vectors above (state order), or the caller's staging
+  // (PipelineMemory; the device's order). The transfers take a bucket's pieces at their offsets
+  // into the host buffer: the buckets' own for state order, else `by_grad` (the same pieces with
+  // state_offset = grad_offset).
+  std::span<float> grad_host;
+  std::span<uint16_t> out_host;
+  bool grad_by_grad = false, out_by_grad = false;
+  std::vector<Bucket> by_grad;
+  const Bucket& GradCopyBucket(int k) const { return grad_by_grad ? by_grad[k] : buckets[k]; }
+  const Bucket& OutCopyBucket(int k) const { return out_by_grad ? by_grad[k] : buckets[k]; }
   int num_cpu = 0;  // buckets [0, num_cpu) go through the host; the rest stay on the device
 
   // The step in flight.
@@ -80,7 +90,7 @@ struct Pipeline::Impl {
   float spec_scale = 1.0f;
   std::vector<Fate> fate;
   std::vector<char> handed, finite;
-  int num_handed = 0, cpu_handed = 0;
+  int num_handed = 0, cpu_handed = 0, copy_handed = 0;
   PipelineStats stats;
   Clock::time_point mark, hook_made;
 
@@ -88,7 +98,7 @@ struct Pipeline::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<int> copy_q, adam_q;
-  int done = 0;
+  int done = 0, copied = 0;
   bool stop = false;
   Status error;
   std::thread copy_thread, adam_thread;
@@ -104,6 +114,7 @@ struct Pipeline::Impl {
     snaps.clear();
     for (const BucketPiece& pc : buckets[k].pieces) {
       const size_t so = static_cast<size_t>(pc.state_offset), n = static_cast<size_t>(pc.n);
+      const size_t go = static_cast<size_t>(pc.grad_offset);
       AdamSpans a;
       a.param = mem.h_master.subspan(so, n);
       a.exp_avg = mem.h_exp_avg.subspan(so, n);
@@ -115,10 +126,10 @@ struct Pipeline::Impl {
       } else if (opt.bf16_link) {
         a.grad = GradSpan::Bf16(std::span<const uint16_t>(h_grad16).subspan(so, n));
       } else {
-        a.grad = GradSpan::Fp32(std::span<const float>(h_grad).subspan(so, n));
+        a.grad = GradSpan::Fp32(std::span<const float>(grad_host).subspan(grad_by_grad ? go : so, n));
       }
       if (opt.weights != LowpDType::kFp32) {
-        a.out = {opt.weights, std::span<uint16_t>(h_out).subspan(so, n)};
+        a.out = {opt.weights, out_host.subspan(out_by_grad ? go : so, n)};
       }
       out.push_back(a);
       snaps.push_back({std::span<float>(snap_p).subspan(so, n),
@@ -139,7 +150,7 @@ struct Pipeline::Impl {
         copy_q.pop_front();
       }
       const auto t0 = Clock::now();
-      const Result<bool> ok = backend->GradToHost(buckets[k], mem.d_grad, h_grad, h_grad16,
+      const Result<bool> ok = backend->GradToHost(GradCopyBucket(k), mem.d_grad, grad_host, h_grad16,
                                                   opt.fp16_range_check);
       Trace("grad->host " + buckets[k].name, "transfer", TraceTrack::kTransfer, t0);
       {
@@ -152,6 +163,7 @@ struct Pipeline::Impl {
                                                  " to the host: " + std::string(ok.status().message()));
         }
         adam_q.push_back(k);
+        copied += 1;
       }
       cv.notify_all();
     }
@@ -201,6 +213,21 @@ struct Pipeline::Impl {
     return error;
   }
 
+  // The caller's weight staging is its live copy of the weights (PipelineMemory::h_weights),
+  // which a speculative step has already overwritten: after the masters are restored, bucket k's
+  // weights are rounded from them again. The Adam's copy-out is that same rounding (RNE of the
+  // master, adam_element.h), and the trainer keeps its weights equal to it, so this gives back
+  // the bits the step found.
+  void RestoreOut(int k) {
+    for (const BucketPiece& pc : buckets[k].pieces) {
+      const float* m = mem.h_master.data() + pc.state_offset;
+      uint16_t* o = out_host.data() + pc.grad_offset;
+      for (int64_t i = 0; i < pc.n; ++i) {
+        o[i] = opt.weights == LowpDType::kBf16 ? Bf16FromFloat(m[i]) : HalfFromFloat(m[i]);
+      }
+    }
+  }
+
   Status Undo() {
     std::vector<AdamSpans> spans;
     std::vector<AdamSnapshot> snaps;
@@ -209,6 +236,7 @@ struct Pipeline::Impl {
       const auto t0 = Clock::now();
       Spans(k, false, spans, snaps);
       UCP_RETURN_IF_ERROR(adam->RollbackBucket(spans, snaps), "undoing bucket " + buckets[k].name);
+      if (out_by_grad) RestoreOut(k);
       Trace("undo " + buckets[k].name, "validate", TraceTrack::kValidate, t0);
       stats.rolled_back += 1;
     }
@@ -268,6 +296,21 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
                                   "gpu_tail_buckets must be 0 and bf16_link off");
     }
   }
+  if (!memory.h_grad.empty() &&
+      (static_cast<int64_t>(memory.h_grad.size()) != grads || options.bf16_link ||
+       !memory.h_reduced_grad.empty())) {
+    return InvalidArgumentError("pipeline: the caller's host gradient staging holds " +
+                                std::to_string(memory.h_grad.size()) + " values for " +
+                                std::to_string(grads) + " gradients, or the gradient comes "
+                                "another way (bf16 link, reduced host gradient)");
+  }
+  if (!memory.h_weights.empty() &&
+      (static_cast<int64_t>(memory.h_weights.size()) != grads || !lowp)) {
+    return InvalidArgumentError("pipeline: the caller's host weight staging holds " +
+                                std::to_string(memory.h_weights.size()) + " values for " +
+                                std::to_string(grads) + " gradients (training dtype " +
+                                std::string(LowpDTypeName(options.weights)) + ")");
+  }
   for (const Bucket& b : buckets) {
     for (const BucketPiece& pc : b.pieces) {
       if (pc.n < 0 || pc.grad_offset < 0 || pc.state_offset < 0 ||
@@ -284,6 +327,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
   Impl& p = *impl;
   p.opt = options;
   p.buckets = std::move(buckets);
+  for (int k = 0; k < nb; ++k) p.buckets[static_cast<size_t>(k)].index = k;
   p.mem = memory;
   p.backend = std::move(backend);
   if (p.backend && !p.backend->host_addressable()) {
@@ -306,13 +350,23 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
     p.snap_v.assign(p.snap_p.size(), 0.0f);
     if (options.bf16_link) {
       p.h_grad16.assign(p.snap_p.size(), 0);
-    } else if (memory.h_reduced_grad.empty()) {
+    } else if (memory.h_reduced_grad.empty() && memory.h_grad.empty()) {
       p.h_grad.assign(p.snap_p.size(), 0.0f);
     }
-    if (lowp) p.h_out.assign(p.snap_p.size(), 0);
+    if (lowp && memory.h_weights.empty()) p.h_out.assign(p.snap_p.size(), 0);
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("pipeline: host buffers for " + std::to_string(states) +
                                   " state elements do not fit in memory");
+  }
+  p.grad_host = memory.h_grad.empty() ? std::span<float>(p.h_grad) : memory.h_grad;
+  p.out_host = memory.h_weights.empty() ? std::span<uint16_t>(p.h_out) : memory.h_weights;
+  p.grad_by_grad = !memory.h_grad.empty();
+  p.out_by_grad = !memory.h_weights.empty();
+  if (p.grad_by_grad || p.out_by_grad) {
+    p.by_grad = p.buckets;
+    for (Bucket& b : p.by_grad) {
+      for (BucketPiece& pc : b.pieces) pc.state_offset = pc.grad_offset;
+    }
   }
   p.fate.assign(static_cast<size_t>(nb), Fate::kPending);
   p.handed.assign(p.fate.size(), 0);
@@ -345,7 +399,7 @@ Status Pipeline::Begin(int64_t step, float lr, float speculative_grad_scale) {
   p.spec_scale = speculative_grad_scale;
   std::fill(p.fate.begin(), p.fate.end(), Fate::kPending);
   std::fill(p.handed.begin(), p.handed.end(), 0);
-  p.num_handed = p.cpu_handed = p.done = 0;
+  p.num_handed = p.cpu_handed = p.copy_handed = p.done = p.copied = 0;
   p.error = Status::Ok();
   p.stats = {};
   if (p.opt.trace != nullptr) p.opt.trace->set_step(step);
@@ -363,6 +417,7 @@ void Pipeline::BucketReady(int k) {
     p.num_handed += 1;
     if (k < p.num_cpu) {
       p.cpu_handed += 1;
+      p.copy_handed += 1;
       p.copy_q.push_back(k);
     } else {
       p.fate[k] = Fate::kDevice;
@@ -405,6 +460,18 @@ BackwardHook Pipeline::Hook(std::function<void(int)> ready) {
     ready(k);
   };
   return h;
+}
+
+Status Pipeline::WaitGradients() {
+  Impl& p = *impl_;
+  if (!p.in_step) return FailedPreconditionError("pipeline: WaitGradients without Begin");
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(p.mu);
+  p.cv.wait(lock, [&] { return p.copied == p.copy_handed; });
+  lock.unlock();
+  p.Trace("wait for gradients", "validate", TraceTrack::kValidate, t0);
+  std::lock_guard<std::mutex> relock(p.mu);
+  return p.error;
 }
 
 Status Pipeline::Finish(const Validation& v) {
@@ -474,9 +541,10 @@ Status Pipeline::Finish(const Validation& v) {
   UCP_RETURN_IF_ERROR(st, "pipeline step " + std::to_string(p.step));
   if (p.opt.weights != LowpDType::kFp32) {
     const auto t0 = Clock::now();
-    for (const Bucket& bk : p.buckets) {
-      UCP_RETURN_IF_ERROR(p.backend->WeightsToDevice(bk, p.h_out, p.mem.d_weights),
-                          "weights of bucket " + bk.name + " to the device");
+    for (int k = 0; k < static_cast<int>(p.buckets.size()); ++k) {
+      UCP_RETURN_IF_ERROR(p.backend->WeightsToDevice(p.OutCopyBucket(k), p.out_host,
+                                                     p.mem.d_weights),
+                          "weights of bucket " + p.buckets[k].name + " to the device");
     }
     p.Trace("weights->device", "transfer", TraceTrack::kTransfer, t0);
   }

@@ -50,6 +50,7 @@ struct BucketPiece {
 struct Bucket {
   std::string name;
   std::vector<BucketPiece> pieces;
+  int index = -1;  ///< its place in the pipeline's buckets (set by Pipeline::Create)
 };
 
 /// The memory the pipeline steps (caller-owned, kept alive while the pipeline lives).
@@ -63,6 +64,14 @@ struct PipelineMemory {
   /// state order, filled by the caller with each bucket's gradient reduced over the ranks. When
   /// set, buckets come in through HostBucketReady (no copy stage, no tail buckets, no bf16 link).
   std::span<const float> h_reduced_grad;
+  /// Optional host staging in the caller's memory, in the device's order (element i is
+  /// d_grad's element i) and of its size: a device trainer's pinned buffers, which it reads in
+  /// its own order (the gradient for the global norm once WaitGradients returns; the updated
+  /// weights for checkpoints once Finish returns). Empty: the pipeline's own buffers, state
+  /// order. `h_grad` is where the copy stage writes fp32 gradients (not with bf16_link or
+  /// h_reduced_grad); `h_weights` where the Adam writes the updated low-precision weights.
+  std::span<float> h_grad;
+  std::span<uint16_t> h_weights;
 };
 
 struct PipelineOptions {
@@ -144,6 +153,10 @@ class Pipeline {
   /// value is finite (fp16: and within its range). Hands it straight to the Adam stage;
   /// non-blocking, any thread.
   void HostBucketReady(int k, bool finite);
+  /// Waits until every bucket handed to the copy stage (BucketReady) has crossed to the host, so
+  /// the host gradient staging is complete (the CPU Adam may still be stepping). Returns the
+  /// first failed transfer (the step must then be cancelled). Any thread but the stages'.
+  Status WaitGradients();
   /// Waits for every bucket, then commits, corrects or undoes (see the file comment) and moves
   /// the updated weights device-ward. Every bucket must have been handed over (BucketReady).
   /// Errors: kFailedPrecondition (no step begun; a bucket never handed over), the Adam's errors.

@@ -48,8 +48,10 @@ class CpuTwinDevice final : public TrainDevice {
     return Status::Ok();
   }
 
-  Result<double> ForwardBackward(const Batch& batch, float grad_scale) override {
-    return model_.ForwardBackward(w32_, grads_, batch, grad_scale);
+  Result<double> ForwardBackward(const Batch& batch, float grad_scale,
+                                 const BackwardHook* hook) override {
+    return hook != nullptr ? model_.ForwardBackward(w32_, grads_, batch, grad_scale, *hook)
+                           : model_.ForwardBackward(w32_, grads_, batch, grad_scale);
   }
 
   Result<double> Forward(const Batch& batch) override { return model_.Forward(w32_, batch); }
@@ -108,6 +110,24 @@ class CpuTwinDevice final : public TrainDevice {
         std::memcpy(w16_.data() + pc.model_offset, out.data(), n * 2);
       }
       at += pc.n;
+    }
+    return Status::Ok();
+  }
+
+  DevicePipelineView PipelineView() override { return {grads_, w16_}; }
+
+  // Backward runs on the caller's thread and the hook follows each group's last write, so plain
+  // copies are ordered after it.
+  Result<std::unique_ptr<PipelineBackend>> MakePipelineBackend() override {
+    return CpuPipelineBackend();
+  }
+
+  Status WeightsWritten() override {
+    if (spec_.weights == LowpDType::kBf16) {
+      for (size_t e = 0; e < w32_.size(); ++e) w32_[e] = FloatFromBf16(w16_[e]);
+    } else {
+      // As UploadWeights: fp16 and fp32 runs take the host's fp32 compute copy.
+      std::memcpy(w32_.data(), spec_.h_weights32.data(), w32_.size() * 4);
     }
     return Status::Ok();
   }

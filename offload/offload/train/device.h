@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 
+#include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
 #include "offload/optim/adam.h"
 #include "ucp/base/result.h"
@@ -51,6 +52,14 @@ struct TrainDeviceSpec {
   AdamConfig adam;
 };
 
+/// What the overlapped pipeline (--pipeline overlap, offload/engine/pipeline.h) moves on the
+/// device: its gradients and training-dtype weights, model order. Device memory on a GPU (only
+/// the device's PipelineBackend touches it).
+struct DevicePipelineView {
+  std::span<const float> grads;
+  std::span<uint16_t> weights16;
+};
+
 class TrainDevice {
  public:
   virtual ~TrainDevice() = default;
@@ -61,8 +70,12 @@ class TrainDevice {
   virtual Status UploadWeights() = 0;
   /// Zeroes the device gradients (the start of a step).
   virtual Status ZeroGrads() = 0;
-  /// As Model::ForwardBackward on the device's weights, adding into the device gradients.
-  virtual Result<double> ForwardBackward(const Batch& batch, float grad_scale) = 0;
+  /// As Model::ForwardBackward on the device's weights, adding into the device gradients. With a
+  /// hook (the overlapped pipeline's), on_group_done(k) is called once group k's gradient is
+  /// complete in device order: a backend from MakePipelineBackend orders its copy of bucket k
+  /// after it (on a GPU the hook runs when the kernels are queued, not when they have run).
+  virtual Result<double> ForwardBackward(const Batch& batch, float grad_scale,
+                                         const BackwardHook* hook) = 0;
   /// As Model::Forward.
   virtual Result<double> Forward(const Batch& batch) = 0;
   /// The device gradients into TrainDeviceSpec::h_grads (all of them; the device pieces' too, so
@@ -79,6 +92,15 @@ class TrainDevice {
   /// host's clip / loss-scale multiplier), writing their training-dtype weights on the device
   /// (bitwise the CPU Adam's step of the same pieces: offload/cuda/cuda_adam.h).
   virtual Status StepDevicePieces(int64_t step, float lr, float grad_scale) = 0;
+  /// --pipeline overlap: the device memory the pipeline moves, and a backend that moves it (on
+  /// its own copy stream, each bucket's gradient copied once the backward kernels of its grad
+  /// group have run). Errors: kDeviceError (streams, events).
+  virtual DevicePipelineView PipelineView() = 0;
+  virtual Result<std::unique_ptr<PipelineBackend>> MakePipelineBackend() = 0;
+  /// The pipeline has written the updated training-dtype weights into PipelineView().weights16
+  /// (and the trainer its host copies, h_weights16 and, widened, h_weights32): rebuild the
+  /// device's compute copy from them (UploadWeights without the weights crossing again).
+  virtual Status WeightsWritten() = 0;
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
 };

@@ -161,8 +161,12 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   if (in.overlap) {
     staging = 3 * block * 4 + (world == 1 ? block * 4 : 0) + (lowp ? block * 2 : 0);
   }
-  rows.push_back({MemClass::kPipelineStaging, "optimizer pipeline staging", staging, 0, staging,
-                  in.overlap ? "snapshots for speculation, gradients as they cross, weights out"
+  // On a GPU (one process) the gradients cross into, and the weights leave from, the trainer's
+  // own pinned buffers: the pipeline adds only its snapshots.
+  rows.push_back({MemClass::kPipelineStaging, "optimizer pipeline staging", staging, 0,
+                  in.overlap ? 3 * block * 4 : 0,
+                  in.overlap ? "snapshots for speculation, gradients as they cross, weights out "
+                               "(GPU: the snapshots)"
                              : "none with --pipeline sync"});
   const int64_t save = in.async_save ? n * wb + 3 * block * 4 : 0;
   rows.push_back({MemClass::kSaveStaging, "checkpoint staging (during a save)", save, 0, save,

@@ -353,9 +353,11 @@ struct Trainer::Impl {
   std::vector<char> piece_on_device;  // per piece of block_pieces[0]: stepped by the device Adam
   Status SetUpDevice(const AdamConfig& ac);
   // One micro-batch's forward + backward, on the device or the CPU model (the ops policy).
-  Result<double> ForwardBackward(const Batch& b, float grad_scale) {
-    return device ? device->ForwardBackward(b, grad_scale)
-                  : net->ForwardBackward(w32, grads, b, grad_scale);
+  Result<double> ForwardBackward(const Batch& b, float grad_scale,
+                                 const BackwardHook* hook = nullptr) {
+    if (device) return device->ForwardBackward(b, grad_scale, hook);
+    return hook != nullptr ? net->ForwardBackward(w32, grads, b, grad_scale, *hook)
+                           : net->ForwardBackward(w32, grads, b, grad_scale);
   }
 };
 
@@ -957,9 +959,22 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
     return FailedPreconditionError("--device cuda: this build has no CUDA engine (ucp was built "
                                    "without nvcc)");
   }
-  if (opts.pipeline != "sync") {
-    return UnimplementedError("--device " + opts.device + " runs --pipeline sync only (the "
-                              "overlapped pipeline on the GPU is not wired into the trainer yet)");
+  if (opts.pipeline == "overlap") {
+    // The pipeline on a device: one process (the buckets' reduction over ranks reads host
+    // gradients, the copy stage's), no tail buckets (their device Adam is the device's, outside
+    // the pipeline), low-precision weights (fp32 training's device weights are the masters).
+    const std::string what = "--device " + opts.device + " with --pipeline overlap";
+    if (world > 1) {
+      return UnimplementedError(what + ": one process only (this run has " +
+                                std::to_string(world) + "); use --pipeline sync");
+    }
+    if (opts.gpu_tail_buckets != 0) {
+      return UnimplementedError(what + ": no --gpu-tail-buckets; use --pipeline sync");
+    }
+    if (dtype == DType::kFp32) {
+      return UnimplementedError(what + ": bf16 or fp16 training only (fp32 training's device "
+                                "weights are the host masters)");
+    }
   }
   if (cfg.deterministic) {
     return UnimplementedError("--device " + opts.device + " does not run --deterministic");
@@ -1106,8 +1121,20 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   if (world > 1) {
     mem.h_reduced_grad = blocks > 1 ? std::span<const float>(gblock) : std::span<const float>(grads);
   }
-  UCP_ASSIGN_OR_RETURN(pipeline, Pipeline::Create(po, std::move(buckets), mem,
-                                                  CpuPipelineBackend()), "--pipeline overlap");
+  std::unique_ptr<PipelineBackend> backend = CpuPipelineBackend();
+  if (device != nullptr) {
+    // The device's gradients and weights cross bucket by bucket; the host staging is the
+    // trainer's own gradient and weight buffers (model order, pinned by a GPU device), so the
+    // norm, the checkpoints and the host's compute copy read them as in the sync path.
+    const DevicePipelineView view = device->PipelineView();
+    mem.d_grad = view.grads;
+    mem.d_weights = view.weights16;
+    mem.h_grad = grads;
+    mem.h_weights = w_lp;
+    UCP_ASSIGN_OR_RETURN(backend, device->MakePipelineBackend(), "--pipeline overlap");
+  }
+  UCP_ASSIGN_OR_RETURN(pipeline, Pipeline::Create(po, std::move(buckets), mem, std::move(backend)),
+                       "--pipeline overlap");
   return Status::Ok();
 }
 
@@ -1481,8 +1508,8 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   ac.decoupled = true;
   UCP_ASSIGN_OR_RETURN(CpuAdam adam, CpuAdam::Create(ac, t.threads), "optimizer");
   t.adam.emplace(std::move(adam));
-  UCP_RETURN_IF_ERROR(t.SetUpPipeline(ac));
   UCP_RETURN_IF_ERROR(t.SetUpDevice(ac));
+  UCP_RETURN_IF_ERROR(t.SetUpPipeline(ac));  // over the device's memory, when there is one
   t.sched = {c.lr, c.min_lr, c.warmup_samples, c.decay_samples};
   t.scaler.enabled = t.dtype == DType::kFp16;
   t.scaler.scale = t.scaler.enabled ? c.initial_loss_scale : 1.0;
@@ -1629,15 +1656,22 @@ Result<StepRecord> Trainer::Step() {
         t.pipeline->Cancel().IgnoreError();  // the step's own error is the one to report
         return b.status();
       }
-      Result<double> l = first + nb < range.second
-                             ? t.net->ForwardBackward(t.w32, t.grads, *b, grad_scale)
-                             : t.net->ForwardBackward(t.w32, t.grads, *b, grad_scale,
-                                                      t.pipeline->Hook());
+      const BackwardHook hook = first + nb < range.second ? BackwardHook{} : t.pipeline->Hook();
+      Result<double> l = t.ForwardBackward(*b, grad_scale, first + nb < range.second ? nullptr
+                                                                                      : &hook);
       if (!l.ok()) {
         t.pipeline->Cancel().IgnoreError();
         return l.status().WithContext("step " + std::to_string(rec.step));
       }
       loss_sum += *l;
+    }
+    if (t.device != nullptr) {
+      // The norm below reads the host gradient: every bucket must have crossed (the CPU Adam
+      // goes on stepping them meanwhile).
+      if (Status st = t.pipeline->WaitGradients(); !st.ok()) {
+        t.pipeline->Cancel().IgnoreError();
+        return st.WithContext("step " + std::to_string(rec.step));
+      }
     }
   } else {
     for (int64_t first = range.first; first < range.second; first += t.micro_batch) {
@@ -1823,7 +1857,10 @@ Result<StepRecord> Trainer::Step() {
     }
   }
   if (t.device != nullptr && !rec.skipped) {
-    UCP_RETURN_IF_ERROR(t.device->UploadWeights(), "step " + std::to_string(rec.step));
+    // The overlapped pipeline already moved the weights bucket by bucket.
+    UCP_RETURN_IF_ERROR(t.pipeline != nullptr ? t.device->WeightsWritten()
+                                              : t.device->UploadWeights(),
+                        "step " + std::to_string(rec.step));
   }
   rec.seconds = Seconds(t0, Clock::now());
   // One trace file: the root's (every rank's timeline has the same shape).

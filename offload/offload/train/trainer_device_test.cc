@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -30,8 +31,10 @@ TrainConfig Config(const std::string& model, const std::string& dtype, const fs:
   return DeviceCheckConfig(model, dtype, data, /*lr=*/1e-2, /*min_lr=*/1e-3, /*clip_grad=*/0.5);
 }
 
-RunOptions Opts(const fs::path& out, const std::string& device, int tail) {
+RunOptions Opts(const fs::path& out, const std::string& device, int tail,
+                const std::string& pipeline = "sync") {
   RunOptions r;
+  r.pipeline = pipeline;
   r.out = out;
   r.threads = 2;
   r.async_save = false;
@@ -109,6 +112,112 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("gpt-tiny", "fp32", 0),
                       std::make_tuple("llama-tiny-tied", "bf16", 1)));
 
+// --pipeline overlap on the twin: the device's gradients cross bucket by bucket while backward
+// goes on, the CPU Adam steps them speculatively, validation commits or corrects (clip 0.5:
+// some steps of each; 1e-3: every step corrected), the weights go back bucket by bucket. Bitwise
+// the plain CPU trainer (sync) over 5 steps: losses, norms, validation loss, every state.
+class DeviceTwinOverlap
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, double>> {};
+
+TEST_P(DeviceTwinOverlap, BitwiseTheCpuTrainer) {
+  const auto& [model, dtype, clip] = GetParam();
+  ucp::testing::TempDir tmp;
+  const fs::path text = WriteText(tmp.path());
+  TrainConfig c = Config(model, dtype, text);
+  c.clip_grad = clip;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  const fs::path trace = tmp.path() / "trace.json";
+  RunOptions o = Opts(tmp.path() / "twin", "twin", 0, "overlap");
+  o.trace = trace;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer twin, Trainer::Create(c, o));
+  const Outcome a = Train(cpu, 5);
+  const Outcome b = Train(twin, 5);
+  ExpectSame(a, b);
+  // The trace shows the pipeline's stages: each bucket's gradient crossing, its speculative
+  // Adam, and the wait for the gradients before the norm.
+  std::ifstream f(trace);
+  const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(json, HasSubstr("grad->host "));
+  EXPECT_THAT(json, HasSubstr("adam "));
+  EXPECT_THAT(json, HasSubstr("wait for gradients"));
+  EXPECT_THAT(json, HasSubstr("weights->device"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeviceTwinOverlap,
+                         ::testing::Values(std::make_tuple("llama-tiny", "bf16", 0.5),
+                                           std::make_tuple("llama-tiny", "bf16", 1e-3),
+                                           std::make_tuple("gpt-tiny", "bf16", 0.0),
+                                           std::make_tuple("gpt-tiny", "fp16", 0.5),
+                                           std::make_tuple("llama-tiny-tied", "bf16", 0.5)));
+
+// fp16 from a loss scale of 2^60: the overlapped twin skips the overflowing steps (every
+// speculative bucket undone; a bucket with a non-finite gradient never stepped) and halves the
+// scale exactly as the CPU trainer; a skipped first step leaves every state as it was.
+TEST(DeviceTwinOverlapFp16, OverflowSkipsLikeTheCpuTrainer) {
+  ucp::testing::TempDir tmp;
+  const fs::path text = WriteText(tmp.path());
+  TrainConfig c = Config("gpt-tiny", "fp16", text);
+  c.initial_loss_scale = std::ldexp(1.0, 60);
+  c.steps = 60;  // enough for the scale to come down and some clean steps
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer twin,
+                           Trainer::Create(c, Opts(tmp.path() / "twin", "twin", 0, "overlap")));
+  const auto before = twin.StateForTest();
+  UCP_ASSERT_OK_AND_ASSIGN(StepRecord first, twin.Step());
+  EXPECT_TRUE(first.skipped);
+  EXPECT_TRUE(twin.StateForTest() == before);
+  UCP_ASSERT_OK_AND_ASSIGN(StepRecord first_cpu, cpu.Step());
+  EXPECT_TRUE(first_cpu.skipped);
+  int skipped = 1;
+  while (cpu.step() < c.steps) {
+    UCP_ASSERT_OK_AND_ASSIGN(StepRecord x, cpu.Step());
+    UCP_ASSERT_OK_AND_ASSIGN(StepRecord y, twin.Step());
+    EXPECT_EQ(x.skipped, y.skipped) << "step " << x.step;
+    EXPECT_EQ(x.loss, y.loss) << "step " << x.step;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << x.step;
+    EXPECT_EQ(x.loss_scale, y.loss_scale) << "step " << x.step;
+    // After a skipped step every state is the one before it, the weights' training-dtype copy
+    // included (the pipeline wrote it speculatively into the trainer's own buffer).
+    if (x.skipped) {
+      EXPECT_TRUE(cpu.StateForTest() == twin.StateForTest()) << "step " << x.step;
+    }
+    skipped += x.skipped;
+  }
+  EXPECT_GT(skipped, 1);
+  EXPECT_LT(skipped, c.steps);
+  EXPECT_TRUE(cpu.StateForTest() == twin.StateForTest());
+}
+
+// A checkpoint of the overlapped twin resumes on the CPU engine at another ZeRO stage, and back
+// on the overlapped twin: both continue bitwise as the uninterrupted CPU run.
+TEST(DeviceTwinOverlapCheckpoint, ResumesAcrossEngines) {
+  ucp::testing::TempDir tmp;
+  const fs::path text = WriteText(tmp.path());
+  const TrainConfig c = Config("llama-tiny", "bf16", text);
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer ref, Trainer::Create(c, Opts(tmp.path() / "ref", "cpu", 0)));
+  const Outcome full = Train(ref, 6);
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer dev,
+                           Trainer::Create(c, Opts(tmp.path() / "a", "twin", 0, "overlap")));
+  const Outcome first = Train(dev, 2, /*save_at=*/2);
+  TrainConfig c2 = c;
+  c2.layout = "tp=1,pp=1,dp=1,zero=2";
+  RunOptions r2 = Opts(tmp.path() / "a", "cpu", 0);
+  r2.resume = tmp.path() / "a";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c2, r2));
+  const Outcome mid = Train(cpu, 4, /*save_at=*/4);
+  RunOptions r3 = Opts(tmp.path() / "a", "twin", 0, "overlap");
+  r3.resume = tmp.path() / "a";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer back, Trainer::Create(c, r3));
+  ASSERT_EQ(back.step(), 4);
+  const Outcome last = Train(back, 6);
+  std::vector<double> all = first.losses;
+  all.insert(all.end(), mid.losses.begin(), mid.losses.end());
+  all.insert(all.end(), last.losses.begin(), last.losses.end());
+  ASSERT_EQ(all.size(), full.losses.size());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], full.losses[i]) << "step " << i + 1;
+  EXPECT_EQ(last.val, full.val);
+}
+
 // A checkpoint written through the device path (tail pieces on the "device": their state is
 // pulled into the save) resumes on the CPU engine at another ZeRO stage, and a CPU checkpoint
 // resumes on the device path: both continue bitwise as the uninterrupted CPU run.
@@ -158,10 +267,13 @@ TEST(DeviceOptions, RefusedWhereNotRun) {
   // No factory: a build without the CUDA engine.
   EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "b", "cuda", 0)).status(),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("no CUDA engine")));
-  RunOptions o = Opts(tmp.path() / "c", "twin", 0);
-  o.pipeline = "overlap";
-  EXPECT_THAT(Trainer::Create(c, o).status(),
-              StatusIs(StatusCode::kUnimplemented, HasSubstr("--pipeline sync only")));
+  // The overlapped pipeline on a device: no tail buckets, no fp32 training.
+  EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "c", "twin", 2, "overlap")).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("no --gpu-tail-buckets")));
+  TrainConfig f32 = c;
+  f32.dtype = "fp32";
+  EXPECT_THAT(Trainer::Create(f32, Opts(tmp.path() / "c2", "twin", 0, "overlap")).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("bf16 or fp16 training only")));
   EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "d", "twin", 7)).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("--gpu-tail-buckets 7")));
   TrainConfig d = c;
