@@ -53,8 +53,9 @@ class CudaTrainDevice final : public TrainDevice {
                              "copy stream"));
     // One event per grad group: recorded on the model's stream when the group's backward
     // kernels are queued, waited on by the pipeline's copy stream (--pipeline overlap).
-    UCP_ASSIGN_OR_RETURN(ParamTable table, ModelParamTable(spec_.model));
-    group_done_.assign(table.groups.size(), nullptr);
+    UCP_RETURN_IF_ERROR(Cuda(cudaGetDevice(&device_), "CUDA device: current device"));
+    UCP_ASSIGN_OR_RETURN(group_ranges_, GradGroupRanges(spec_.model));
+    group_done_.assign(group_ranges_.size(), nullptr);
     for (cudaEvent_t& e : group_done_) {
       UCP_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
                                "CUDA device: grad-group events"));
@@ -112,6 +113,9 @@ class CudaTrainDevice final : public TrainDevice {
 
   Result<double> ForwardBackward(const Batch& batch, float grad_scale,
                                  const BackwardHook* hook) override {
+    // With several processes the overlapped step runs backward on a worker thread, and the
+    // current device is per thread.
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
     if (hook == nullptr) return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale);
     // Each group's event is recorded before the pipeline hears of the group, so the copy of
     // its bucket waits for exactly the kernels queued so far.
@@ -140,6 +144,21 @@ class CudaTrainDevice final : public TrainDevice {
                                              model_.num_params() * 4, cudaMemcpyDeviceToHost,
                                              stream_),
                              "gradients to the host"));
+    return Cuda(cudaStreamSynchronize(stream_), "gradients to the host");
+  }
+
+  Status GroupGradsToHost(int group) override {
+    if (group < 0 || group >= static_cast<int>(group_ranges_.size())) {
+      return InvalidArgumentError("CUDA device: no grad group " + std::to_string(group));
+    }
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
+    const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
+    UCP_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stream_, group_done_[static_cast<size_t>(group)], 0),
+                             "ordering the copy of grad group " + std::to_string(group)));
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data() + b, d_grads_ + b,
+                                             static_cast<size_t>(e - b) * 4,
+                                             cudaMemcpyDeviceToHost, stream_),
+                             "gradients of grad group " + std::to_string(group) + " to the host"));
     return Cuda(cudaStreamSynchronize(stream_), "gradients to the host");
   }
 
@@ -266,6 +285,8 @@ class CudaTrainDevice final : public TrainDevice {
   float* d_m_ = nullptr;
   float* d_v_ = nullptr;
   int64_t pieces_n_ = 0;
+  int device_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> group_ranges_;
   std::vector<cudaEvent_t> group_done_;
   std::vector<void*> registered_;
   int to_pin_ = 0;

@@ -1,6 +1,7 @@
 // The CPU twin of the trainer's device (device.h): what the CUDA device does, on host buffers.
 #include "offload/train/device.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -15,8 +16,9 @@ namespace {
 
 class CpuTwinDevice final : public TrainDevice {
  public:
-  CpuTwinDevice(TrainDeviceSpec spec, Model model)
-      : spec_(std::move(spec)), model_(std::move(model)) {
+  CpuTwinDevice(TrainDeviceSpec spec, Model model,
+                std::vector<std::pair<int64_t, int64_t>> group_ranges)
+      : spec_(std::move(spec)), model_(std::move(model)), group_ranges_(std::move(group_ranges)) {
     const size_t n = static_cast<size_t>(model_.num_params());
     w32_.assign(n, 0.0f);
     grads_.assign(n, 0.0f);
@@ -58,6 +60,15 @@ class CpuTwinDevice final : public TrainDevice {
 
   Status GradsToHost() override {
     std::memcpy(spec_.h_grads.data(), grads_.data(), grads_.size() * 4);
+    return Status::Ok();
+  }
+
+  Status GroupGradsToHost(int group) override {
+    if (group < 0 || group >= static_cast<int>(group_ranges_.size())) {
+      return InvalidArgumentError("twin device: no grad group " + std::to_string(group));
+    }
+    const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
+    std::memcpy(spec_.h_grads.data() + b, grads_.data() + b, static_cast<size_t>(e - b) * 4);
     return Status::Ok();
   }
 
@@ -141,12 +152,28 @@ class CpuTwinDevice final : public TrainDevice {
 
   TrainDeviceSpec spec_;
   Model model_;
+  std::vector<std::pair<int64_t, int64_t>> group_ranges_;
   std::vector<float> w32_, grads_, master_, m_, v_;
   std::vector<uint16_t> w16_;
   int64_t pieces_n_ = 0;
 };
 
 }  // namespace
+
+Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConfig& config) {
+  UCP_ASSIGN_OR_RETURN(ParamTable table, ModelParamTable(config));
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const GradGroup& g : table.groups) {
+    int64_t b = table.total, e = 0;
+    for (int64_t i = g.first_param; i < g.end_param; ++i) {
+      const ParamInfo& p = table.params[static_cast<size_t>(i)];
+      b = std::min(b, p.offset);
+      e = std::max(e, p.offset + p.numel);
+    }
+    out.emplace_back(std::min(b, e), e);
+  }
+  return out;
+}
 
 Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& spec) {
   UCP_ASSIGN_OR_RETURN(Model model, Model::Create(spec.model, spec.max_batch, spec.seq_len,
@@ -158,7 +185,9 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
     return InvalidArgumentError("twin device: host buffers do not hold the model's " +
                                 std::to_string(n) + " parameters");
   }
-  return std::unique_ptr<TrainDevice>(std::make_unique<CpuTwinDevice>(spec, std::move(model)));
+  UCP_ASSIGN_OR_RETURN(auto ranges, GradGroupRanges(spec.model));
+  return std::unique_ptr<TrainDevice>(
+      std::make_unique<CpuTwinDevice>(spec, std::move(model), std::move(ranges)));
 }
 
 }  // namespace ucp::offload

@@ -15,6 +15,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
@@ -81,6 +83,11 @@ class TrainDevice {
   /// The device gradients into TrainDeviceSpec::h_grads (all of them; the device pieces' too, so
   /// the host's norm covers every element).
   virtual Status GradsToHost() = 0;
+  /// The device gradients of grad group `group` (ModelParamTable's groups; contiguous in model
+  /// order) into TrainDeviceSpec::h_grads, once the backward kernels queued before the hook's
+  /// on_group_done(group) have run: --pipeline overlap with several processes, where each bucket
+  /// is reduced on the host while backward goes on. Any thread (the reduction's).
+  virtual Status GroupGradsToHost(int group) = 0;
   /// The device pieces' state: host -> device (after an init or a restore) and device -> host
   /// (before a save or StateForTest). `master`, `exp_avg`, `exp_avg_sq` are the host state
   /// buffers (state order). No-ops without device pieces.
@@ -104,6 +111,9 @@ class TrainDevice {
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
 };
+
+/// Each grad group's elements of the flat buffers, [begin, end), in ModelParamTable's order.
+Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConfig& config);
 
 using TrainDeviceFactory =
     std::function<Result<std::unique_ptr<TrainDevice>>(const TrainDeviceSpec& spec)>;

@@ -161,10 +161,14 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   if (in.overlap) {
     staging = 3 * block * 4 + (world == 1 ? block * 4 : 0) + (lowp ? block * 2 : 0);
   }
-  // On a GPU (one process) the gradients cross into, and the weights leave from, the trainer's
-  // own pinned buffers: the pipeline adds only its snapshots.
+  // On a GPU the gradients cross into the trainer's own pinned buffer (one process) or are
+  // reduced into its ZeRO buffers (several), and one process's weights leave from its own
+  // buffer: the pipeline adds its snapshots, and with several processes at one fragment the
+  // weights out.
+  const int64_t gpu_staging =
+      in.overlap ? 3 * block * 4 + (world > 1 && blocks == 1 && lowp ? block * 2 : 0) : 0;
   rows.push_back({MemClass::kPipelineStaging, "optimizer pipeline staging", staging, 0,
-                  in.overlap ? 3 * block * 4 : 0,
+                  gpu_staging,
                   in.overlap ? "snapshots for speculation, gradients as they cross, weights out "
                                "(GPU: the snapshots)"
                              : "none with --pipeline sync"});

@@ -960,20 +960,17 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
                                    "without nvcc)");
   }
   if (opts.pipeline == "overlap") {
-    // The pipeline on a device: one process (the buckets' reduction over ranks reads host
-    // gradients, the copy stage's), no tail buckets (their device Adam is the device's, outside
-    // the pipeline), low-precision weights (fp32 training's device weights are the masters).
+    // The pipeline on a device: no tail buckets (their device Adam is the device's, outside
+    // the pipeline); one process trains bf16 or fp16 (fp32 training's device weights would be
+    // the host masters). With several processes each bucket comes to the host to be reduced
+    // (GroupGradsToHost) and the pipeline is the CPU one's.
     const std::string what = "--device " + opts.device + " with --pipeline overlap";
-    if (world > 1) {
-      return UnimplementedError(what + ": one process only (this run has " +
-                                std::to_string(world) + "); use --pipeline sync");
-    }
     if (opts.gpu_tail_buckets != 0) {
       return UnimplementedError(what + ": no --gpu-tail-buckets; use --pipeline sync");
     }
-    if (dtype == DType::kFp32) {
-      return UnimplementedError(what + ": bf16 or fp16 training only (fp32 training's device "
-                                "weights are the host masters)");
+    if (dtype == DType::kFp32 && world == 1) {
+      return UnimplementedError(what + ": bf16 or fp16 training in one process (fp32 "
+                                "training's device weights would be the host masters)");
     }
   }
   if (cfg.deterministic) {
@@ -1122,7 +1119,7 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
     mem.h_reduced_grad = blocks > 1 ? std::span<const float>(gblock) : std::span<const float>(grads);
   }
   std::unique_ptr<PipelineBackend> backend = CpuPipelineBackend();
-  if (device != nullptr) {
+  if (device != nullptr && world == 1) {
     // The device's gradients and weights cross bucket by bucket; the host staging is the
     // trainer's own gradient and weight buffers (model order, pinned by a GPU device), so the
     // norm, the checkpoints and the host's compute copy read them as in the sync path.
@@ -1146,6 +1143,10 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
 Status Trainer::Impl::ReduceBucket(int k) {
   const auto t0 = Clock::now();
   const BucketReduce& br = bucket_reduce[static_cast<size_t>(k)];
+  if (device != nullptr) {
+    // The bucket's gradient, complete on the device, to the host buffer the exchange reads.
+    UCP_RETURN_IF_ERROR(device->GroupGradsToHost(k), "gradients of " + pipeline->buckets()[k].name);
+  }
   const std::span<float> sum = std::span<float>(sum_buf).first(static_cast<size_t>(br.mine_n));
   const std::string what = "reducing the gradients of " + pipeline->buckets()[k].name;
   if (blocks > 1) {
@@ -1216,8 +1217,7 @@ Result<double> Trainer::Impl::OverlappedBackward(int64_t first, int64_t end, flo
         worker_status = b.status();
         break;
       }
-      Result<double> l = f + nb < end ? net->ForwardBackward(w32, grads, *b, grad_scale)
-                                      : net->ForwardBackward(w32, grads, *b, grad_scale, hook);
+      Result<double> l = ForwardBackward(*b, grad_scale, f + nb < end ? nullptr : &hook);
       if (!l.ok()) {
         worker_status = l.status();
         break;
@@ -1665,7 +1665,7 @@ Result<StepRecord> Trainer::Step() {
       }
       loss_sum += *l;
     }
-    if (t.device != nullptr) {
+    if (t.device != nullptr && t.world == 1) {
       // The norm below reads the host gradient: every bucket must have crossed (the CPU Adam
       // goes on stepping them meanwhile).
       if (Status st = t.pipeline->WaitGradients(); !st.ok()) {
@@ -1857,9 +1857,9 @@ Result<StepRecord> Trainer::Step() {
     }
   }
   if (t.device != nullptr && !rec.skipped) {
-    // The overlapped pipeline already moved the weights bucket by bucket.
-    UCP_RETURN_IF_ERROR(t.pipeline != nullptr ? t.device->WeightsWritten()
-                                              : t.device->UploadWeights(),
+    // The overlapped pipeline of one process already moved the weights bucket by bucket.
+    UCP_RETURN_IF_ERROR(t.pipeline != nullptr && t.world == 1 ? t.device->WeightsWritten()
+                                                              : t.device->UploadWeights(),
                         "step " + std::to_string(rec.step));
   }
   rec.seconds = Seconds(t0, Clock::now());

@@ -273,7 +273,7 @@ TEST(DeviceOptions, RefusedWhereNotRun) {
   TrainConfig f32 = c;
   f32.dtype = "fp32";
   EXPECT_THAT(Trainer::Create(f32, Opts(tmp.path() / "c2", "twin", 0, "overlap")).status(),
-              StatusIs(StatusCode::kUnimplemented, HasSubstr("bf16 or fp16 training only")));
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("bf16 or fp16 training in one process")));
   EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "d", "twin", 7)).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("--gpu-tail-buckets 7")));
   TrainConfig d = c;
