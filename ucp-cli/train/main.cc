@@ -132,8 +132,8 @@ int main(int argc, char** argv) {
      "for a device, for tests). Not recorded: a checkpoint resumes on either")
     ("gpu-tail-buckets", po::value(&r.gpu_tail_buckets)->default_value(0),
      "the last buckets of backward (first layers, embeddings) stepped on the device: overlap "
-     "on the CPU, or --device cuda|twin with --pipeline sync (a device Adam on device-resident "
-     "fp32 masters)")
+     "on the CPU, or --device cuda|twin (a device Adam on device-resident fp32 masters; one "
+     "process)")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
      "threads per process (0: all cores; on --resume, the run's recorded count, so that the "

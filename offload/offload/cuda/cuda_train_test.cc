@@ -118,16 +118,17 @@ TEST_P(CudaTailTest, DeviceAdamTailIsBitwiseTheCpuAdam) {
 // --pipeline overlap on the GPU: each bucket's gradient leaves on the copy stream once an event
 // says its backward kernels have run, the CPU Adam steps it while backward goes on, validation
 // commits or corrects (clip 1.0: some steps; 1e-3: every step), the weights go back bucket by
-// bucket. The device is deterministic, so this is bitwise the sync path on the same GPU: every
-// loss, norm and state. The trace shows the transfers.
+// bucket; with tail buckets (2) those cross too and the device Adam steps them after validation.
+// The device is deterministic and its Adam bitwise the CPU's, so this is bitwise the sync path on
+// the same GPU: every loss, norm and state. The trace shows the transfers.
 TEST_P(CudaTailTest, OverlapIsBitwiseTheSyncPath) {
-  for (double clip : {1.0, 1e-3}) {
-    SCOPED_TRACE("clip " + std::to_string(clip));
+  for (auto [clip, tail] : {std::pair{1.0, 0}, std::pair{1e-3, 0}, std::pair{1.0, 2}}) {
+    SCOPED_TRACE("clip " + std::to_string(clip) + ", tail " + std::to_string(tail));
     ucp::testing::TempDir tmp;
     TrainConfig c = Config(GetParam().first, GetParam().second, WriteText(tmp.path()));
     c.clip_grad = clip;
     UCP_ASSERT_OK_AND_ASSIGN(Trainer sync, Trainer::Create(c, Opts(tmp.path() / "s", true)));
-    RunOptions o = Opts(tmp.path() / "o", true, 0, "overlap");
+    RunOptions o = Opts(tmp.path() / "o", true, tail, "overlap");
     o.trace = tmp.path() / "trace.json";
     UCP_ASSERT_OK_AND_ASSIGN(Trainer ov, Trainer::Create(c, o));
     std::vector<double> la, lb, na, nb;

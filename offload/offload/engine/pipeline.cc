@@ -56,7 +56,8 @@ class CpuBackend final : public PipelineBackend {
   }
 };
 
-enum class Fate : uint8_t { kPending, kSpeculated, kDeferred, kDevice };
+// kDevice: a tail bucket the CPU Adam steps after validation; kCaller: one the caller steps.
+enum class Fate : uint8_t { kPending, kSpeculated, kDeferred, kDevice, kCaller };
 
 }  // namespace
 
@@ -162,7 +163,7 @@ struct Pipeline::Impl {
           error = Status(ok.status().code(), "gradient of bucket " + buckets[k].name +
                                                  " to the host: " + std::string(ok.status().message()));
         }
-        adam_q.push_back(k);
+        if (k < num_cpu) adam_q.push_back(k);  // a caller-stepped tail bucket only crosses
         copied += 1;
       }
       cv.notify_all();
@@ -206,10 +207,11 @@ struct Pipeline::Impl {
     }
   }
 
-  // Waits until the Adam stage has finished every host bucket handed over.
+  // Waits until the Adam stage has finished every host bucket handed over
   Status Drain() {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done == cpu_handed; });
+    // (and every copy: a caller-stepped tail bucket's goes into the caller's memory)
+    cv.wait(lock, [&] { return done == cpu_handed && copied == copy_handed; });
     return error;
   }
 
@@ -330,8 +332,12 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
   for (int k = 0; k < nb; ++k) p.buckets[static_cast<size_t>(k)].index = k;
   p.mem = memory;
   p.backend = std::move(backend);
+  if (options.tail_stepped_by_caller && options.gpu_tail_buckets != 0 && memory.h_grad.empty()) {
+    return InvalidArgumentError("pipeline: caller-stepped tail buckets need the caller's host "
+                                "gradient staging (its norm reads their gradients)");
+  }
   if (p.backend && !p.backend->host_addressable()) {
-    if (options.gpu_tail_buckets != 0) {
+    if (options.gpu_tail_buckets != 0 && !options.tail_stepped_by_caller) {
       return UnimplementedError("pipeline: tail buckets on a real device need a GPU Adam "
                                 "(not built); gpu_tail_buckets must be 0");
     }
@@ -417,6 +423,10 @@ void Pipeline::BucketReady(int k) {
     p.num_handed += 1;
     if (k < p.num_cpu) {
       p.cpu_handed += 1;
+      p.copy_handed += 1;
+      p.copy_q.push_back(k);
+    } else if (p.opt.tail_stepped_by_caller) {
+      p.fate[k] = Fate::kCaller;
       p.copy_handed += 1;
       p.copy_q.push_back(k);
     } else {
@@ -533,6 +543,9 @@ Status Pipeline::Finish(const Validation& v) {
         p.Trace("adam " + name, "device", TraceTrack::kDeviceAdam, t0);
         p.stats.device += 1;
         break;
+      case Fate::kCaller:
+        p.stats.device += 1;  // the caller's device Adam steps it after Finish
+        break;
       case Fate::kPending:
         UCP_CHECK(false) << "pipeline: bucket " << name << " was never processed";
     }
@@ -541,7 +554,8 @@ Status Pipeline::Finish(const Validation& v) {
   UCP_RETURN_IF_ERROR(st, "pipeline step " + std::to_string(p.step));
   if (p.opt.weights != LowpDType::kFp32) {
     const auto t0 = Clock::now();
-    for (int k = 0; k < static_cast<int>(p.buckets.size()); ++k) {
+    const int sent = p.opt.tail_stepped_by_caller ? p.num_cpu : static_cast<int>(p.buckets.size());
+    for (int k = 0; k < sent; ++k) {
       UCP_RETURN_IF_ERROR(p.backend->WeightsToDevice(p.OutCopyBucket(k), p.out_host,
                                                      p.mem.d_weights),
                           "weights of bucket " + p.buckets[k].name + " to the device");

@@ -78,6 +78,12 @@ struct PipelineOptions {
   AdamConfig adam;
   int adam_threads = 1;       ///< the CPU Adam's worker pool
   int gpu_tail_buckets = 0;   ///< the buckets backward completes last that stay on the device
+  /// The tail buckets are stepped by the caller (a device Adam on device-resident state), after
+  /// Finish: their gradients still cross (the caller's global norm reads them; this needs the
+  /// caller's h_grad) but the pipeline neither steps them nor sends their weights back.
+  /// Otherwise the CPU Adam steps them in place after validation, standing in for a GPU Adam
+  /// (host-addressable "device" memory only).
+  bool tail_stepped_by_caller = false;
   bool bf16_link = false;     ///< gradients cross the link as bf16 (RNE): not bitwise the sync path
   LowpDType weights = LowpDType::kBf16;  ///< training dtype (kFp32: no low-precision copy)
   bool fp16_range_check = false;         ///< a |gradient| > 65504 is an overflow (fp16 training)

@@ -960,14 +960,11 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
                                    "without nvcc)");
   }
   if (opts.pipeline == "overlap") {
-    // The pipeline on a device: no tail buckets (their device Adam is the device's, outside
-    // the pipeline); one process trains bf16 or fp16 (fp32 training's device weights would be
-    // the host masters). With several processes each bucket comes to the host to be reduced
-    // (GroupGradsToHost) and the pipeline is the CPU one's.
+    // The pipeline on a device: one process trains bf16 or fp16 (fp32 training's device
+    // weights would be the host masters), its tail buckets crossing for the norm and stepped by
+    // the device Adam after validation. With several processes each bucket comes to the host to
+    // be reduced (GroupGradsToHost) and the pipeline is the CPU one's (no tail buckets: below).
     const std::string what = "--device " + opts.device + " with --pipeline overlap";
-    if (opts.gpu_tail_buckets != 0) {
-      return UnimplementedError(what + ": no --gpu-tail-buckets; use --pipeline sync");
-    }
     if (dtype == DType::kFp32 && world == 1) {
       return UnimplementedError(what + ": bf16 or fp16 training in one process (fp32 "
                                 "training's device weights would be the host masters)");
@@ -1101,6 +1098,8 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   po.adam = ac;
   po.adam_threads = std::max(1, threads / 2);
   po.gpu_tail_buckets = opts.gpu_tail_buckets;
+  // On a device the tail buckets' state is the device's (TrainDevice::StepDevicePieces).
+  po.tail_stepped_by_caller = device != nullptr;
   // With several blocks the weights come from every rank's masters (RefreshWeights' all-gather),
   // so the pipeline writes no low-precision copy.
   po.weights = blocks > 1              ? LowpDType::kFp32
@@ -1781,6 +1780,13 @@ Result<StepRecord> Trainer::Step() {
     }
     t.optimizer_steps += 1;
     UCP_RETURN_IF_ERROR(t.pipeline->Finish({false, static_cast<float>(coef)}), "optimizer step");
+    if (t.device != nullptr && t.opts.gpu_tail_buckets > 0) {
+      // The tail buckets on the device Adam, with the sync path's multiplier (their gradients
+      // crossed for the norm; their weights are written on the device and into the host's copy).
+      UCP_RETURN_IF_ERROR(t.device->StepDevicePieces(t.optimizer_steps, static_cast<float>(rec.lr),
+                                                     static_cast<float>(coef)),
+                          "optimizer step (device)");
+    }
     if (t.blocks > 1) {
       UCP_RETURN_IF_ERROR(t.RefreshWeights());  // every rank's updated fragments, as sync
     } else if (t.lowp()) {

@@ -114,20 +114,21 @@ INSTANTIATE_TEST_SUITE_P(
 
 // --pipeline overlap on the twin: the device's gradients cross bucket by bucket while backward
 // goes on, the CPU Adam steps them speculatively, validation commits or corrects (clip 0.5:
-// some steps of each; 1e-3: every step corrected), the weights go back bucket by bucket. Bitwise
-// the plain CPU trainer (sync) over 5 steps: losses, norms, validation loss, every state.
+// some steps of each; 1e-3: every step corrected), the weights go back bucket by bucket; tail
+// buckets (1, 2, all 6 grad groups) cross too and the device Adam steps them after validation.
+// Bitwise the plain CPU trainer (sync) over 5 steps: losses, norms, validation loss, every state.
 class DeviceTwinOverlap
-    : public ::testing::TestWithParam<std::tuple<std::string, std::string, double>> {};
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, double, int>> {};
 
 TEST_P(DeviceTwinOverlap, BitwiseTheCpuTrainer) {
-  const auto& [model, dtype, clip] = GetParam();
+  const auto& [model, dtype, clip, tail] = GetParam();
   ucp::testing::TempDir tmp;
   const fs::path text = WriteText(tmp.path());
   TrainConfig c = Config(model, dtype, text);
   c.clip_grad = clip;
   UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
   const fs::path trace = tmp.path() / "trace.json";
-  RunOptions o = Opts(tmp.path() / "twin", "twin", 0, "overlap");
+  RunOptions o = Opts(tmp.path() / "twin", "twin", tail, "overlap");
   o.trace = trace;
   UCP_ASSERT_OK_AND_ASSIGN(Trainer twin, Trainer::Create(c, o));
   const Outcome a = Train(cpu, 5);
@@ -144,11 +145,16 @@ TEST_P(DeviceTwinOverlap, BitwiseTheCpuTrainer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTwinOverlap,
-                         ::testing::Values(std::make_tuple("llama-tiny", "bf16", 0.5),
-                                           std::make_tuple("llama-tiny", "bf16", 1e-3),
-                                           std::make_tuple("gpt-tiny", "bf16", 0.0),
-                                           std::make_tuple("gpt-tiny", "fp16", 0.5),
-                                           std::make_tuple("llama-tiny-tied", "bf16", 0.5)));
+                         ::testing::Values(std::make_tuple("llama-tiny", "bf16", 0.5, 0),
+                                           std::make_tuple("llama-tiny", "bf16", 1e-3, 0),
+                                           std::make_tuple("gpt-tiny", "bf16", 0.0, 0),
+                                           std::make_tuple("gpt-tiny", "fp16", 0.5, 0),
+                                           std::make_tuple("llama-tiny-tied", "bf16", 0.5, 0),
+                                           // tail buckets on the device Adam after validation
+                                           std::make_tuple("llama-tiny", "bf16", 0.5, 2),
+                                           std::make_tuple("llama-tiny", "bf16", 1e-3, 6),
+                                           std::make_tuple("gpt-tiny", "fp16", 0.5, 2),
+                                           std::make_tuple("llama-tiny-tied", "bf16", 0.5, 1)));
 
 // fp16 from a loss scale of 2^60: the overlapped twin skips the overflowing steps (every
 // speculative bucket undone; a bucket with a non-finite gradient never stepped) and halves the
@@ -160,8 +166,9 @@ TEST(DeviceTwinOverlapFp16, OverflowSkipsLikeTheCpuTrainer) {
   c.initial_loss_scale = std::ldexp(1.0, 60);
   c.steps = 60;  // enough for the scale to come down and some clean steps
   UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  // (two tail buckets on the device Adam: an overflowing step steps none of them)
   UCP_ASSERT_OK_AND_ASSIGN(Trainer twin,
-                           Trainer::Create(c, Opts(tmp.path() / "twin", "twin", 0, "overlap")));
+                           Trainer::Create(c, Opts(tmp.path() / "twin", "twin", 2, "overlap")));
   const auto before = twin.StateForTest();
   UCP_ASSERT_OK_AND_ASSIGN(StepRecord first, twin.Step());
   EXPECT_TRUE(first.skipped);
@@ -267,9 +274,7 @@ TEST(DeviceOptions, RefusedWhereNotRun) {
   // No factory: a build without the CUDA engine.
   EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "b", "cuda", 0)).status(),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("no CUDA engine")));
-  // The overlapped pipeline on a device: no tail buckets, no fp32 training.
-  EXPECT_THAT(Trainer::Create(c, Opts(tmp.path() / "c", "twin", 2, "overlap")).status(),
-              StatusIs(StatusCode::kUnimplemented, HasSubstr("no --gpu-tail-buckets")));
+  // The overlapped pipeline on a device of one process: no fp32 training.
   TrainConfig f32 = c;
   f32.dtype = "fp32";
   EXPECT_THAT(Trainer::Create(f32, Opts(tmp.path() / "c2", "twin", 0, "overlap")).status(),
