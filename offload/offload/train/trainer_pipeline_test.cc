@@ -184,7 +184,11 @@ TEST(OverlapTest, RefusesUnknownPipelineAndTraceWithoutOverlap) {
 
 // A GPT of 8 layers, hidden 256: per-layer backward and per-bucket Adam are long enough (ms) for
 // the trace to show the CPU Adam of one bucket running while backward computes later layers.
-TEST(OverlapTest, TraceShowsAdamOverlappingBackward) {
+// On the CPU, and through the device path on the CPU twin (backward on the "device", each
+// bucket's gradient crossing into the trainer's buffer): Adam events run under backward events.
+class OverlapTrace : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OverlapTrace, ShowsAdamOverlappingBackward) {
   ucp::testing::TempDir tmp;
   const fs::path model = tmp.path() / "gpt-8x256.json";
   {
@@ -203,6 +207,7 @@ TEST(OverlapTest, TraceShowsAdamOverlappingBackward) {
   r.out = tmp.path() / "run";
   r.threads = 2;
   r.pipeline = "overlap";
+  r.device = GetParam();
   r.trace = tmp.path() / "trace.json";
   UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, r));
   for (int i = 0; i < 3; ++i) UCP_ASSERT_OK(t.Step().status());
@@ -237,8 +242,11 @@ TEST(OverlapTest, TraceShowsAdamOverlappingBackward) {
     }
   }
   EXPECT_GT(overlap_us, 0.0) << "no Adam event overlaps a backward event";
-  std::printf("adam under backward: %.0f us over 3 steps\n", overlap_us);
+  std::printf("--device %s: adam under backward: %.0f us over 3 steps\n", GetParam().c_str(),
+              overlap_us);
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, OverlapTrace, ::testing::Values("cpu", "twin"));
 
 }  // namespace
 }  // namespace ucp::offload
