@@ -55,6 +55,22 @@ if [ -x "$bin/ucp-bench" ]; then
   expect_exit 0 "$bin/ucp-bench" model --model llama-tiny --seq-len 16 --batch 2 --steps 1
   grep -q "^cpu .*tokens/s .*MFU" "$work/out.txt" || fail "ucp-bench model: $(cat "$work/out.txt")"
   expect_exit 3 "$bin/ucp-bench" model --model llama-tiny --device tpu
+  # ucp-bench train's device flow (what `--device cuda` prints on the H200: the device, the
+  # overlapped step, the optimizer-on-the-device ratio) through the CPU twin.
+  expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+    --device twin --pipeline overlap --gpu-optimizer
+  grep -q "^device twin" "$work/out.txt" || fail "ucp-bench train --device twin: $(cat "$work/out.txt")"
+  grep -q "optimizer on the twin device .*offloaded step / GPU step = " "$work/out.txt" ||
+    fail "ucp-bench train --gpu-optimizer on the twin: $(cat "$work/out.txt")"
+  expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --gpu-optimizer
+  # Built with CUDA on a machine without a GPU (CI): --device cuda says so before the trainer
+  # builds its host state (exit 10, device error).
+  if [ -d "$bin/../offload/offload/cuda" ] && ! nvidia-smi -L >/dev/null 2>&1; then
+    expect_exit 10 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+      --device cuda
+    grep -q "no CUDA device visible" "$work/err.txt" ||
+      fail "ucp-bench --device cuda without a GPU: $(cat "$work/err.txt")"
+  fi
 fi
 
 # A small text corpus; the uninterrupted reference run.
@@ -67,6 +83,11 @@ with open(sys.argv[1], "w") as f:
 PY
 common=(--model gpt-tiny --data "$work/text.txt" --seq-len 32 --global-batch 8 --micro-batch 4
         --steps 40 --threads 2 --val-every 0 --quiet)
+if [ -d "$bin/../offload/offload/cuda" ] && ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_exit 10 "$train" "${common[@]}" --device cuda --out "$work/nogpu"
+  grep -q "no CUDA device visible" "$work/err.txt" ||
+    fail "ucp-train --device cuda without a GPU: $(cat "$work/err.txt")"
+fi
 "$train" "${common[@]}" --out "$work/ref"
 [ -f "$work/ref/step_00000040/ucp_layout.json" ] || fail "no final checkpoint"
 expect_exit 11 "$train" "${common[@]}" --out "$work/ref"

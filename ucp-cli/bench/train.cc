@@ -103,17 +103,25 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     return InvalidArgumentError("--seq-len, --batch, --threads and --steps must be >= 1, "
                                 "--peak-tflops > 0");
   }
-  if (device != "cpu" && device != "cuda") {
-    return InvalidArgumentError("--device " + device + ": must be cpu or cuda");
+  if (device != "cpu" && device != "cuda" && device != "twin") {
+    return InvalidArgumentError("--device " + device + ": must be cpu, cuda or twin");
   }
   const bool cuda = device == "cuda";
+  // twin: the device path on the CPU (the trainer's CPU twin device), so this benchmark's device
+  // flow (--pipeline overlap, --gpu-optimizer) runs, and is tested, where no GPU is.
+  const bool on_device = device != "cpu";
 #ifndef UCP_BENCH_HAVE_CUDA_TRAIN
   if (cuda) {
     return FailedPreconditionError("--device cuda: this ucp-bench was built without the CUDA "
                                    "engine (no nvcc)");
   }
+#else
+  // Before the trainer builds its host state (22 B a parameter), which it does before the device.
+  if (cuda) UCP_RETURN_IF_ERROR(offload::cuda::CheckCudaDevice());
 #endif
-  if (gpu_optimizer && !cuda) return InvalidArgumentError("--gpu-optimizer needs --device cuda");
+  if (gpu_optimizer && !on_device) {
+    return InvalidArgumentError("--gpu-optimizer needs --device cuda (or twin)");
+  }
   // Under mpirun the processes train together (dp x sp = their count); alone otherwise.
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<offload::Communicator> comm,
                        offload::WorldCommunicator());
@@ -159,14 +167,12 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.comm = comm.get();
   r.pipeline = pipeline;
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
-  if (cuda) {
-    r.device = "cuda";
-    r.device_factory = offload::cuda::MakeCudaTrainDevice;
-  }
+  if (cuda) r.device_factory = offload::cuda::MakeCudaTrainDevice;
 #endif
+  r.device = device;
   UCP_ASSIGN_OR_RETURN(offload::Trainer t, offload::Trainer::Create(c, r));
   const int64_t n = t.num_params();
-  if (cuda) out << t.Describe() << "\n";
+  if (on_device) out << t.Describe() << "\n";
   std::vector<double> times;
   for (int i = 0; i < steps + 1; ++i) {
     UCP_ASSIGN_OR_RETURN(offload::StepRecord rec, t.Step());
@@ -313,8 +319,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     std::ostringstream gs;
     gs.setf(std::ios::fixed);
     gs.precision(1);
-    gs << "optimizer on the GPU (device Adam for all " << table.groups.size()
-       << " grad groups; the gradients still go to the host for the norm): best "
+    gs << "optimizer on the " << (cuda ? "GPU" : "twin device") << " (device Adam for all "
+       << table.groups.size() << " grad groups; the gradients still go to the host for the norm): best "
        << gt.front() * 1e3 << " ms = " << tok / gt.front() << " tokens/s, MFU "
        << 100.0 * step_flops / gt.front() / 1e12 / peak << "%; offloaded step / GPU step = ";
     gs.precision(3);
@@ -332,7 +338,7 @@ Command MakeTrainBench() {
       .summary = "training-step tokens/s against PyTorch and the BLAS rate, same run",
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
                "[--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
-               "[--pipeline sync|overlap] [--device cpu|cuda [--gpu-optimizer] "
+               "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
                "[--peak-tflops 989]]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
@@ -357,12 +363,12 @@ Command MakeTrainBench() {
                 "the optimizer pipeline: sync (Adam after backward) or overlap (each bucket's "
                 "Adam during backward, speculative, validated after it)")(
                 "device", po::value<std::string>()->default_value("cpu"),
-                "cpu, or cuda: forward/backward on the GPU, the optimizer offloaded to the CPU "
-                "(prints TFLOP/s and MFU)")(
+                "cpu; cuda: forward/backward on the GPU, the optimizer offloaded to the CPU "
+                "(prints TFLOP/s and MFU); twin: that device path on the CPU (for tests)")(
                 "peak-tflops", po::value<double>()->default_value(989.0),
                 "the MFU denominator (989: H100/H200 dense bf16)")(
                 "gpu-optimizer", po::bool_switch()->default_value(false),
-                "--device cuda: also time the same step with the whole optimizer on the GPU "
+                "--device cuda|twin: also time the same step with the whole optimizer on the device "
                 "and print the ratio");
           },
       .run = Run,

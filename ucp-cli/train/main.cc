@@ -289,7 +289,10 @@ int main(int argc, char** argv) {
   r.out = out;
   r.comm = &comm;
 #ifdef UCP_TRAIN_HAVE_CUDA
-  if (r.device == "cuda") r.device_factory = ucp::offload::cuda::MakeCudaTrainDevice;
+  if (r.device == "cuda") {
+    if (ucp::Status s = ucp::offload::cuda::CheckCudaDevice(); !s.ok()) return fail(s);
+    r.device_factory = ucp::offload::cuda::MakeCudaTrainDevice;
+  }
 #endif
   auto trainer = Trainer::Create(c, r);
   if (!trainer.ok()) return fail(trainer.status());

@@ -294,6 +294,17 @@ class CudaTrainDevice final : public TrainDevice {
 
 }  // namespace
 
+Status CheckCudaDevice() {
+  if (DeviceCount() > 0) return Status::Ok();
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  cudaGetLastError();  // clear the sticky error for later calls
+  return DeviceError(std::string("--device cuda: no CUDA device visible") +
+                     (err == cudaSuccess ? std::string()
+                                         : std::string(" (") + cudaGetErrorName(err) + ": " +
+                                               cudaGetErrorString(err) + ")"));
+}
+
 Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& spec) {
   const int count = DeviceCount();
   if (count == 0) return DeviceError("CUDA device: no CUDA device");

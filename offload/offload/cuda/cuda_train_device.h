@@ -10,6 +10,7 @@
 
 #include "offload/train/device.h"
 #include "ucp/base/result.h"
+#include "ucp/base/status.h"
 
 namespace ucp::offload::cuda {
 
@@ -18,5 +19,10 @@ namespace ucp::offload::cuda {
 /// Errors: kDeviceError (no device, allocation, registration), kResourceExhausted (activations),
 /// kInvalidArgument (the spec).
 Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& spec);
+
+/// Ok when a CUDA device is visible. The CLIs ask first: the trainer builds its host state (22 B
+/// a parameter) before it makes the device, so a machine without a GPU would otherwise spend
+/// that time and memory before hearing no. Errors: kDeviceError.
+Status CheckCudaDevice();
 
 }  // namespace ucp::offload::cuda
