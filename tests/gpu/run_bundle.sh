@@ -1,53 +1,123 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine what tests/gpu/bundle.sh packed: every gpu-labelled test (kernels, the
 # device Adam, the CUDA trainer against the CPU engine and across checkpoints), then the model
-# step against the CPU (small, loss checked), a larger LLaMA-style step (timing only), and
-# `ucp-bench train --device cuda` at 16K tokens per step (MFU; optimizer offloaded vs on the GPU;
-# then offloaded with --pipeline overlap).
-# Writes each log under $OUT (the device tool brings them back). One call, about 4-5 minutes
-# (estimated: none of it has run on a GPU yet).
-# Usage (device tool): run(command="bash tests/gpu/run_bundle.sh", carry=[".gpu_bundle"])
+# step against the CPU (small, loss checked), a larger LLaMA-style step (timing only),
+# `ucp-bench train --device cuda` at 16K tokens per step on a 1.1B model (MFU; optimizer offloaded
+# vs on the GPU; then offloaded with --pipeline overlap) and, with the time left, a 3B model.
+#
+# The device lease is short (15 minutes, machine start included), so the whole run keeps to a
+# budget (UCP_GPU_BUDGET_S, default 380 s): each step gets at most its own limit and never more
+# than what is left, and a step that would start with under 15 s left is reported SKIP. The most
+# telling checks go first. A summary goes to stdout and $OUT/summary.txt; every log, in
+# $OUT/logs.tar.gz, and the benchmarks' logs also one by one (the tool brings back 8 files).
+# Usage (device tool): run(command="bash tests/gpu/run_bundle.sh", carry=[".gpu_bundle"],
+#                          timeout_s=420)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/gpu_out}
-mkdir -p "$out" /tmp/ucp_gpu
-tar -C /tmp/ucp_gpu -xzf .gpu_bundle/bundle.tar.gz
+logs=/tmp/ucp_gpu/logs
+mkdir -p "$out" "$logs"
+tar -C /tmp/ucp_gpu -xzf .gpu_bundle/bundle.tar.gz || { echo "FAIL: no bundle"; exit 1; }
 cuda_lib=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n' ':')
-export LD_LIBRARY_PATH=/tmp/ucp_gpu/lib:${cuda_lib}${LD_LIBRARY_PATH:-}
-have_gpu=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" &&
-  have_gpu=1
-grep -m1 "model name" /proc/cpuinfo | tee -a "$out/gpu.txt"
-status=0
+# The CUDA image's pip wheels (nvidia-cublas, ...) also hold the CUDA 13 libraries: a fallback.
+wheel_libs=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
+export LD_LIBRARY_PATH=/tmp/ucp_gpu/lib:${cuda_lib}${wheel_libs}${LD_LIBRARY_PATH:-}
 # The trainer tests read the presets (patterns/) from the working tree carried here.
 export UCP_DATA_DIR=$PWD
-for t in offload_cuda_cast_test offload_cuda_ops_test offload_cuda_pipeline_test \
-         offload_cuda_model_test offload_cuda_adam_test offload_cuda_train_test; do
-  if timeout 300 /tmp/ucp_gpu/bin/$t > "$out/$t.log" 2>&1; then
-    skipped=$(grep -c '^\[  SKIPPED \] .* ms)$' "$out/$t.log")
-    echo "PASS $t: $(grep -c '^\[       OK \]' "$out/$t.log") ok, $skipped skipped"
-    # With a GPU present nothing may skip: a skip would hide an unchecked kernel.
-    if [ "$have_gpu" = 1 ] && [ "$skipped" != 0 ]; then echo "FAIL $t skipped tests"; status=1; fi
+start=$(date +%s)
+budget=${UCP_GPU_BUDGET_S:-380}
+status=0
+summary=$logs/summary.txt
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+have_gpu=0
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader) && have_gpu=1
+say "gpu: $gpu"
+say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) x $(nproc)"
+# A library the image lacks shows here, before any step fails on it.
+for b in /tmp/ucp_gpu/bin/*; do
+  ldd "$b" | grep 'not found' | sed "s|^|  $(basename "$b"): |" | tee -a "$summary"
+done
+
+# step NAME MAX_SECONDS COMMAND...: runs COMMAND into $logs/NAME.log under the budget.
+step_rc=0
+step() {
+  local name=$1 max=$2
+  shift 2
+  local left=$((budget - ($(date +%s) - start) - 5))
+  local t=$((max < left ? max : left))
+  if [ "$t" -lt 15 ]; then
+    say "SKIP $name: out of the run's budget"
+    step_rc=125
+    return
+  fi
+  local t0
+  t0=$(date +%s)
+  timeout -k 5 "$t" "$@" >"$logs/$name.log" 2>&1
+  step_rc=$?
+  local took=$(($(date +%s) - t0))
+  if [ "$step_rc" = 124 ]; then
+    say "TIMEOUT $name after ${took} s (limit $t s)"
+  elif [ "$step_rc" = 137 ]; then
+    say "KILLED $name after ${took} s (limit $t s; out of memory?)"
+  elif [ "$step_rc" != 0 ]; then
+    say "FAIL $name (exit $step_rc, ${took} s)"
   else
-    echo "FAIL $t"; tail -30 "$out/$t.log"; status=1
+    say "ran $name in ${took} s"
+  fi
+}
+
+for t in offload_cuda_cast_test offload_cuda_ops_test offload_cuda_adam_test \
+         offload_cuda_pipeline_test offload_cuda_model_test offload_cuda_train_test; do
+  step "$t" 90 /tmp/ucp_gpu/bin/$t
+  if [ "$step_rc" = 0 ]; then
+    skipped=$(grep -c '^\[  SKIPPED \] .* ms)$' "$logs/$t.log")
+    say "  $(grep -c '^\[       OK \]' "$logs/$t.log") ok, $skipped skipped"
+    # With a GPU present nothing may skip: a skip would hide an unchecked kernel.
+    if [ "$have_gpu" = 1 ] && [ "$skipped" != 0 ]; then say "  FAIL: skipped tests"; status=1; fi
+  else
+    status=1
+    grep -E '^\[  FAILED  \]|Failure|error|Error' "$logs/$t.log" | head -12 | tee -a "$summary"
+    tail -5 "$logs/$t.log" | tee -a "$summary"
   fi
 done
+
 bench=/tmp/ucp_gpu/bin/offload_cuda_model_bench
-timeout 300 $bench --family llama --hidden 768 --layers 4 --heads 12 --kv-heads 4 --ffn 2048 \
-  --vocab 32000 --batch 2 --seq 512 --steps 3 --cpu-check 2>&1 | tee "$out/bench_check.log" || status=1
-timeout 300 $bench --family llama --hidden 2048 --layers 16 --heads 16 --kv-heads 4 --ffn 5632 \
-  --vocab 32000 --batch 4 --seq 4096 --steps 3 2>&1 | tee "$out/bench_1b.log" || status=1
+show() { [ -f "$logs/$1.log" ] && grep -v '^\s*$' "$logs/$1.log" | tail -"${2:-12}" | tee -a "$summary"; }
+step bench_check 60 $bench --family llama --hidden 768 --layers 4 --heads 12 --kv-heads 4 \
+  --ffn 2048 --vocab 32000 --batch 2 --seq 512 --steps 3 --cpu-check
+[ "$step_rc" = 0 ] || status=1
+show bench_check
+step bench_1b 60 $bench --family llama --hidden 2048 --layers 16 --heads 16 --kv-heads 4 \
+  --ffn 5632 --vocab 32000 --batch 4 --seq 4096 --steps 3
+[ "$step_rc" = 0 ] || status=1
+show bench_1b
 # The training step of `ucp-train --device cuda` on a 1.1B LLaMA-style model at 4 x 4096 = 16K
 # tokens: tokens/s, TFLOP/s and MFU (989 TFLOPS), then the same step with the whole optimizer on
 # the GPU (the device Adam) and the ratio.
-timeout 300 /tmp/ucp_gpu/bin/ucp-bench train --device cuda --model "$PWD/tests/gpu/llama-1b.json" \
-  --seq-len 4096 --batch 4 --steps 2 --threads "$(nproc)" --gpu-optimizer 2>&1 |
-  tee "$out/bench_train_1b.log"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+train=(/tmp/ucp_gpu/bin/ucp-bench train --device cuda --seq-len 4096 --batch 4
+       --threads "$(nproc)")
+step bench_train_1b 100 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --steps 2 \
+  --gpu-optimizer
+[ "$step_rc" = 0 ] || status=1
+show bench_train_1b 20
 # The same step with --pipeline overlap: each bucket's gradient to the host and its CPU Adam
 # during backward (the ratio to the line above is what the overlap hides).
-timeout 300 /tmp/ucp_gpu/bin/ucp-bench train --device cuda --model "$PWD/tests/gpu/llama-1b.json" \
-  --seq-len 4096 --batch 4 --steps 2 --threads "$(nproc)" --pipeline overlap 2>&1 |
-  tee "$out/bench_train_1b_overlap.log"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+step bench_train_1b_overlap 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --steps 2 \
+  --pipeline overlap
+[ "$step_rc" = 0 ] || status=1
+show bench_train_1b_overlap 20
+# A 3B model (OpenLLaMA-3B's shape), overlapped, with what time is left.
+step bench_train_3b 120 "${train[@]}" --model "$PWD/tests/gpu/llama-3b.json" --steps 1 \
+  --pipeline overlap
+show bench_train_3b 20
+nvidia-smi --query-gpu=memory.used,temperature.gpu,clocks.sm --format=csv >>"$logs/gpu_after.log" 2>&1
+
+cp "$summary" "$out/summary.txt"
+for f in bench_check bench_1b bench_train_1b bench_train_1b_overlap bench_train_3b; do
+  [ -f "$logs/$f.log" ] && cp "$logs/$f.log" "$out/"
+done
+tar -C "$logs" -czf "$out/logs.tar.gz" .
+say "status $status after $(($(date +%s) - start)) s"
 exit $status
