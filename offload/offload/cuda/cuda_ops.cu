@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_ops.h"
 #include "ucp/base/status_macros.h"
 
@@ -604,6 +605,89 @@ Status MatmulForwardBf16(const Blas& blas, float* out, const uint16_t* inp,
                 "bf16 matmul forward");
 }
 
+namespace {
+
+// The bf16 GEMMs run with cuBLAS's default math (tensor cores; bf16 products are exact in fp32
+// and the accumulation is fp32); the handle is pedantic for the fp32 GEMMs, whose results must
+// stay within the CPU reference's bounds, so the mode is switched for these calls and restored.
+class DefaultMath {
+ public:
+  explicit DefaultMath(cublasHandle_t h) : h_(h) {
+    if (cublasGetMathMode(h_, &saved_) != CUBLAS_STATUS_SUCCESS) saved_ = CUBLAS_PEDANTIC_MATH;
+    cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH);
+  }
+  ~DefaultMath() { cublasSetMathMode(h_, saved_); }
+  DefaultMath(const DefaultMath&) = delete;
+  DefaultMath& operator=(const DefaultMath&) = delete;
+
+ private:
+  cublasHandle_t h_;
+  cublasMath_t saved_ = CUBLAS_PEDANTIC_MATH;
+};
+
+// Column-major C[m, n] = alpha op(A) op(B) + beta C with bf16 A and B, fp32 C.
+Status GemmBf16(const Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
+                int64_t ldb, float beta, float* c, int64_t ldc, const char* what) {
+  auto h = static_cast<cublasHandle_t>(blas.handle());
+  const float alpha = 1.0f;
+  DefaultMath math(h);
+  return Blased(cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                             static_cast<int>(k), &alpha, a, CUDA_R_16BF, static_cast<int>(lda), b,
+                             CUDA_R_16BF, static_cast<int>(ldb), &beta, c, CUDA_R_32F,
+                             static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                what);
+}
+
+// 16-byte alignment for the second operand in the scratch (the tensor-core kernels want it).
+int64_t Align8(int64_t n) { return (n + 7) / 8 * 8; }
+
+}  // namespace
+
+int64_t MixedMatmulScratch(int64_t N, int64_t C, int64_t OC) { return Align8(N * OC) + N * C; }
+
+Status MatmulForwardMixed(const Blas& blas, float* out, const float* inp, const uint16_t* weight16,
+                          const float* bias, int64_t N, int64_t C, int64_t OC,
+                          uint16_t* scratch16) {
+  UCP_RETURN_IF_ERROR(Positive("mixed matmul forward", {N, C, OC}));
+  if (N == 0) return Status::Ok();
+  uint16_t* inp16 = scratch16;
+  UCP_RETURN_IF_ERROR(CastFp32ToBf16(inp, inp16, N * C, blas.stream()));
+  float beta = 0.0f;
+  if (bias) {
+    BroadcastRowsKernel<<<Grid(N * OC), kThreads, 0, S(blas.stream())>>>(out, bias, N, OC);
+    UCP_RETURN_IF_ERROR(Launched("mixed matmul forward bias"));
+    beta = 1.0f;
+  }
+  // As MatmulForward: out^T[OC, N] = W^T (row-major [OC, C] read transposed) inp^T.
+  return GemmBf16(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight16, C, inp16, C, beta, out, OC,
+                  "mixed matmul forward");
+}
+
+Status MatmulBackwardMixed(const Blas& blas, float* dinp, float* dweight, float* dbias,
+                           const float* dout, const float* inp, const uint16_t* weight16,
+                           int64_t N, int64_t C, int64_t OC, uint16_t* scratch16) {
+  UCP_RETURN_IF_ERROR(Positive("mixed matmul backward", {N, C, OC}));
+  if (N == 0) return Status::Ok();
+  uint16_t* dout16 = scratch16;
+  uint16_t* inp16 = scratch16 + Align8(N * OC);
+  UCP_RETURN_IF_ERROR(CastFp32ToBf16(dout, dout16, N * OC, blas.stream()));
+  UCP_RETURN_IF_ERROR(CastFp32ToBf16(inp, inp16, N * C, blas.stream()));
+  if (dinp) {
+    // dinp^T[C, N] += W^T[C, OC] dout^T[OC, N]
+    UCP_RETURN_IF_ERROR(GemmBf16(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight16, C, dout16,
+                                 OC, 1.0f, dinp, C, "mixed matmul backward (input)"));
+  }
+  // dweight^T[C, OC] += inp^T[C, N] dout[N, OC]
+  UCP_RETURN_IF_ERROR(GemmBf16(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp16, C, dout16, OC,
+                               1.0f, dweight, C, "mixed matmul backward (weight)"));
+  if (dbias) {
+    ColumnSumAddKernel<<<Grid(OC), kThreads, 0, S(blas.stream())>>>(dbias, dout, N, OC);
+    return Launched("mixed matmul backward (bias)");
+  }
+  return Status::Ok();
+}
+
 Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                         int64_t NH, int64_t KV, int64_t hd, void* stream) {
   UCP_RETURN_IF_ERROR(Positive("attention forward", {B, T, NH, KV, hd}));
@@ -699,15 +783,20 @@ int64_t ClassifierScratch(int64_t N, int64_t V) {
 
 Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw, const float* x,
                                          const float* w, const int32_t* targets, float* scratch,
-                                         int64_t N, int64_t C, int64_t V, float grad_scale) {
+                                         int64_t N, int64_t C, int64_t V, float grad_scale,
+                                         const uint16_t* w16, uint16_t* scratch16) {
   UCP_RETURN_IF_ERROR(Positive("classifier", {N, C, V}));
+  if (w16 != nullptr && scratch16 == nullptr) {
+    return InvalidArgumentError("classifier: bf16 weights without bf16 scratch");
+  }
   if (N == 0) return 0.0;
   float* logits = scratch;
   double* row_loss = reinterpret_cast<double*>(scratch + ((N * V + 1) / 2) * 2);
   int* bad = reinterpret_cast<int*>(row_loss + N);
   cudaStream_t st = S(blas.stream());
   if (cudaMemsetAsync(bad, 0, sizeof(int), st) != cudaSuccess) return Launched("classifier flag");
-  UCP_RETURN_IF_ERROR(MatmulForward(blas, logits, x, w, nullptr, N, C, V));
+  UCP_RETURN_IF_ERROR(w16 ? MatmulForwardMixed(blas, logits, x, w16, nullptr, N, C, V, scratch16)
+                          : MatmulForward(blas, logits, x, w, nullptr, N, C, V));
   CrossEntropyKernel<<<static_cast<unsigned>(N), kThreads, 0, st>>>(logits, row_loss, bad, targets,
                                                                     V, grad_scale, dx != nullptr);
   UCP_RETURN_IF_ERROR(Launched("classifier cross-entropy"));
@@ -725,7 +814,9 @@ Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw,
   double loss = 0.0;
   for (double l : losses) loss += l;  // row order, as the CPU reference
   if (dx != nullptr) {
-    UCP_RETURN_IF_ERROR(MatmulBackward(blas, dx, dw, nullptr, logits, x, w, N, C, V));
+    UCP_RETURN_IF_ERROR(
+        w16 ? MatmulBackwardMixed(blas, dx, dw, nullptr, logits, x, w16, N, C, V, scratch16)
+            : MatmulBackward(blas, dx, dw, nullptr, logits, x, w, N, C, V));
   }
   return loss;
 }

@@ -13,7 +13,7 @@
 // Attention is one fused kernel per direction (a warp per query, online softmax forward; the
 // backward recomputes the probabilities from the saved log-sum-exp, FlashAttention's recipe),
 // written for correctness first; GEMMs go through cuBLAS (fp32, or bf16 inputs with fp32
-// accumulation and output).
+// accumulation and output: the Mixed functions, what bf16 training runs).
 #pragma once
 
 #include <cstdint>
@@ -75,6 +75,22 @@ Status MatmulBackward(const Blas& blas, float* dinp, float* dweight, float* dbia
 Status MatmulForwardBf16(const Blas& blas, float* out, const uint16_t* inp,
                          const uint16_t* weight, int64_t N, int64_t C, int64_t OC);
 
+/// The GEMMs of bf16 training (CudaModel with GemmInputs::kBf16): the fp32 activation (or
+/// gradient) is rounded to bf16 (nearest even) into `scratch16`, the weights are the bf16
+/// training weights, the products accumulate in fp32 on the tensor cores (cuBLAS's default math
+/// for these calls alone: the handle stays pedantic for the fp32 GEMMs) into fp32 outputs; bias
+/// and bias gradient stay fp32. The bf16 elements of scratch both need: MixedMatmulScratch.
+int64_t MixedMatmulScratch(int64_t N, int64_t C, int64_t OC);
+/// out[N, OC] = bf16(inp) @ weight16^T (+ bias).
+Status MatmulForwardMixed(const Blas& blas, float* out, const float* inp, const uint16_t* weight16,
+                          const float* bias, int64_t N, int64_t C, int64_t OC,
+                          uint16_t* scratch16);
+/// dinp += bf16(dout) @ weight16 (when dinp), dweight += bf16(dout)^T @ bf16(inp), dbias += the
+/// column sums of dout (fp32).
+Status MatmulBackwardMixed(const Blas& blas, float* dinp, float* dweight, float* dbias,
+                           const float* dout, const float* inp, const uint16_t* weight16,
+                           int64_t N, int64_t C, int64_t OC, uint16_t* scratch16);
+
 /// Causal attention over the fused qkv[B, T, (NH + 2 KV) hd]: out[B, T, NH hd], lse[B, NH, T].
 Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                         int64_t NH, int64_t KV, int64_t hd, void* stream);
@@ -107,8 +123,12 @@ int64_t ClassifierScratch(int64_t N, int64_t V);
 /// >= 0 (returned, summed on the host in row order in double), and — when dx is not null — the
 /// gradient of grad_scale x that sum: dx += dlogits @ w, dw += dlogits^T @ x. Synchronises the
 /// stream (the loss is needed on the host). Errors: also kInvalidArgument for a target >= V.
+/// With `w16` (the bf16 copy of w) the three GEMMs are the mixed ones above (scratch16:
+/// MixedMatmulScratch(N, C, V) bf16 elements); the softmax and the loss stay fp32 / double.
 Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw, const float* x,
                                          const float* w, const int32_t* targets, float* scratch,
-                                         int64_t N, int64_t C, int64_t V, float grad_scale);
+                                         int64_t N, int64_t C, int64_t V, float grad_scale,
+                                         const uint16_t* w16 = nullptr,
+                                         uint16_t* scratch16 = nullptr);
 
 }  // namespace ucp::offload::cuda

@@ -5,7 +5,9 @@
 // Tolerance: max |gpu - ref| <= tol x max(1, max |ref|), tol 2e-5 for the element-wise ops,
 // norms and fp32 GEMMs (cuBLAS in pedantic math: no TF32), 1e-4 for attention and the
 // classifier (exp/log in float over up to T terms), 1e-5 for the bf16 GEMM against the double
-// reference of the same bf16 values (exact inputs, fp32 accumulation).
+// reference of the same bf16 values (exact inputs, fp32 accumulation), and for the mixed GEMMs
+// (fp32 activations rounded to bf16 on the device) 2e-5 against the double reference of the
+// host-rounded values: the device's rounding must be the host's (nearest even).
 #include "offload/cuda/cuda_ops.h"
 
 #include <cuda_runtime.h>
@@ -196,6 +198,52 @@ TEST_F(CudaOps, MatmulFp32AndBf16) {
   ExpectClose(yb.Get(), ryb, 1e-5, "bf16 matmul forward");
 }
 
+// The GEMMs of bf16 training: the device rounds the fp32 activation and gradient to bf16 itself,
+// so the reference is the double product of the host-rounded values; the bias and its gradient
+// are fp32. Backward adds into non-zero outputs, and the handle's pedantic mode comes back after.
+TEST_F(CudaOps, MixedMatmulsRoundTheirInputsToBf16) {
+  const int64_t N = 67, C = 129, OC = 95;
+  const auto x = Random(N * C, 30), w = Random(OC * C, 31, 0.1f), b = Random(OC, 32),
+             d = Random(N * OC, 33), gx0 = Random(N * C, 34), gw0 = Random(OC * C, 35),
+             gb0 = Random(OC, 36);
+  auto Round = [](const std::vector<float>& v, std::vector<uint16_t>* bits) {
+    std::vector<float> r(v.size());
+    if (bits) bits->resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const uint16_t h = Bf16FromFloat(v[i]);
+      r[i] = FloatFromBf16(h);
+      if (bits) (*bits)[i] = h;
+    }
+    return r;
+  };
+  std::vector<uint16_t> wb;
+  const auto wr = Round(w, &wb), xr = Round(x, nullptr), dr = Round(d, nullptr);
+  UCP_ASSERT_OK_AND_ASSIGN(Blas blas, Blas::Create());
+  Dev<float> dx(x), db(b), dd(d), y(static_cast<size_t>(N * OC)), gx(gx0), gw(gw0), gb(gb0);
+  Dev<uint16_t> dwb(wb), scratch(static_cast<size_t>(MixedMatmulScratch(N, C, OC)));
+  UCP_ASSERT_OK(MatmulForwardMixed(blas, y.p, dx.p, dwb.p, db.p, N, C, OC, scratch.p));
+  UCP_ASSERT_OK(
+      MatmulBackwardMixed(blas, gx.p, gw.p, gb.p, dd.p, dx.p, dwb.p, N, C, OC, scratch.p));
+  std::vector<double> ry(N * OC), rgx = D(gx0), rgw = D(gw0), rgb = D(gb0), unused(OC * C, 0.0);
+  ops::ref::MatmulForward<double>(ry.data(), D(xr).data(), D(wr).data(), D(b).data(), N, C, OC);
+  // dinp and dweight from the rounded dout and input; dbias from the fp32 dout.
+  ops::ref::MatmulBackward<double>(rgx.data(), rgw.data(), nullptr, D(dr).data(), D(xr).data(),
+                                   D(wr).data(), N, C, OC);
+  ops::ref::MatmulBackward<double>(nullptr, unused.data(), rgb.data(), D(d).data(), D(xr).data(),
+                                   D(wr).data(), N, C, OC);
+  ExpectClose(y.Get(), ry, 2e-5, "mixed matmul forward");
+  ExpectClose(gx.Get(), rgx, 2e-5, "mixed matmul dinp");
+  ExpectClose(gw.Get(), rgw, 2e-5, "mixed matmul dweight");
+  ExpectClose(gb.Get(), rgb, 2e-5, "mixed matmul dbias");
+
+  // The fp32 GEMM after them is still pedantic fp32 (no TF32): within 2e-5 of the double one.
+  Dev<float> dw(w), y32(static_cast<size_t>(N * OC));
+  UCP_ASSERT_OK(MatmulForward(blas, y32.p, dx.p, dw.p, nullptr, N, C, OC));
+  std::vector<double> ry32(N * OC);
+  ops::ref::MatmulForward<double>(ry32.data(), D(x).data(), D(w).data(), nullptr, N, C, OC);
+  ExpectClose(y32.Get(), ry32, 2e-5, "fp32 matmul after the mixed ones");
+}
+
 TEST_F(CudaOps, AttentionAndRopeWithGqa) {
   const int64_t B = 2, T = 37, NH = 6, KV = 2, hd = 40, row = (NH + 2 * KV) * hd;
   const auto qkv = Random(B * T * row, 14), d = Random(B * T * NH * hd, 15);
@@ -260,6 +308,30 @@ TEST_F(CudaOps, EncoderAndClassifier) {
   EXPECT_NEAR(loss, rloss, 1e-4 * std::abs(rloss));
   ExpectClose(gx.Get(), rgx, 1e-4, "classifier dx");
   ExpectClose(gw.Get(), rgw, 1e-4, "classifier dw");
+
+  {  // bf16 GEMMs (the classifier of bf16 training): against the double reference of the
+     // bf16-rounded x and w. The loss sees only those roundings (1e-4); dx and dw also the
+     // rounding of dlogits to bf16 (about 2^-9 relative: 1e-2).
+    std::vector<uint16_t> wb(wte.size());
+    std::vector<float> wr(wte.size()), xr(x.size());
+    for (size_t i = 0; i < wte.size(); ++i) wr[i] = FloatFromBf16(wb[i] = Bf16FromFloat(wte[i]));
+    for (size_t i = 0; i < x.size(); ++i) xr[i] = FloatFromBf16(Bf16FromFloat(x[i]));
+    Dev<uint16_t> dwb(wb), s16(static_cast<size_t>(MixedMatmulScratch(N, C, V)));
+    Dev<float> mx(static_cast<size_t>(N * C)), mw(static_cast<size_t>(V * C));
+    UCP_ASSERT_OK_AND_ASSIGN(double mloss,
+                             ClassifierForwardBackward(blas, mx.p, mw.p, dx.p, dwte.p, dtg.p,
+                                                       scratch.p, N, C, V, 0.01f, dwb.p, s16.p));
+    std::vector<double> mgx(N * C, 0.0), mgw(V * C, 0.0), mlogits(N * V);
+    const double mref = ops::ref::ClassifierForwardBackward<double>(
+        mgx.data(), mgw.data(), mlogits.data(), D(xr).data(), D(wr).data(), targets.data(), N, C,
+        V, 0.01);
+    EXPECT_NEAR(mloss, mref, 1e-4 * std::abs(mref));
+    ExpectClose(mx.Get(), mgx, 1e-2, "bf16 classifier dx");
+    ExpectClose(mw.Get(), mgw, 1e-2, "bf16 classifier dw");
+    EXPECT_THAT(ClassifierForwardBackward(blas, nullptr, nullptr, dx.p, dwte.p, dtg.p, scratch.p,
+                                          N, C, V, 1.0f, dwb.p, nullptr),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("scratch")));
+  }
 
   targets[3] = static_cast<int32_t>(V);  // out of the vocabulary: refused, not read past
   Dev<int32_t> bad(targets);
