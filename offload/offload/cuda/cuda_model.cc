@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <new>
@@ -74,6 +75,14 @@ struct CudaOps {
   float* attn_scratch = nullptr;
   float* cls_scratch = nullptr;
   Status status;
+  // GemmInputs::kBf16: the fp32 weights' base, their bf16 twin (same layout) and the GEMMs'
+  // bf16 scratch; w16 null: the fp32 GEMMs.
+  const float* w32 = nullptr;
+  const uint16_t* w16 = nullptr;
+  uint16_t* scratch16 = nullptr;
+
+  // RunGraph hands the GEMMs pointers into the fp32 weights; the bf16 twin is at the same offset.
+  const uint16_t* W16(const float* w) const { return w16 + (w - w32); }
 
   void Keep(Status s) {
     if (status.ok() && !s.ok()) status = std::move(s);
@@ -91,8 +100,6 @@ struct CudaOps {
   template <typename... A> void LayerNormBackward(A... a) { Keep(cuda::LayerNormBackward(a..., stream)); }
   template <typename... A> void RmsNormForward(A... a) { Keep(cuda::RmsNormForward(a..., stream)); }
   template <typename... A> void RmsNormBackward(A... a) { Keep(cuda::RmsNormBackward(a..., stream)); }
-  template <typename... A> void MatmulForward(A... a) { Keep(cuda::MatmulForward(*blas, a...)); }
-  template <typename... A> void MatmulBackward(A... a) { Keep(cuda::MatmulBackward(*blas, a...)); }
   template <typename... A> void AttentionForward(A... a) { Keep(cuda::AttentionForward(a..., stream)); }
   template <typename... A> void RopeForward(A... a) { Keep(cuda::RopeForward(a..., stream)); }
   template <typename... A> void RopeBackward(A... a) { Keep(cuda::RopeBackward(a..., stream)); }
@@ -102,6 +109,17 @@ struct CudaOps {
   template <typename... A> void SwigluBackward(A... a) { Keep(cuda::SwigluBackward(a..., stream)); }
   template <typename... A> void ResidualForward(A... a) { Keep(cuda::ResidualForward(a..., stream)); }
   // clang-format on
+  void MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N,
+                     int64_t C, int64_t OC) {
+    Keep(w16 ? cuda::MatmulForwardMixed(*blas, out, inp, W16(w), bias, N, C, OC, scratch16)
+             : cuda::MatmulForward(*blas, out, inp, w, bias, N, C, OC));
+  }
+  void MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                      const float* w, int64_t N, int64_t C, int64_t OC) {
+    Keep(w16 ? cuda::MatmulBackwardMixed(*blas, dinp, dw, dbias, dout, inp, W16(w), N, C, OC,
+                                         scratch16)
+             : cuda::MatmulBackward(*blas, dinp, dw, dbias, dout, inp, w, N, C, OC));
+  }
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
     Keep(cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV, hd, stream));
@@ -109,7 +127,8 @@ struct CudaOps {
   double Classifier(float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
                     int64_t N, int64_t C, int64_t V, float grad_scale) {
     Result<double> r = cuda::ClassifierForwardBackward(*blas, dx, dw, x, w, targets, cls_scratch,
-                                                       N, C, V, grad_scale);
+                                                       N, C, V, grad_scale,
+                                                       w16 ? W16(w) : nullptr, scratch16);
     if (!r.ok()) {
       Keep(r.status());
       return std::numeric_limits<double>::quiet_NaN();
@@ -147,6 +166,8 @@ struct CudaModel::Impl {
   DeviceActs acts;
   DeviceVec<int32_t> inputs, targets;
   DeviceVec<float> attn_scratch, cls_scratch;
+  GemmInputs gemm = GemmInputs::kFp32;
+  DeviceVec<uint16_t> scratch16;  // kBf16: the largest GEMM's MixedMatmulScratch
 
   ~Impl() {
     blas.reset();
@@ -154,7 +175,12 @@ struct CudaModel::Impl {
   }
 
   Result<double> Run(const float* w, float* g, const Batch& b, float grad_scale,
-                     const BackwardHook* hook = nullptr) {
+                     const BackwardHook* hook, const uint16_t* w16) {
+    if ((gemm == GemmInputs::kBf16) != (w16 != nullptr)) {
+      return InvalidArgumentError(gemm == GemmInputs::kBf16
+                                      ? "CUDA model: bf16 GEMMs need the bf16 weights"
+                                      : "CUDA model: bf16 weights given to a model of fp32 GEMMs");
+    }
     if (b.batch < 1 || b.batch > max_batch || b.seq_len < 1 ||
         b.position_offset < 0 || b.position_offset + b.seq_len > max_seq_len) {
       return InvalidArgumentError("batch " + Str(b.batch) + " x " + Str(b.seq_len) + " at " +
@@ -180,7 +206,8 @@ struct CudaModel::Impl {
       return DeviceError(std::string("batch tokens to the device: ") +
                          cudaGetErrorName(cudaGetLastError()));
     }
-    CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok()};
+    CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
+                w, w16, w16 ? scratch16.data() : nullptr};
     Result<double> loss = graph::RunGraph<float>(
         ops, config, layout, acts, w, g, inputs.data(), targets.data(), b.batch, b.seq_len,
         b.position_offset, grad_scale, static_cast<NoSequenceParallel*>(nullptr), hook);
@@ -194,7 +221,7 @@ struct CudaModel::Impl {
 };
 
 Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch,
-                                    int64_t max_seq_len) {
+                                    int64_t max_seq_len, GemmInputs gemm) {
   if (DeviceCount() == 0) return DeviceError("CUDA model: no CUDA device");
   if (max_batch < 1 || max_seq_len < 1) {
     return InvalidArgumentError("CUDA model: max_batch and max_seq_len must be >= 1");
@@ -222,6 +249,19 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
     impl->attn_scratch.assign(
         static_cast<size_t>(AttentionBackwardScratch(max_batch, max_seq_len, config.heads)), 0.f);
     impl->cls_scratch.assign(static_cast<size_t>(ClassifierScratch(rows, config.vocab)), 0.f);
+    impl->gemm = gemm;
+    if (gemm == GemmInputs::kBf16) {
+      // Every (in, out) width of the graph's GEMMs, the classifier's included.
+      const int64_t C = config.hidden, ah = config.heads * config.head_dim;
+      const int64_t qkv = (config.heads + 2 * config.kv_heads) * config.head_dim;
+      const int64_t F = config.ffn_hidden, F1 = config.family == Family::kGpt ? F : 2 * F;
+      int64_t n16 = 0;
+      for (const auto& [in, out] : {std::pair{C, qkv}, std::pair{ah, C}, std::pair{C, F1},
+                                   std::pair{F, C}, std::pair{C, config.vocab}}) {
+        n16 = std::max(n16, MixedMatmulScratch(rows, in, out));
+      }
+      impl->scratch16.assign(static_cast<size_t>(n16), 0);
+    }
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("CUDA model: activations for " + Str(max_batch) + " x " +
                                   Str(max_seq_len) + " tokens do not fit in device memory");
@@ -238,14 +278,18 @@ const ModelConfig& CudaModel::config() const { return impl_->config; }
 const std::vector<ParamInfo>& CudaModel::params() const { return impl_->layout.params; }
 int64_t CudaModel::num_params() const { return impl_->layout.total; }
 
-Result<double> CudaModel::Forward(const float* weights, const Batch& batch) {
-  return impl_->Run(weights, nullptr, batch, 0.0f);
+GemmInputs CudaModel::gemm() const { return impl_->gemm; }
+
+Result<double> CudaModel::Forward(const float* weights, const Batch& batch,
+                                  const uint16_t* weights16) {
+  return impl_->Run(weights, nullptr, batch, 0.0f, nullptr, weights16);
 }
 
 Result<double> CudaModel::ForwardBackward(const float* weights, float* grads, const Batch& batch,
-                                          float grad_scale, const BackwardHook* hook) {
+                                          float grad_scale, const BackwardHook* hook,
+                                          const uint16_t* weights16) {
   if (grads == nullptr) return InvalidArgumentError("CUDA model: null gradient buffer");
-  return impl_->Run(weights, grads, batch, grad_scale, hook);
+  return impl_->Run(weights, grads, batch, grad_scale, hook, weights16);
 }
 
 void* CudaModel::stream() const { return impl_->stream; }

@@ -2,11 +2,16 @@
 // RunGraph) over the CUDA ops (cuda_ops.h), fp32 activations in device memory. Checked
 // against the CPU model on the same weights and batch by cuda_model_test (label gpu).
 //
-// The trainer runs it through cuda_train_device.h (`ucp-train --device cuda`). Not yet: bf16
-// GEMMs in the graph (the ops exist: MatmulForwardBf16; the device widens the bf16 weights into
-// an fp32 copy this graph reads), sequence parallelism (NCCL all-to-alls), backward hooks are
-// passed through (the overlapped pipeline's: cuda_train_device.cc orders each bucket's copy
-// after its group's kernels with an event).
+// Its GEMMs (every matrix product, the classifier's too) read either the fp32 weights (kFp32:
+// cuBLAS in pedantic fp32, within 1e-5 of the CPU model) or the bf16 training weights with the
+// activations rounded to bf16 and fp32 accumulation on the tensor cores (kBf16: what bf16
+// training runs on a GPU; within bf16's bounds of the CPU model). Norms, embeddings, attention,
+// the softmax and every activation stay fp32 either way, reading the fp32 weights.
+//
+// The trainer runs it through cuda_train_device.h (`ucp-train --device cuda`). Not yet:
+// sequence parallelism (NCCL all-to-alls). Backward hooks are passed through (the overlapped
+// pipeline's: cuda_train_device.cc orders each bucket's copy after its group's kernels with an
+// event).
 #pragma once
 
 #include <cstdint>
@@ -18,12 +23,16 @@
 
 namespace ucp::offload::cuda {
 
+/// What the model's matrix products read (see the file comment).
+enum class GemmInputs : uint8_t { kFp32, kBf16 };
+
 class CudaModel {
  public:
-  /// Activations for micro-batches up to max_batch x max_seq_len on the current device.
+  /// Activations for micro-batches up to max_batch x max_seq_len on the current device (and,
+  /// for kBf16, the bf16 scratch its GEMMs round their inputs into).
   /// Errors: kInvalidArgument (config, sizes), kDeviceError (no device, allocation, cuBLAS).
   static Result<CudaModel> Create(const ModelConfig& config, int64_t max_batch,
-                                  int64_t max_seq_len);
+                                  int64_t max_seq_len, GemmInputs gemm = GemmInputs::kFp32);
   CudaModel(CudaModel&&) noexcept;
   CudaModel& operator=(CudaModel&&) noexcept;
   ~CudaModel();
@@ -33,15 +42,22 @@ class CudaModel {
   const std::vector<ParamInfo>& params() const;
   int64_t num_params() const;
 
+  GemmInputs gemm() const;
+
   /// `weights` and `grads`: device (or managed) pointers to num_params() floats; the batch's
   /// tokens are host memory (copied in). As Model::Forward / ForwardBackward (backward adds into
-  /// grads), synchronised at the end (the loss is returned to the host).
-  /// Errors: kInvalidArgument (batch sizes, a token >= vocab), kDeviceError.
-  Result<double> Forward(const float* weights, const Batch& batch);
+  /// grads), synchronised at the end (the loss is returned to the host). `weights16`: the bf16
+  /// bits of the same weights, same layout (kBf16 only, required there; the caller keeps the
+  /// two in step: the fp32 weights are the bf16 ones widened).
+  /// Errors: kInvalidArgument (batch sizes, a token >= vocab, weights16 missing or not wanted),
+  /// kDeviceError.
+  Result<double> Forward(const float* weights, const Batch& batch,
+                         const uint16_t* weights16 = nullptr);
   /// `hook` (optional): RunGraph's, called on this thread as each grad group's backward kernels
   /// are queued on stream(); record an event there to order work after them.
   Result<double> ForwardBackward(const float* weights, float* grads, const Batch& batch,
-                                 float grad_scale, const BackwardHook* hook = nullptr);
+                                 float grad_scale, const BackwardHook* hook = nullptr,
+                                 const uint16_t* weights16 = nullptr);
   /// The stream every kernel of the model runs on (a cudaStream_t).
   void* stream() const;
 

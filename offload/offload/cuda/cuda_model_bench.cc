@@ -1,12 +1,14 @@
 // Timing program for the device run (not a test; tests/gpu/run_gpu_checks.sh runs it): one
 // forward + backward of the CUDA model on a model given by its sizes (no preset files, so the
 // program carries to a bare GPU machine with few libraries), median of --steps after a warm-up,
-// tokens/s, model TFLOP/s and MFU against 989 TFLOP/s (dense bf16 on H100/H200). With
-// --cpu-check the CPU model runs the same step on the same weights first, and the GPU's loss
-// must match it within 1e-5 (exit 1 otherwise). Usage:
+// tokens/s, model TFLOP/s and MFU against 989 TFLOP/s (dense bf16 on H100/H200), with the fp32
+// GEMMs and with the bf16 ones (--gemm both, the default; the weights are bf16 values, as in
+// bf16 training, so both read the same model). With --cpu-check the CPU model runs the same
+// step on the same weights first, and the GPU's loss must match it within 1e-5 with fp32 GEMMs
+// and 1e-2 with bf16 ones (exit 1 otherwise). Usage:
 //   offload_cuda_model_bench [--family llama|gpt] [--hidden 2048] [--layers 16] [--heads 16]
 //     [--kv-heads 4] [--ffn 5632] [--vocab 32000] [--batch 4] [--seq 1024] [--steps 3]
-//     [--cpu-check] [--threads N]
+//     [--gemm fp32|bf16|both] [--cpu-check] [--threads N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   int64_t batch = 4, seq = 1024;
   int steps = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
   bool cpu_check = false;
+  std::string gemm = "both";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> int64_t {
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = static_cast<int>(next());
     else if (a == "--threads") threads = static_cast<int>(next());
     else if (a == "--cpu-check") cpu_check = true;
+    else if (a == "--gemm" && i + 1 < argc) gemm = argv[++i];
     else return Fail("unknown option " + a);
   }
   if (c.family == Family::kGpt) {
@@ -85,6 +89,7 @@ int main(int argc, char** argv) {
   c.padded_vocab = (c.vocab + 127) / 128 * 128;
   c.max_positions = seq;
   if (steps < 1 || batch < 1 || seq < 1 || threads < 1) return Fail("sizes must be >= 1");
+  if (gemm != "fp32" && gemm != "bf16" && gemm != "both") return Fail("--gemm fp32|bf16|both");
   auto table = ModelParamTable(c);
   if (!table.ok()) return Fail(table.status().ToString());
   const double flops = ModelStepFlops(c, *table, batch, seq);
@@ -107,7 +112,18 @@ int main(int argc, char** argv) {
   std::vector<float> w(n);
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 0.02f);
-  for (float& x : w) x = nd(rng);
+  std::vector<uint16_t> w16(n);
+  for (size_t i = 0; i < n; ++i) {  // bf16 values, as the weights of bf16 training
+    const uint32_t bits = [&] {
+      const float f = nd(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      return u;
+    }();
+    w16[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // nearest even
+    const uint32_t widened = uint32_t{w16[i]} << 16;
+    std::memcpy(&w[i], &widened, 4);
+  }
   std::vector<int32_t> in(static_cast<size_t>(batch * seq)), tg(in.size());
   for (size_t i = 0; i < in.size(); ++i) {
     in[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab));
@@ -129,34 +145,51 @@ int main(int argc, char** argv) {
     std::printf("cpu   loss %.6f | %.1f ms (one step)\n", cpu_loss / tokens,
                 std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
   }
-  auto gm = cuda::CudaModel::Create(c, batch, seq);
-  if (!gm.ok()) return Fail(gm.status().ToString());
   float *dw = nullptr, *dg = nullptr;
-  if (cudaMalloc(&dw, n * 4) != cudaSuccess || cudaMalloc(&dg, n * 4) != cudaSuccess) {
+  uint16_t* dw16 = nullptr;
+  if (cudaMalloc(&dw, n * 4) != cudaSuccess || cudaMalloc(&dg, n * 4) != cudaSuccess ||
+      cudaMalloc(&dw16, n * 2) != cudaSuccess) {
     return Fail("weights and gradients do not fit on the device");
   }
   cudaMemcpy(dw, w.data(), n * 4, cudaMemcpyHostToDevice);
-  cudaMemset(dg, 0, n * 4);
-  double loss = 0;
-  std::vector<double> times;
-  for (int s = 0; s <= steps; ++s) {  // step 0 warms up
-    const auto t0 = Clock::now();
-    auto l = gm->ForwardBackward(dw, dg, b, scale);
-    if (!l.ok()) return Fail(l.status().ToString());
-    if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    loss = *l;
-  }
-  std::sort(times.begin(), times.end());
-  const double t = times[times.size() / 2], tflops = flops / t / 1e12;
-  std::printf("cuda  loss %.6f | %.1f ms | %.0f tokens/s | %.2f TFLOP/s | MFU %.2f%% of 989\n",
-              loss / tokens, t * 1e3, tokens / t, tflops, 100.0 * tflops / 989.0);
-  if (cpu_check) {
-    const double rel = std::abs(loss - cpu_loss) / std::max(1e-30, std::abs(cpu_loss));
-    std::printf("cuda vs cpu loss: relative difference %.3g %s\n", rel,
-                rel <= 1e-5 ? "(ok)" : "(TOO LARGE)");
-    if (rel > 1e-5) return 1;
+  cudaMemcpy(dw16, w16.data(), n * 2, cudaMemcpyHostToDevice);
+  int status = 0;
+  double fp32_time = 0;
+  for (const std::string mode : {"fp32", "bf16"}) {
+    if (gemm != "both" && gemm != mode) continue;
+    const bool bf16 = mode == "bf16";
+    // One model at a time: the activations are the largest thing on the device.
+    auto gm = cuda::CudaModel::Create(c, batch, seq,
+                                      bf16 ? cuda::GemmInputs::kBf16 : cuda::GemmInputs::kFp32);
+    if (!gm.ok()) return Fail(gm.status().ToString());
+    cudaMemset(dg, 0, n * 4);
+    double loss = 0;
+    std::vector<double> times;
+    for (int s = 0; s <= steps; ++s) {  // step 0 warms up
+      const auto t0 = Clock::now();
+      auto l = gm->ForwardBackward(dw, dg, b, scale, nullptr, bf16 ? dw16 : nullptr);
+      if (!l.ok()) return Fail(l.status().ToString());
+      if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      loss = *l;
+    }
+    std::sort(times.begin(), times.end());
+    const double t = times[times.size() / 2], tflops = flops / t / 1e12;
+    std::printf("cuda %s GEMMs loss %.6f | %.1f ms | %.0f tokens/s | %.2f TFLOP/s | MFU %.2f%% of "
+                "989",
+                mode.c_str(), loss / tokens, t * 1e3, tokens / t, tflops, 100.0 * tflops / 989.0);
+    if (bf16 && fp32_time > 0) std::printf(" | %.2fx the fp32 GEMMs' step", fp32_time / t);
+    std::printf("\n");
+    if (!bf16) fp32_time = t;
+    if (cpu_check) {
+      const double rel = std::abs(loss - cpu_loss) / std::max(1e-30, std::abs(cpu_loss));
+      const double tol = bf16 ? 1e-2 : 1e-5;
+      std::printf("cuda (%s GEMMs) vs cpu loss: relative difference %.3g %s\n", mode.c_str(), rel,
+                  rel <= tol ? "(ok)" : "(TOO LARGE)");
+      if (rel > tol) status = 1;
+    }
   }
   cudaFree(dw);
   cudaFree(dg);
-  return 0;
+  cudaFree(dw16);
+  return status;
 }

@@ -1,8 +1,9 @@
 // GPU check (label gpu): the CUDA model (the CPU model's graph over the CUDA ops) against the
 // CPU model on the same weights and batch: loss and every gradient, GPT and LLaMA with GQA and
 // an untied head. Skips where no CUDA device exists; tests/gpu/run_gpu_checks.sh runs it on one.
-// Tolerance: loss within 1e-5 relative; max |gradient difference| <= 1e-4 x max(1, max |grad|)
-// (different summation orders and the GPU's expf/tanhf over a few layers).
+// Tolerance (fp32 GEMMs): loss within 1e-5 relative; max |gradient difference| <= 1e-4 x
+// max(1, max |grad|) (different summation orders and the GPU's expf/tanhf over a few layers).
+// bf16 GEMMs: see Bf16GemmsStayWithinBf16OfTheCpuModel.
 #include "offload/cuda/cuda_model.h"
 
 #include <cuda_runtime.h>
@@ -10,12 +11,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
 #include "offload/model/model.h"
 #include "tests/testutil/status_matchers.h"
+#include "ucp/tensor/float_bits.h"
 
 namespace ucp::offload::cuda {
 namespace {
@@ -36,6 +39,31 @@ ModelConfig Config(Family family) {
   return c;
 }
 
+// Random weights (norm weights 1) and a batch with some ignored targets, from `seed`.
+struct Inputs {
+  std::vector<float> w;
+  std::vector<int32_t> in, tg;
+};
+Inputs MakeInputs(const Model& cpu, const ModelConfig& c, int64_t rows, uint32_t seed) {
+  Inputs x;
+  x.w.resize(static_cast<size_t>(cpu.num_params()));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (float& v : x.w) v = nd(rng);
+  for (const ParamInfo& p : cpu.params()) {
+    if (p.name.find("layernorm.weight") != std::string::npos) {
+      std::fill(x.w.begin() + p.offset, x.w.begin() + p.offset + p.numel, 1.0f);
+    }
+  }
+  x.in.resize(static_cast<size_t>(rows));
+  x.tg.resize(static_cast<size_t>(rows));
+  for (size_t i = 0; i < x.in.size(); ++i) {
+    x.in[i] = static_cast<int32_t>(rng() % c.vocab);
+    x.tg[i] = i % 13 == 5 ? -1 : static_cast<int32_t>(rng() % c.vocab);
+  }
+  return x;
+}
+
 class CudaModelTest : public ::testing::TestWithParam<Family> {
  protected:
   void SetUp() override {
@@ -50,21 +78,10 @@ TEST_P(CudaModelTest, MatchesTheCpuModel) {
   UCP_ASSERT_OK_AND_ASSIGN(CudaModel gpu, CudaModel::Create(c, B, T));
   ASSERT_EQ(cpu.num_params(), gpu.num_params());
   const size_t n = static_cast<size_t>(cpu.num_params());
-  std::vector<float> w(n), g_cpu(n, 0.0f), g_gpu(n);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  for (float& x : w) x = nd(rng);
-  for (const ParamInfo& p : cpu.params()) {
-    if (p.name.find("layernorm.weight") != std::string::npos) {
-      std::fill(w.begin() + p.offset, w.begin() + p.offset + p.numel, 1.0f);
-    }
-  }
-  std::vector<int32_t> in(B * T), tg(B * T);
-  for (size_t i = 0; i < in.size(); ++i) {
-    in[i] = static_cast<int32_t>(rng() % c.vocab);
-    tg[i] = i % 13 == 5 ? -1 : static_cast<int32_t>(rng() % c.vocab);
-  }
-  const Batch batch{in, tg, B, T, 0};
+  const Inputs x = MakeInputs(cpu, c, B * T, 7);
+  const std::vector<float>& w = x.w;
+  std::vector<float> g_cpu(n, 0.0f), g_gpu(n);
+  const Batch batch{x.in, x.tg, B, T, 0};
   UCP_ASSERT_OK_AND_ASSIGN(double loss_cpu, cpu.ForwardBackward(w, g_cpu, batch, 1e-2f));
 
   float *d_w = nullptr, *d_g = nullptr;
@@ -87,6 +104,62 @@ TEST_P(CudaModelTest, MatchesTheCpuModel) {
       err = std::max(err, static_cast<double>(std::abs(g_cpu[i] - g_gpu[i])));
     }
     EXPECT_LE(err, 1e-4 * scale) << p.name;
+  }
+}
+
+// bf16 GEMMs (GemmInputs::kBf16, what bf16 training runs): the weights are bf16 values (the
+// fp32 copy their widening, as in training), so the only difference from the CPU model is the
+// activations and gradients rounded to bf16 before each GEMM. Bounds: loss within 1e-2
+// relative; each gradient tensor within 3e-2 in relative L2 norm (bf16 keeps about 3 digits; a
+// wrong operand, transpose or offset is off by order 1).
+TEST_P(CudaModelTest, Bf16GemmsStayWithinBf16OfTheCpuModel) {
+  const ModelConfig c = Config(GetParam());
+  const int64_t B = 3, T = 37;
+  UCP_ASSERT_OK_AND_ASSIGN(Model cpu, Model::Create(c, B, T, 2));
+  UCP_ASSERT_OK_AND_ASSIGN(CudaModel gpu, CudaModel::Create(c, B, T, GemmInputs::kBf16));
+  EXPECT_EQ(gpu.gemm(), GemmInputs::kBf16);
+  const size_t n = static_cast<size_t>(cpu.num_params());
+  Inputs x = MakeInputs(cpu, c, B * T, 11);
+  std::vector<float>& w = x.w;
+  std::vector<float> g_cpu(n, 0.0f), g_gpu(n);
+  std::vector<uint16_t> w16(n);
+  for (size_t i = 0; i < n; ++i) w[i] = FloatFromBf16(w16[i] = Bf16FromFloat(w[i]));
+  const Batch batch{x.in, x.tg, B, T, 0};
+  UCP_ASSERT_OK_AND_ASSIGN(double loss_cpu, cpu.ForwardBackward(w, g_cpu, batch, 1e-2f));
+
+  float *d_w = nullptr, *d_g = nullptr;
+  uint16_t* d_w16 = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_w, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_g, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_w16, n * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_w, w.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_w16, w16.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d_g, 0, n * 4), cudaSuccess);
+  // The bf16 weights are required, and refused by a model of fp32 GEMMs.
+  EXPECT_EQ(gpu.Forward(d_w, batch).status().code(), StatusCode::kInvalidArgument);
+  UCP_ASSERT_OK_AND_ASSIGN(double loss_gpu,
+                           gpu.ForwardBackward(d_w, d_g, batch, 1e-2f, nullptr, d_w16));
+  UCP_ASSERT_OK_AND_ASSIGN(double fwd_gpu, gpu.Forward(d_w, batch, d_w16));
+  ASSERT_EQ(cudaMemcpy(g_gpu.data(), d_g, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  UCP_ASSERT_OK_AND_ASSIGN(CudaModel fp32, CudaModel::Create(c, B, T));
+  EXPECT_EQ(fp32.Forward(d_w, batch, d_w16).status().code(), StatusCode::kInvalidArgument);
+  cudaFree(d_w);
+  cudaFree(d_g);
+  cudaFree(d_w16);
+
+  std::printf("loss: cpu %.9g, cuda bf16 GEMMs %.9g\n", loss_cpu, loss_gpu);
+  EXPECT_NEAR(loss_gpu, loss_cpu, 1e-2 * std::abs(loss_cpu));
+  EXPECT_EQ(loss_gpu, fwd_gpu);
+  for (const ParamInfo& p : cpu.params()) {
+    double diff = 0.0, norm = 0.0;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      const double d = static_cast<double>(g_gpu[i]) - g_cpu[i];
+      diff += d * d;
+      norm += static_cast<double>(g_cpu[i]) * g_cpu[i];
+    }
+    ASSERT_GT(norm, 0.0) << p.name;
+    std::printf("  %-40s relative L2 error %.3g\n", p.name.c_str(), std::sqrt(diff / norm));
+    EXPECT_LE(std::sqrt(diff / norm), 3e-2) << p.name;
   }
 }
 
