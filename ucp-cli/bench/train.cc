@@ -166,6 +166,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.threads = threads;
   r.comm = comm.get();
   r.pipeline = pipeline;
+  r.gpu_gemm = vm["gpu-gemm"].as<std::string>();
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
   if (cuda) r.device_factory = offload::cuda::MakeCudaTrainDevice;
 #endif
@@ -339,7 +340,7 @@ Command MakeTrainBench() {
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
                "[--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
-               "[--peak-tflops 989]]",
+               "[--gpu-gemm auto|fp32] [--peak-tflops 989]]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
@@ -368,8 +369,10 @@ Command MakeTrainBench() {
                 "peak-tflops", po::value<double>()->default_value(989.0),
                 "the MFU denominator (989: H100/H200 dense bf16)")(
                 "gpu-optimizer", po::bool_switch()->default_value(false),
-                "--device cuda|twin: also time the same step with the whole optimizer on the device "
-                "and print the ratio");
+                "--device cuda|twin: also time the same step with the whole optimizer on the "
+                "device and print the ratio")(
+                "gpu-gemm", po::value<std::string>()->default_value("auto"),
+                "--device cuda: auto (bf16 GEMMs for bf16 training) or fp32 (the fp32 copy)");
           },
       .run = Run,
   };

@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
      "the last buckets of backward (first layers, embeddings) stepped on the device: overlap "
      "on the CPU, or --device cuda|twin (a device Adam on device-resident fp32 masters; one "
      "process)")
+    ("gpu-gemm", po::value(&r.gpu_gemm)->default_value("auto"),
+     "--device cuda: what the matrix products read: auto (bf16 training: the bf16 weights and "
+     "bf16-rounded activations, fp32 accumulation on the tensor cores; else fp32) or fp32 (the "
+     "fp32 copy of the weights: within 1e-5 of the CPU engine)")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
      "threads per process (0: all cores; on --resume, the run's recorded count, so that the "

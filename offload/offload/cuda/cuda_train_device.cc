@@ -86,7 +86,8 @@ class CudaTrainDevice final : public TrainDevice {
            std::to_string(device_bytes() >> 20) + " MiB of weights, gradients and optimizer "
            "state; " + std::to_string(pieces_n_) + " parameters stepped by the device Adam; " +
            std::to_string(registered_.size()) + " of " + std::to_string(to_pin_) +
-           " host buffers pinned";
+           " host buffers pinned; " +
+           (model_.gemm() == GemmInputs::kBf16 ? "bf16" : "fp32") + " GEMMs";
   }
 
   Status UploadWeights() override {
@@ -116,7 +117,9 @@ class CudaTrainDevice final : public TrainDevice {
     // With several processes the overlapped step runs backward on a worker thread, and the
     // current device is per thread.
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
-    if (hook == nullptr) return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale);
+    if (hook == nullptr) {
+      return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, nullptr, GemmWeights());
+    }
     // Each group's event is recorded before the pipeline hears of the group, so the copy of
     // its bucket waits for exactly the kernels queued so far.
     Status recorded;
@@ -132,12 +135,15 @@ class CudaTrainDevice final : public TrainDevice {
       }
       if (hook->on_group_done) hook->on_group_done(k);
     };
-    Result<double> loss = model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, &h);
+    Result<double> loss =
+        model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, &h, GemmWeights());
     UCP_RETURN_IF_ERROR(recorded);
     return loss;
   }
 
-  Result<double> Forward(const Batch& batch) override { return model_.Forward(d_w32_, batch); }
+  Result<double> Forward(const Batch& batch) override {
+    return model_.Forward(d_w32_, batch, GemmWeights());
+  }
 
   Status GradsToHost() override {
     UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data(), d_grads_,
@@ -229,6 +235,10 @@ class CudaTrainDevice final : public TrainDevice {
 
  private:
   bool lowp() const { return spec_.weights != LowpDType::kFp32; }
+  // The bf16 weights the model's GEMMs read (GemmInputs::kBf16); null for the fp32 GEMMs.
+  const uint16_t* GemmWeights() const {
+    return model_.gemm() == GemmInputs::kBf16 ? d_w16_ : nullptr;
+  }
 
   template <typename T>
   Status Alloc(T** p, int64_t bytes, const char* what) {
@@ -309,8 +319,12 @@ Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& 
   const int count = DeviceCount();
   if (count == 0) return DeviceError("CUDA device: no CUDA device");
   UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(spec.rank % count), "CUDA device: selecting a GPU"));
+  // bf16 GEMMs read the device's bf16 training weights (d_w16_), which every upload, the
+  // pipeline's write-back and the device Adam keep current; fp16 and fp32 training read fp32.
+  const bool bf16 = spec.gemm_bf16 && spec.weights == LowpDType::kBf16;
   UCP_ASSIGN_OR_RETURN(CudaModel model,
-                       CudaModel::Create(spec.model, spec.max_batch, spec.seq_len));
+                       CudaModel::Create(spec.model, spec.max_batch, spec.seq_len,
+                                         bf16 ? GemmInputs::kBf16 : GemmInputs::kFp32));
   auto dev = std::make_unique<CudaTrainDevice>(spec, std::move(model));
   UCP_RETURN_IF_ERROR(dev->Init());
   return std::unique_ptr<TrainDevice>(std::move(dev));

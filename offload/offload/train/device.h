@@ -52,6 +52,9 @@ struct TrainDeviceSpec {
   /// device Adam (--gpu-tail-buckets: the buckets backward completes last); empty: none.
   std::vector<DevicePiece> device_pieces;
   AdamConfig adam;
+  /// bf16 training only: the model's GEMMs read the bf16 weights, with bf16-rounded activations
+  /// and fp32 accumulation (RunOptions::gpu_gemm "auto"); false: they read the fp32 copy.
+  bool gemm_bf16 = false;
 };
 
 /// What the overlapped pipeline (--pipeline overlap, offload/engine/pipeline.h) moves on the

@@ -951,6 +951,9 @@ Status Trainer::Impl::FinishSave() {
 // --gpu-tail-buckets N the pieces of the last N grad groups (the ones backward finishes last:
 // the first layers and the embeddings) keep their master and Adam states on the device.
 Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
+  if (opts.gpu_gemm != "auto" && opts.gpu_gemm != "fp32") {
+    return InvalidArgumentError("--gpu-gemm " + opts.gpu_gemm + ": must be auto or fp32");
+  }
   if (opts.device == "cpu") return Status::Ok();
   if (opts.device != "cuda" && opts.device != "twin") {
     return InvalidArgumentError("--device " + opts.device + ": must be cpu, cuda or twin");
@@ -988,6 +991,7 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   ds.h_weights16 = w_lp;
   ds.h_weights32 = w32;
   ds.adam = ac;
+  ds.gemm_bf16 = opts.gpu_gemm == "auto" && dtype == DType::kBf16;
   const int tail = opts.gpu_tail_buckets;
   const auto& groups = net->grad_groups();
   if (tail < 0 || tail > static_cast<int>(groups.size())) {

@@ -88,13 +88,19 @@ struct RunOptions {
   std::string pipeline = "sync";
   int gpu_tail_buckets = 0;      ///< overlap, one process: buckets stepped on the device
   std::filesystem::path trace;   ///< overlap: a Chrome trace of the first 3 steps (root writes)
-  /// Where forward and backward run (device.h): "cpu" (the CPU model on host buffers) or "cuda"
-  /// (device_factory's device; the CLI sets it where the CUDA engine is built). Not recorded: the
-  /// training state is the same host state either way, so a resume may change it. With a device:
-  /// --pipeline sync only, no --deterministic, no sequence parallelism; --gpu-tail-buckets N
-  /// keeps the masters and Adam states of the last N grad groups on the device (one process).
+  /// Where forward and backward run (device.h): "cpu" (the CPU model on host buffers), "cuda"
+  /// (device_factory's device; the CLI sets it where the CUDA engine is built) or "twin" (the
+  /// CPU twin of a device, for tests). Not recorded: the training state is the same host state
+  /// either way, so a resume may change it. With a device: no --deterministic, no sequence
+  /// parallelism; --gpu-tail-buckets N keeps the masters and Adam states of the last N grad
+  /// groups on the device (one process).
   std::string device = "cpu";
   TrainDeviceFactory device_factory;
+  /// What the device's matrix products read (TrainDeviceSpec::gemm_bf16): "auto" (the bf16
+  /// weights, activations rounded to bf16, fp32 accumulation, where the training dtype is bf16;
+  /// fp32 otherwise) or "fp32" (the fp32 compute copy: within 1e-5 of the CPU engine). The CPU
+  /// twin's model is the CPU's, fp32, either way.
+  std::string gpu_gemm = "auto";
 };
 
 /// One optimizer step's record (also a line of log.jsonl).

@@ -289,6 +289,13 @@ TEST(DeviceOptions, RefusedWhereNotRun) {
   f.dtype = "fp32";
   EXPECT_THAT(Trainer::Create(f, Opts(tmp.path() / "f", "twin", 1)).status(),
               StatusIs(StatusCode::kUnimplemented, HasSubstr("bf16 or fp16")));
+  // --gpu-gemm takes auto or fp32, also where no device runs (a typo is not ignored).
+  for (const char* device : {"twin", "cpu"}) {
+    RunOptions g = Opts(tmp.path() / (std::string("g") + device), device, 0);
+    g.gpu_gemm = "bf16";
+    EXPECT_THAT(Trainer::Create(c, g).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("--gpu-gemm bf16"))) << device;
+  }
 }
 
 }  // namespace
