@@ -80,6 +80,8 @@ struct CudaOps {
   const float* w32 = nullptr;
   const uint16_t* w16 = nullptr;
   uint16_t* scratch16 = nullptr;
+  void* attn_gemm = nullptr;
+  int64_t attn_gemm_bytes = 0;
 
   // RunGraph hands the GEMMs pointers into the fp32 weights; the bf16 twin is at the same offset.
   const uint16_t* W16(const float* w) const { return w16 + (w - w32); }
@@ -100,7 +102,6 @@ struct CudaOps {
   template <typename... A> void LayerNormBackward(A... a) { Keep(cuda::LayerNormBackward(a..., stream)); }
   template <typename... A> void RmsNormForward(A... a) { Keep(cuda::RmsNormForward(a..., stream)); }
   template <typename... A> void RmsNormBackward(A... a) { Keep(cuda::RmsNormBackward(a..., stream)); }
-  template <typename... A> void AttentionForward(A... a) { Keep(cuda::AttentionForward(a..., stream)); }
   template <typename... A> void RopeForward(A... a) { Keep(cuda::RopeForward(a..., stream)); }
   template <typename... A> void RopeBackward(A... a) { Keep(cuda::RopeBackward(a..., stream)); }
   template <typename... A> void GeluForward(A... a) { Keep(cuda::GeluForward(a..., stream)); }
@@ -120,9 +121,20 @@ struct CudaOps {
                                          scratch16)
              : cuda::MatmulBackward(*blas, dinp, dw, dbias, dout, inp, w, N, C, OC));
   }
+  // kBf16: attention through the tensor-core GEMMs (attn_gemm: its scratch); else the fused
+  // fp32 kernels.
+  void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                        int64_t NH, int64_t KV, int64_t hd) {
+    Keep(attn_gemm ? cuda::AttentionForwardGemm(*blas, out, lse, qkv, B, T, NH, KV, hd, attn_gemm,
+                                                attn_gemm_bytes)
+                   : cuda::AttentionForward(out, lse, qkv, B, T, NH, KV, hd, stream));
+  }
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
-    Keep(cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV, hd, stream));
+    Keep(attn_gemm ? cuda::AttentionBackwardGemm(*blas, dqkv, dout, qkv, lse, B, T, NH, KV, hd,
+                                                 attn_gemm, attn_gemm_bytes)
+                   : cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV, hd,
+                                             stream));
   }
   double Classifier(float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
                     int64_t N, int64_t C, int64_t V, float grad_scale) {
@@ -168,6 +180,7 @@ struct CudaModel::Impl {
   DeviceVec<float> attn_scratch, cls_scratch;
   GemmInputs gemm = GemmInputs::kFp32;
   DeviceVec<uint16_t> scratch16;  // kBf16: the largest GEMM's MixedMatmulScratch
+  DeviceVec<uint8_t> attn_gemm;   // kBf16: AttentionGemmScratchBytes
 
   ~Impl() {
     blas.reset();
@@ -207,7 +220,8 @@ struct CudaModel::Impl {
                          cudaGetErrorName(cudaGetLastError()));
     }
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
-                w, w16, w16 ? scratch16.data() : nullptr};
+                w, w16, w16 ? scratch16.data() : nullptr,
+                w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size())};
     Result<double> loss = graph::RunGraph<float>(
         ops, config, layout, acts, w, g, inputs.data(), targets.data(), b.batch, b.seq_len,
         b.position_offset, grad_scale, static_cast<NoSequenceParallel*>(nullptr), hook);
@@ -261,6 +275,10 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
         n16 = std::max(n16, MixedMatmulScratch(rows, in, out));
       }
       impl->scratch16.assign(static_cast<size_t>(n16), 0);
+      impl->attn_gemm.assign(
+          static_cast<size_t>(AttentionGemmScratchBytes(max_batch, max_seq_len, config.heads,
+                                                        config.kv_heads, config.head_dim)),
+          0);
     }
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("CUDA model: activations for " + Str(max_batch) + " x " +

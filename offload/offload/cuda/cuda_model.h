@@ -5,8 +5,10 @@
 // Its GEMMs (every matrix product, the classifier's too) read either the fp32 weights (kFp32:
 // cuBLAS in pedantic fp32, within 1e-5 of the CPU model) or the bf16 training weights with the
 // activations rounded to bf16 and fp32 accumulation on the tensor cores (kBf16: what bf16
-// training runs on a GPU; within bf16's bounds of the CPU model). Norms, embeddings, attention,
-// the softmax and every activation stay fp32 either way, reading the fp32 weights.
+// training runs on a GPU; within bf16's bounds of the CPU model). kBf16 also runs attention
+// through tensor-core GEMMs (AttentionForwardGemm: bf16 q, k, v and probabilities, fp32 softmax
+// and accumulation) instead of the fused fp32 kernels. Norms, embeddings, the classifier's
+// softmax and every stored activation stay fp32 either way, reading the fp32 weights.
 //
 // The trainer runs it through cuda_train_device.h (`ucp-train --device cuda`). Not yet:
 // sequence parallelism (NCCL all-to-alls). Backward hooks are passed through (the overlapped

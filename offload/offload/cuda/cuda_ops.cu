@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -67,12 +68,28 @@ __device__ inline float BlockSum(float v) {
   return WarpSum(s);
 }
 
+// Max over the block, as BlockSum.
+__device__ inline float BlockMax(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  float m = lane < warps ? partial[lane] : -INFINITY;
+  for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
 // Fused-QKV row offsets (ops_ref.cc's QkvLayout): group g holds [q of its hpg heads | k | v].
 struct Qkv {
   int64_t hpg, hd, row;
-  __device__ int64_t Q(int64_t h) const { return (h / hpg) * (hpg + 2) * hd + (h % hpg) * hd; }
-  __device__ int64_t K(int64_t g) const { return g * (hpg + 2) * hd + hpg * hd; }
-  __device__ int64_t V(int64_t g) const { return K(g) + hd; }
+  __host__ __device__ int64_t Q(int64_t h) const {
+    return (h / hpg) * (hpg + 2) * hd + (h % hpg) * hd;
+  }
+  __host__ __device__ int64_t K(int64_t g) const { return g * (hpg + 2) * hd + hpg * hd; }
+  __host__ __device__ int64_t V(int64_t g) const { return K(g) + hd; }
 };
 
 // ---- encoder
@@ -453,6 +470,76 @@ __global__ void CrossEntropyKernel(float* logits, double* row_loss, int* bad_tar
   }
 }
 
+// ---- attention through GEMMs (bf16 training): the kernels between the batched GEMMs. Pair i
+// of a pass is (sequence, head) bh = p0 + i; its scores S_i are a row-major T x T fp32 block.
+
+// Row t of pair i: the causal softmax of scale * S_i[t, :t]. Forward (lse_in null): computes
+// the row's log-sum-exp into lse; backward: the probabilities from the saved one. Writes the
+// probabilities as fp32 over S_i (backward's dS needs them) and as bf16 into P16 (the GEMMs'),
+// zero above the diagonal.
+__global__ void CausalSoftmaxKernel(float* S, __nv_bfloat16* P16, float* lse_out,
+                                    const float* lse_in, int64_t T, int64_t p0, float scale) {
+  const int64_t i = blockIdx.x / T, t = blockIdx.x % T;
+  float* s = S + (i * T + t) * T;
+  __nv_bfloat16* p16 = P16 + (i * T + t) * T;
+  const int64_t row = (p0 + i) * T + t;  // lse[(b NH + h) T + t]
+  float l;
+  if (lse_in == nullptr) {
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, s[j] * scale);
+    m = BlockMax(m);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += expf(s[j] * scale - m);
+    sum = BlockSum(sum);
+    l = m + logf(sum);
+    if (threadIdx.x == 0) lse_out[row] = l;
+  } else {
+    l = lse_in[row];
+  }
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+    const float p = j <= t ? expf(s[j] * scale - l) : 0.0f;
+    s[j] = p;
+    p16[j] = __float2bfloat16_rn(p);
+  }
+}
+
+// Row t of pair i: dS = P (dP - sum_j P dP) scale, as bf16 over P16 (the probabilities' bf16
+// copy is spent by then: dV has read it).
+__global__ void SoftmaxBackwardKernel(__nv_bfloat16* dS16, const float* P, const float* dP,
+                                      int64_t T, float scale) {
+  const int64_t i = blockIdx.x / T, t = blockIdx.x % T;
+  const float* p = P + (i * T + t) * T;
+  const float* dp = dP + (i * T + t) * T;
+  float d = 0.0f;
+  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) d += p[j] * dp[j];
+  d = BlockSum(d);
+  __nv_bfloat16* ds = dS16 + (i * T + t) * T;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+    ds[j] = __float2bfloat16_rn(j <= t ? p[j] * (dp[j] - d) * scale : 0.0f);
+  }
+}
+
+// dk and dv of each (sequence, kv group) of a pass: the sum over the group's hpg heads of the
+// per-head products (in head order: deterministic), added into dqkv.
+__global__ void GroupKvGradKernel(float* dqkv, const float* dK, const float* dV, int64_t pairs,
+                                  int64_t T, int64_t NH, Qkv L, int64_t p0) {
+  const int64_t groups = pairs / L.hpg, n = groups * T * L.hd;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t d = e % L.hd, j = (e / L.hd) % T, q = e / (L.hd * T);
+    const int64_t bh = p0 + q * L.hpg, b = bh / NH, g = (bh % NH) / L.hpg;
+    float sk = 0.0f, sv = 0.0f;
+    for (int64_t r = 0; r < L.hpg; ++r) {
+      const int64_t at = ((q * L.hpg + r) * T + j) * L.hd + d;
+      sk += dK[at];
+      sv += dV[at];
+    }
+    float* base = dqkv + (b * T + j) * L.row;
+    base[L.K(g) + d] += sk;
+    base[L.V(g) + d] += sv;
+  }
+}
+
 }  // namespace
 
 // ---- Blas
@@ -684,6 +771,231 @@ Status MatmulBackwardMixed(const Blas& blas, float* dinp, float* dweight, float*
   if (dbias) {
     ColumnSumAddKernel<<<Grid(OC), kThreads, 0, S(blas.stream())>>>(dbias, dout, N, OC);
     return Launched("mixed matmul backward (bias)");
+  }
+  return Status::Ok();
+}
+
+// ---- attention through batched GEMMs (bf16 training)
+
+namespace {
+
+// The i-th product reads a[i], b[i] and writes c[i] (device arrays of device pointers).
+Status GemmBf16Batched(const Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                       int64_t n, int64_t k, void* const* a, int64_t lda, void* const* b,
+                       int64_t ldb, float beta, void* const* c, int64_t ldc, int64_t count,
+                       const char* what) {
+  auto h = static_cast<cublasHandle_t>(blas.handle());
+  const float alpha = 1.0f;
+  DefaultMath math(h);
+  return Blased(cublasGemmBatchedEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                                    static_cast<int>(k), &alpha, a, CUDA_R_16BF,
+                                    static_cast<int>(lda), b, CUDA_R_16BF, static_cast<int>(ldb),
+                                    &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                                    static_cast<int>(count), CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT),
+                what);
+}
+
+// The score buffers of one pass, by default: bounds the scratch at any T.
+constexpr int64_t kAttnPassBytes = int64_t{2} << 30;
+constexpr int64_t kAlign = 256;
+int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Pointer arrays, one of B NH entries per kind: the per-(sequence, head) operands, then the
+// per-pass buffers (the first `pairs` entries).
+enum AttnPtr { kQ16, kK16, kV16, kO32, kDO16, kDQ32, kS, kP16, kDP, kDK, kDV, kPtrKinds };
+
+// One (sequence, head) pair's pass buffers: scores / probabilities (fp32), their bf16 copy, dP
+// (fp32), and the per-head dk and dv.
+int64_t PairBytes(int64_t T, int64_t hd) { return T * T * (4 + 2 + 4) + 2 * T * hd * 4; }
+
+// Byte offsets of the GEMM attention's buffers in its scratch.
+struct AttnScratch {
+  int64_t qkv16 = 0, dout16 = 0, ptrs = 0, fixed = 0;
+  int64_t S = 0, P16 = 0, dP = 0, dK = 0, dV = 0, total = 0;
+};
+
+AttnScratch AttnLayout(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd, int64_t pairs) {
+  AttnScratch a;
+  const int64_t N = B * T, row = (NH + 2 * KV) * hd;
+  a.dout16 = AlignUp(N * row * 2);
+  a.ptrs = a.dout16 + AlignUp(N * NH * hd * 2);
+  a.fixed = a.ptrs + AlignUp(kPtrKinds * B * NH * static_cast<int64_t>(sizeof(void*)));
+  a.S = a.fixed;
+  a.P16 = a.S + AlignUp(pairs * T * T * 4);
+  a.dP = a.P16 + AlignUp(pairs * T * T * 2);
+  a.dK = a.dP + AlignUp(pairs * T * T * 4);
+  a.dV = a.dK + AlignUp(pairs * T * hd * 4);
+  a.total = a.dV + AlignUp(pairs * T * hd * 4);
+  return a;
+}
+
+// The pairs per pass `bytes` of scratch hold: a multiple of the group size (a group's heads
+// share one pass, so its dk and dv are summed there), at most B NH.
+int64_t AttnPairs(int64_t bytes, int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  const int64_t hpg = NH / KV;
+  const int64_t left = bytes - AttnLayout(B, T, NH, KV, hd, 0).fixed - 5 * kAlign;
+  if (left <= 0) return 0;
+  return std::min(left / PairBytes(T, hd) / hpg * hpg, B * NH);
+}
+
+Status CheckAttentionGemm(const char* what, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                          int64_t hd) {
+  UCP_RETURN_IF_ERROR(Positive(what, {B, T, NH, KV, hd}));
+  if (KV < 1 || NH % KV != 0) {
+    return InvalidArgumentError(std::string(what) + ": kv_heads must divide heads");
+  }
+  return Status::Ok();
+}
+
+// The pass plan of one call: the buffers, and the pointer arrays filled (one copy to the
+// device, ordered on the stream after the work that read the previous call's).
+struct AttnPlan {
+  AttnScratch a;
+  int64_t pairs = 0, T = 0, hd = 0, row = 0, ah = 0, BNH = 0;
+  float scale = 0;
+  cudaStream_t st = nullptr;
+  void** ptrs = nullptr;  // device: kPtrKinds x B NH
+  uint16_t* qkv16 = nullptr;
+  uint16_t* dout16 = nullptr;
+  float* S32 = nullptr;
+  __nv_bfloat16* P16 = nullptr;
+  void* const* Kind(AttnPtr k, int64_t p0) const { return ptrs + k * BNH + p0; }
+};
+
+// Checks the sizes, lays out the scratch, fills the pointer arrays and rounds qkv to bf16.
+Result<AttnPlan> PlanAttention(const char* what, const Blas& blas, void* scratch, int64_t bytes,
+                               const float* qkv, float* out, float* dqkv, int64_t B, int64_t T,
+                               int64_t NH, int64_t KV, int64_t hd) {
+  UCP_RETURN_IF_ERROR(CheckAttentionGemm(what, B, T, NH, KV, hd));
+  AttnPlan p;
+  p.st = S(blas.stream());
+  const cudaStream_t stream = p.st;
+  p.T = T, p.hd = hd, p.row = (NH + 2 * KV) * hd, p.ah = NH * hd, p.BNH = B * NH;
+  p.scale = 1.0f / sqrtf(static_cast<float>(hd));
+  p.pairs = AttnPairs(bytes, B, T, NH, KV, hd);
+  if (p.pairs < NH / KV) {
+    return InvalidArgumentError(std::string(what) + ": " + std::to_string(bytes) +
+                                " bytes of scratch hold less than one pass (AttentionGemmScratchBytes)");
+  }
+  p.a = AttnLayout(B, T, NH, KV, hd, p.pairs);
+  char* base = static_cast<char*>(scratch);
+  p.qkv16 = reinterpret_cast<uint16_t*>(base + p.a.qkv16);
+  p.dout16 = reinterpret_cast<uint16_t*>(base + p.a.dout16);
+  p.ptrs = reinterpret_cast<void**>(base + p.a.ptrs);
+  p.S32 = reinterpret_cast<float*>(base + p.a.S);
+  p.P16 = reinterpret_cast<__nv_bfloat16*>(base + p.a.P16);
+  const int64_t BNH = B * NH, ah = NH * hd;
+  const Qkv L{NH / KV, hd, (NH + 2 * KV) * hd};
+  std::vector<void*> h(static_cast<size_t>(kPtrKinds * BNH), nullptr);
+  auto at = [&](AttnPtr k, int64_t i) -> void*& { return h[static_cast<size_t>(k * BNH + i)]; };
+  for (int64_t bh = 0; bh < BNH; ++bh) {
+    const int64_t b = bh / NH, hh = bh % NH, g = hh / L.hpg;
+    at(kQ16, bh) = p.qkv16 + b * T * L.row + L.Q(hh);
+    at(kK16, bh) = p.qkv16 + b * T * L.row + L.K(g);
+    at(kV16, bh) = p.qkv16 + b * T * L.row + L.V(g);
+    at(kO32, bh) = out ? out + b * T * ah + hh * hd : nullptr;
+    at(kDO16, bh) = p.dout16 + b * T * ah + hh * hd;
+    at(kDQ32, bh) = dqkv ? dqkv + b * T * L.row + L.Q(hh) : nullptr;
+  }
+  for (int64_t i = 0; i < p.pairs; ++i) {
+    at(kS, i) = reinterpret_cast<float*>(base + p.a.S) + i * T * T;
+    at(kP16, i) = reinterpret_cast<uint16_t*>(base + p.a.P16) + i * T * T;
+    at(kDP, i) = reinterpret_cast<float*>(base + p.a.dP) + i * T * T;
+    at(kDK, i) = reinterpret_cast<float*>(base + p.a.dK) + i * T * hd;
+    at(kDV, i) = reinterpret_cast<float*>(base + p.a.dV) + i * T * hd;
+  }
+  // Pageable source: the call returns once the pointers are staged, so h may go.
+  if (cudaMemcpyAsync(p.ptrs, h.data(), h.size() * sizeof(void*), cudaMemcpyHostToDevice,
+                      stream) != cudaSuccess) {
+    return Launched("attention pointer arrays");
+  }
+  UCP_RETURN_IF_ERROR(CastFp32ToBf16(qkv, p.qkv16, B * T * p.row, stream));
+  return p;
+}
+
+// Pairs [p0, p0 + n): the scores S_i[t, j] = q_t . k_j (row-major T x T: column-major k q^T),
+// then the causal softmax (forward: lse_out written; backward: from lse_in).
+Status Probabilities(const Blas& blas, const AttnPlan& p, int64_t p0, int64_t n, float* lse_out,
+                     const float* lse_in) {
+  UCP_RETURN_IF_ERROR(GemmBf16Batched(blas, CUBLAS_OP_T, CUBLAS_OP_N, p.T, p.T, p.hd,
+                                      p.Kind(kK16, p0), p.row, p.Kind(kQ16, p0), p.row, 0.0f,
+                                      p.Kind(kS, 0), p.T, n, "attention scores"));
+  CausalSoftmaxKernel<<<static_cast<unsigned>(n * p.T), kThreads, 0, p.st>>>(
+      p.S32, p.P16, lse_out, lse_in, p.T, p0, p.scale);
+  return Launched("attention softmax");
+}
+
+}  // namespace
+
+int64_t AttentionGemmScratchBytes(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                  int64_t pairs_per_pass) {
+  if (B < 1 || T < 1 || NH < 1 || KV < 1 || hd < 1 || NH % KV != 0) return 0;
+  const int64_t hpg = NH / KV;
+  int64_t pairs = pairs_per_pass > 0
+                      ? (pairs_per_pass + hpg - 1) / hpg * hpg
+                      : std::max(hpg, kAttnPassBytes / PairBytes(T, hd) / hpg * hpg);
+  pairs = std::min(pairs, B * NH);
+  // The slack AttnPairs keeps for the five pass buffers' alignment.
+  return AttnLayout(B, T, NH, KV, hd, pairs).fixed + pairs * PairBytes(T, hd) + 5 * kAlign;
+}
+
+Status AttentionForwardGemm(const Blas& blas, float* out, float* lse, const float* qkv, int64_t B,
+                            int64_t T, int64_t NH, int64_t KV, int64_t hd, void* scratch,
+                            int64_t scratch_bytes) {
+  if (B * T == 0) return CheckAttentionGemm("gemm attention forward", B, T, NH, KV, hd);
+  UCP_ASSIGN_OR_RETURN(AttnPlan p, PlanAttention("gemm attention forward", blas, scratch,
+                                                 scratch_bytes, qkv, out, nullptr, B, T, NH, KV,
+                                                 hd));
+  for (int64_t p0 = 0; p0 < p.BNH; p0 += p.pairs) {
+    const int64_t n = std::min(p.pairs, p.BNH - p0);
+    UCP_RETURN_IF_ERROR(Probabilities(blas, p, p0, n, lse, nullptr));
+    // out_t = sum_j P[t, j] v_j (column-major v^T P^T)
+    UCP_RETURN_IF_ERROR(GemmBf16Batched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T,
+                                        p.Kind(kV16, p0), p.row, p.Kind(kP16, 0), T, 0.0f,
+                                        p.Kind(kO32, p0), p.ah, n, "attention output"));
+  }
+  return Status::Ok();
+}
+
+Status AttentionBackwardGemm(const Blas& blas, float* dqkv, const float* dout, const float* qkv,
+                             const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                             int64_t hd, void* scratch, int64_t scratch_bytes) {
+  if (B * T == 0) return CheckAttentionGemm("gemm attention backward", B, T, NH, KV, hd);
+  UCP_ASSIGN_OR_RETURN(AttnPlan p, PlanAttention("gemm attention backward", blas, scratch,
+                                                 scratch_bytes, qkv, nullptr, dqkv, B, T, NH, KV,
+                                                 hd));
+  const Qkv L{NH / KV, hd, p.row};
+  char* base = static_cast<char*>(scratch);
+  UCP_RETURN_IF_ERROR(CastFp32ToBf16(dout, p.dout16, B * T * p.ah, p.st));
+  for (int64_t p0 = 0; p0 < p.BNH; p0 += p.pairs) {
+    const int64_t n = std::min(p.pairs, p.BNH - p0);
+    // The probabilities again, from the forward's log-sum-exp.
+    UCP_RETURN_IF_ERROR(Probabilities(blas, p, p0, n, nullptr, lse));
+    // dv_j (per head) = sum_t P[t, j] dout_t
+    UCP_RETURN_IF_ERROR(GemmBf16Batched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T,
+                                        p.Kind(kDO16, p0), p.ah, p.Kind(kP16, 0), T, 0.0f,
+                                        p.Kind(kDV, 0), hd, n, "attention dv"));
+    // dP[t, j] = dout_t . v_j
+    UCP_RETURN_IF_ERROR(GemmBf16Batched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd,
+                                        p.Kind(kV16, p0), p.row, p.Kind(kDO16, p0), p.ah, 0.0f,
+                                        p.Kind(kDP, 0), T, n, "attention dP"));
+    // dS = P (dP - rowsum(P dP)) scale, in bf16 over P16 (dv has read it)
+    SoftmaxBackwardKernel<<<static_cast<unsigned>(n * T), kThreads, 0, p.st>>>(
+        p.P16, p.S32, reinterpret_cast<float*>(base + p.a.dP), T, p.scale);
+    UCP_RETURN_IF_ERROR(Launched("attention softmax backward"));
+    // dq_t += sum_j dS[t, j] k_j, straight into dqkv (each pair its own head's slot)
+    UCP_RETURN_IF_ERROR(GemmBf16Batched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T,
+                                        p.Kind(kK16, p0), p.row, p.Kind(kP16, 0), T, 1.0f,
+                                        p.Kind(kDQ32, p0), p.row, n, "attention dq"));
+    // dk_j (per head) = sum_t dS[t, j] q_t
+    UCP_RETURN_IF_ERROR(GemmBf16Batched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T,
+                                        p.Kind(kQ16, p0), p.row, p.Kind(kP16, 0), T, 0.0f,
+                                        p.Kind(kDK, 0), hd, n, "attention dk"));
+    GroupKvGradKernel<<<Grid(n / L.hpg * T * hd), kThreads, 0, p.st>>>(
+        dqkv, reinterpret_cast<float*>(base + p.a.dK), reinterpret_cast<float*>(base + p.a.dV),
+        n, T, NH, L, p0);
+    UCP_RETURN_IF_ERROR(Launched("attention dk dv"));
   }
   return Status::Ok();
 }

@@ -101,6 +101,24 @@ Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const
                          float* scratch, int64_t B, int64_t T, int64_t NH, int64_t KV,
                          int64_t hd, void* stream);
 
+/// Attention through tensor-core GEMMs (bf16 training; the same contract as AttentionForward /
+/// AttentionBackward, and the same log-sum-exp): per (sequence, head) the scores
+/// S = bf16(q) bf16(k)^T in fp32, the causal softmax in fp32, out = bf16(P) bf16(v); backward
+/// recomputes P from lse, dV = P^T dout, dP = dout v^T, dS = P (dP - rowsum(P dP)) scale,
+/// dq += dS k, dk = dS^T q, each group's dk and dv summed over its heads in head order
+/// (deterministic). The T x T buffers of several (sequence, head) pairs per pass live in
+/// `scratch`: AttentionGemmScratchBytes (about 2 GiB of pass buffers by default, or
+/// `pairs_per_pass` pairs). Twice the FLOPs of a causal kernel (the masked half is computed),
+/// at the tensor cores' rate. Errors: kInvalidArgument (sizes, too little scratch), kDeviceError.
+int64_t AttentionGemmScratchBytes(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                                  int64_t pairs_per_pass = 0);
+Status AttentionForwardGemm(const Blas& blas, float* out, float* lse, const float* qkv, int64_t B,
+                            int64_t T, int64_t NH, int64_t KV, int64_t hd, void* scratch,
+                            int64_t scratch_bytes);
+Status AttentionBackwardGemm(const Blas& blas, float* dqkv, const float* dout, const float* qkv,
+                             const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                             int64_t hd, void* scratch, int64_t scratch_bytes);
+
 /// Rotates the q and k heads of qkv in place (half-split rotary); the tables are ops::RopeTables'
 /// [T, hd / 2] (computed on the host, copied once). Backward rotates by the opposite angle.
 Status RopeForward(float* qkv, const float* cos_table, const float* sin_table, int64_t B,

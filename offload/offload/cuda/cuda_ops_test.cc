@@ -340,6 +340,48 @@ TEST_F(CudaOps, EncoderAndClassifier) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("vocabulary")));
 }
 
+// Attention through GEMMs (bf16 training): against the double reference on the bf16-rounded
+// qkv (and dout). The probabilities are rounded to bf16 before the value GEMM, and dS before
+// dq and dk, so the bounds are bf16's: out, dqkv within 2e-2, lse (fp32 softmax of exact
+// products) within 1e-4. With the default scratch (one pass) and with scratch for one group's
+// heads per pass (several passes: the group sums and the pass offsets), the same bounds.
+TEST_F(CudaOps, AttentionGemmWithGqaInPasses) {
+  const int64_t B = 2, T = 37, NH = 6, KV = 2, hd = 40, row = (NH + 2 * KV) * hd;
+  auto Rounded = [](std::vector<float> v) {
+    for (float& x : v) x = FloatFromBf16(Bf16FromFloat(x));
+    return v;
+  };
+  const auto qkv = Random(B * T * row, 40), d = Random(B * T * NH * hd, 41),
+             g0 = Random(B * T * row, 42);
+  const auto qkv_r = Rounded(qkv), d_r = Rounded(d);
+  std::vector<double> rout(B * T * NH * hd), rlse(B * NH * T), rg = D(g0);
+  ops::ref::AttentionForward<double>(rout.data(), rlse.data(), D(qkv_r).data(), B, T, NH, KV, hd);
+  ops::ref::AttentionBackward<double>(rg.data(), D(d_r).data(), D(qkv_r).data(), rlse.data(), B, T,
+                                      NH, KV, hd);
+  UCP_ASSERT_OK_AND_ASSIGN(Blas blas, Blas::Create());
+  for (int64_t pairs : {int64_t{0}, NH / KV}) {
+    SCOPED_TRACE("pairs per pass " + std::to_string(pairs));
+    const int64_t bytes = AttentionGemmScratchBytes(B, T, NH, KV, hd, pairs);
+    ASSERT_GT(bytes, 0);
+    Dev<uint8_t> scratch(static_cast<size_t>(bytes));
+    Dev<float> dq(qkv), dd(d), out(static_cast<size_t>(B * T * NH * hd)),
+        lse(static_cast<size_t>(B * NH * T)), g(g0);
+    UCP_ASSERT_OK(AttentionForwardGemm(blas, out.p, lse.p, dq.p, B, T, NH, KV, hd, scratch.p,
+                                       bytes));
+    UCP_ASSERT_OK(AttentionBackwardGemm(blas, g.p, dd.p, dq.p, lse.p, B, T, NH, KV, hd, scratch.p,
+                                        bytes));
+    ExpectClose(out.Get(), rout, 2e-2, "gemm attention forward");
+    ExpectClose(lse.Get(), rlse, 1e-4, "gemm attention lse");
+    ExpectClose(g.Get(), rg, 2e-2, "gemm attention backward");
+  }
+  // Too little scratch for one group's heads: refused, nothing launched.
+  const int64_t small = AttentionGemmScratchBytes(B, T, NH, KV, hd, NH / KV) - T * T * 10;
+  Dev<uint8_t> tiny(static_cast<size_t>(small));
+  Dev<float> dq(qkv), out(static_cast<size_t>(B * T * NH * hd)), lse(static_cast<size_t>(B * NH * T));
+  EXPECT_THAT(AttentionForwardGemm(blas, out.p, lse.p, dq.p, B, T, NH, KV, hd, tiny.p, small),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("scratch")));
+}
+
 // The same inputs give the same bits (no atomics in any sum).
 TEST_F(CudaOps, AttentionBackwardIsDeterministic) {
   const int64_t B = 1, T = 64, NH = 8, KV = 2, hd = 64, row = (NH + 2 * KV) * hd;
