@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine what tests/gpu/bundle.sh packed: every gpu-labelled test (kernels, the
 # device Adam, the CUDA trainer against the CPU engine and across checkpoints), then the model
-# step against the CPU (small, loss checked), a larger LLaMA-style step (timing only),
+# step against the CPU (small, loss checked, fp32 and bf16 GEMMs), a larger LLaMA-style step
+# (bf16 GEMMs and GEMM attention, timing only),
 # `ucp-bench train --device cuda` at 16K tokens per step on a 1.1B model (MFU; optimizer offloaded
 # vs on the GPU; then offloaded with --pipeline overlap) and, with the time left, a 3B model.
 #
@@ -90,7 +91,7 @@ step bench_check 60 $bench --family llama --hidden 768 --layers 4 --heads 12 --k
 [ "$step_rc" = 0 ] || status=1
 show bench_check
 step bench_1b 60 $bench --family llama --hidden 2048 --layers 16 --heads 16 --kv-heads 4 \
-  --ffn 5632 --vocab 32000 --batch 4 --seq 4096 --steps 3
+  --ffn 5632 --vocab 32000 --batch 4 --seq 4096 --steps 3 --gemm bf16
 [ "$step_rc" = 0 ] || status=1
 show bench_1b
 # The training step of `ucp-train --device cuda` on a 1.1B LLaMA-style model at 4 x 4096 = 16K
