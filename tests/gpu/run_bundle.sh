@@ -109,8 +109,8 @@ step bench_train_1b_overlap 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.js
   --pipeline overlap
 [ "$step_rc" = 0 ] || status=1
 show bench_train_1b_overlap 20
-# A 3B model (OpenLLaMA-3B's shape), overlapped, with what time is left.
-step bench_train_3b 120 "${train[@]}" --model "$PWD/tests/gpu/llama-3b.json" --steps 1 \
+# A 3B model (the llama-3b preset: Llama-3.2-3B's shape), overlapped, with what time is left.
+step bench_train_3b 120 "${train[@]}" --model llama-3b --steps 1 \
   --pipeline overlap
 show bench_train_3b 20
 nvidia-smi --query-gpu=memory.used,temperature.gpu,clocks.sm --format=csv >>"$logs/gpu_after.log" 2>&1
