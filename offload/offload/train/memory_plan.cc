@@ -112,6 +112,8 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   }
   UCP_ASSIGN_OR_RETURN(int64_t act, ActivationBytes(in.config, in.micro_batch, in.seq_len,
                                                     in.threads, in.sp));
+  // With a device the host's model is only the parameter table (a micro-batch of one token).
+  UCP_ASSIGN_OR_RETURN(int64_t host_act, ActivationBytes(in.config, 1, 1, in.threads, 1));
   layout::Layout lay;
   lay.dp = in.dp;
   lay.sp = in.sp;
@@ -137,26 +139,30 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   plan.block = block;
   // Rows with the RESIDENT placement's device/host figures; streaming adjusts two of them.
   auto& rows = plan.rows;
-  rows.push_back({MemClass::kWeights, "weights (" + std::string(LowpDTypeName(in.dtype)) + ")", lowp ? n * 2 : 0,
-                  n * wb, 0,
-                  lowp ? "the training copy the optimizer writes"
+  // The GPU columns are what --device cuda allocates today: the device holds the training-dtype
+  // weights, an fp32 compute copy (norms and embeddings read it; the fp32 GEMMs too) and the
+  // gradients; the host keeps its own copies of all three (uploads, the norm, checkpoints).
+  rows.push_back({MemClass::kWeights, "weights (" + std::string(LowpDTypeName(in.dtype)) + ")",
+                  lowp ? n * 2 : 0, lowp ? n * 2 : 0, lowp ? n * 2 : 0,
+                  lowp ? "the training copy the optimizer writes (the bf16 GEMMs read it)"
                        : "fp32 training: the compute copy below is the weights"});
-  rows.push_back({MemClass::kComputeCopy, "weights, fp32 compute copy", n * 4, 0, 0,
-                  lowp ? "CPU engine only (its GEMMs read fp32); the GPU's read the weights"
-                       : "CPU engine; on the GPU the weights row holds them"});
-  rows.push_back({MemClass::kGradients, "gradients (fp32)", n * 4, n * 4, 0, "accumulated over micro-batches"});
+  rows.push_back({MemClass::kComputeCopy, "weights, fp32 compute copy", n * 4, n * 4, n * 4,
+                  lowp ? "widened from the weights (GPU: norms, embeddings, fp32 GEMMs)"
+                       : "the weights"});
+  rows.push_back({MemClass::kGradients, "gradients (fp32)", n * 4, n * 4, n * 4,
+                  "accumulated over micro-batches (GPU: and their host copy)"});
   rows.push_back({MemClass::kOptimizer, "master + exp_avg + exp_avg_sq (fp32)", 3 * block * 4, 0, 3 * block * 4,
                   "this rank's ZeRO block of " + Str(block) + " elements" +
                       (blocks > 1 ? " (1/" + Str(blocks) + ")" : "")});
   const int64_t zero_scratch = blocks > 1 ? (1 + static_cast<int64_t>(blocks)) * block * 4 : 0;
-  rows.push_back({MemClass::kZeroScratch, "ZeRO reduce-scatter buffers", zero_scratch, blocks > 1 ? block * 4 : 0,
-                  blocks > 1 ? block * 4 : 0,
-                  blocks > 1 ? "the reduced block, and the CPU engine's exchange scratch"
+  rows.push_back({MemClass::kZeroScratch, "ZeRO reduce-scatter buffers", zero_scratch, 0,
+                  zero_scratch,
+                  blocks > 1 ? "the reduced block and the exchange scratch (host)"
                              : "none at one fragment"});
-  rows.push_back({MemClass::kActivations, "activations + scratch", act, act, 0,
+  rows.push_back({MemClass::kActivations, "activations + scratch", act, act, host_act,
                   "micro-batch " + Str(in.micro_batch) + " x " + Str(in.seq_len) + " tokens" +
                       (in.sp > 1 ? " (1/" + Str(in.sp) + " of the positions)" : "") +
-                      ", fp32"});
+                      ", fp32 (GPU: not counted, the bf16 GEMMs' and attention's scratch)"});
   int64_t staging = 0;
   if (in.overlap) {
     staging = 3 * block * 4 + (world == 1 ? block * 4 : 0) + (lowp ? block * 2 : 0);
@@ -190,12 +196,16 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     // Streamed: two windows of weights and of gradients on the device, all weights pinned on
     // the host (the gradients leave bucket by bucket as backward completes them).
     plan.placement = WeightPlacement::kStreamed;
-    rows[0].device_bytes = 2 * window * wb;
-    rows[0].host_bytes = n * wb;
+    rows[0].device_bytes = lowp ? 2 * window * 2 : 0;
     rows[0].note = "streamed: 2 layer windows on the device, all of them pinned on the host";
+    rows[1].device_bytes = 2 * window * 4;
+    rows[1].note = "streamed: 2 layer windows on the device";
     rows[2].device_bytes = 2 * window * 4;
-    rows[2].host_bytes = (blocks > 1 || in.overlap) ? 0 : block * 4;
     rows[2].note = "streamed: 2 bucket windows on the device; each leaves as backward ends it";
+  }
+  int64_t resident_total = 0;  // the device's need as the engine runs today (it does not stream)
+  if (plan.placement == WeightPlacement::kStreamed) {
+    resident_total = (lowp ? n * 2 : 0) + n * 8 + act;
   }
   plan.cpu_total = sum(&MemoryRow::cpu_bytes);
   plan.device_total = sum(&MemoryRow::device_bytes);
@@ -217,6 +227,9 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     v = std::string("GPU: fits with weights ") +
         (plan.placement == WeightPlacement::kResident ? "resident" : "streamed per layer") +
         " (" + Bytes(plan.device_total) + " of " + Bytes(usable) + " usable)";
+    if (plan.placement == WeightPlacement::kStreamed) {
+      v += ", but --device cuda does not stream yet: resident it needs " + Bytes(resident_total);
+    }
   }
   if (machine.host_bytes > 0) {
     v += plan.host_fits ? "; host side fits (" + Bytes(plan.host_total) + " of " +

@@ -8,13 +8,18 @@
 //     Every figure is computed by the same functions that size the buffers (ActivationBytes, the
 //     ZeRO partition of libucp's layout), and memory_plan_test checks each row against a live
 //     Trainer's buffers.
-//   * "GPU" device / host: the offloaded design of docs/offload.md — training-dtype weights,
-//     fp32 gradients and activations on the device; fp32 masters, exp_avg and exp_avg_sq, the
-//     pipeline's staging and a save's staging in (pinned) host memory. The weights are RESIDENT
-//     when everything fits in the device's capacity (less a reserve for the CUDA context and
-//     library workspaces); otherwise STREAMED per layer: the device holds two layer windows of
-//     weights and of gradients (one in use, one in flight) and the host a pinned copy of all
-//     weights. If even that does not fit, the plan says by how much.
+//   * "GPU" device / host: what `--device cuda` allocates (one process per GPU, optimizer
+//     offloaded): on the device the training-dtype weights, their fp32 compute copy, fp32
+//     gradients and activations (not counted: the bf16 GEMMs' rounding scratch and the GEMM
+//     attention's pass buffers, about 2 GiB); on the host the trainer's own copies of the
+//     weights, compute copy and gradients, the fp32 masters, exp_avg and exp_avg_sq, the ZeRO
+//     buffers, the pipeline's staging and a save's staging. memory_plan_test checks the host
+//     column, and the device's weights, copy and gradients, against a trainer on the CPU twin
+//     device. The weights are RESIDENT when everything fits in the device's capacity (less a
+//     reserve for the CUDA context and library workspaces); otherwise the plan shows them
+//     STREAMED per layer (two layer windows of weights, compute copy and gradients, one in use
+//     and one in flight), a design the engine does not run yet, which the verdict says. If even
+//     that does not fit, the plan says by how much.
 // The cast placement compares moving the updated weights device-ward as fp32 and casting on the
 // device, with casting on the host (fused into Adam's copy-out) and moving bf16: both give the
 // same bits (round to nearest even either side), so the choice is only about time.

@@ -59,6 +59,56 @@ TEST(ActivationBytes, EqualsWhatTheModelAllocates) {
   EXPECT_FALSE(ActivationBytes(Llama(), 0, 32, 1).ok());
 }
 
+// A tiny run in `dir`: 2 steps of 4 samples of 32 tokens, micro-batches of 2, 2 threads.
+std::pair<TrainConfig, RunOptions> TinyRun(const fs::path& dir, const std::string& model,
+                                           const std::string& dtype, const std::string& layout,
+                                           const std::string& pipeline) {
+  TrainConfig c;
+  c.model = model;
+  c.dtype = dtype;
+  c.data = WriteText(dir).string();
+  c.seq_len = 32;
+  c.global_batch = 4;
+  c.micro_batch = 2;
+  c.steps = 2;
+  c.layout = layout;
+  RunOptions o;
+  o.out = dir / "run";
+  o.threads = 2;
+  o.pipeline = pipeline;
+  return {c, o};
+}
+
+// The run's plan, and what its trainer holds after a step and a save.
+struct PlannedAndUsed {
+  MemoryPlan plan;
+  std::vector<int64_t> used;  // Trainer::MemoryInUse
+  int64_t device = 0;         // Trainer::DeviceBytesInUse
+  int64_t params = 0;
+};
+void PlanAndRun(const TrainConfig& c, const RunOptions& o, PlannedAndUsed* out) {
+  UCP_ASSERT_OK_AND_ASSIGN(out->plan, Trainer::Plan(c, o, PlanMachine{}));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
+  ASSERT_TRUE(t.Step().ok());
+  ASSERT_TRUE(t.Save().ok());
+  ASSERT_TRUE(t.Wait().ok());
+  out->used = t.MemoryInUse();
+  out->device = t.DeviceBytesInUse();
+  out->params = t.num_params();
+  ASSERT_EQ(out->plan.rows.size(), out->used.size());
+}
+
+// Each row's `column` against the bytes in use, class by class; returns their sum.
+int64_t ExpectColumn(const PlannedAndUsed& r, int64_t MemoryRow::*column) {
+  int64_t total = 0;
+  for (size_t k = 0; k < r.used.size(); ++k) {
+    EXPECT_EQ(static_cast<size_t>(r.plan.rows[k].cls), k);
+    EXPECT_EQ(r.plan.rows[k].*column, r.used[k]) << r.plan.rows[k].name;
+    total += r.used[k];
+  }
+  return total;
+}
+
 // Every class of the plan equals what a trainer of the same config holds after a step and a save.
 class PlanMatchesTrainer
     : public ::testing::TestWithParam<
@@ -67,35 +117,14 @@ class PlanMatchesTrainer
 TEST_P(PlanMatchesTrainer, EveryClassEveryByte) {
   const auto& [model, dtype, layout, pipeline, async_save] = GetParam();
   ucp::testing::TempDir tmp;
-  TrainConfig c;
-  c.model = model;
-  c.dtype = dtype;
-  c.data = WriteText(tmp.path()).string();
-  c.seq_len = 32;
-  c.global_batch = 4;
-  c.micro_batch = 2;
-  c.steps = 2;
-  c.layout = layout;
-  RunOptions o;
-  o.out = tmp.path() / "run";
-  o.threads = 2;
+  auto [c, o] = TinyRun(tmp.path(), model, dtype, layout, pipeline);
   o.async_save = async_save;
-  o.pipeline = pipeline;
-  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, Trainer::Plan(c, o, PlanMachine{}));
-  UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
-  ASSERT_TRUE(t.Step().ok());
-  ASSERT_TRUE(t.Save().ok());
-  ASSERT_TRUE(t.Wait().ok());
-  const std::vector<int64_t> used = t.MemoryInUse();
-  ASSERT_EQ(plan.rows.size(), used.size());
-  int64_t total = 0;
-  for (size_t k = 0; k < used.size(); ++k) {
-    EXPECT_EQ(static_cast<size_t>(plan.rows[k].cls), k);
-    EXPECT_EQ(plan.rows[k].cpu_bytes, used[k]) << plan.rows[k].name;
-    total += used[k];
-  }
-  EXPECT_EQ(plan.cpu_total, total);
-  EXPECT_EQ(plan.params, t.num_params());
+  PlannedAndUsed r;
+  ASSERT_NO_FATAL_FAILURE(PlanAndRun(c, o, &r));
+  const MemoryPlan& plan = r.plan;
+  const std::vector<int64_t>& used = r.used;
+  EXPECT_EQ(plan.cpu_total, ExpectColumn(r, &MemoryRow::cpu_bytes));
+  EXPECT_EQ(plan.params, r.params);
   const int64_t staged = used[static_cast<size_t>(MemClass::kSaveStaging)];
   EXPECT_EQ(staged > 0, async_save) << "a foreground save stages nothing";
 }
@@ -106,6 +135,33 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("gpt-tiny", "fp32", "dp=1,zero=0", "overlap", true),
                       std::make_tuple("llama-tiny", "fp16", "dp=1,zero=3", "overlap", false),
                       std::make_tuple("llama-tiny", "bf16", "dp=1,zero=2", "overlap", false)));
+
+// The GPU columns against a trainer on the CPU twin device (the trainer's code path of
+// --device cuda): every host class byte for byte, and the device's weights, compute copy and
+// gradients against the device's own buffers.
+class GpuPlanMatchesTwinTrainer
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
+
+TEST_P(GpuPlanMatchesTwinTrainer, HostEveryClassDeviceStateBuffers) {
+  const auto& [model, dtype, pipeline] = GetParam();
+  ucp::testing::TempDir tmp;
+  auto [c, o] = TinyRun(tmp.path(), model, dtype, "dp=1,zero=1", pipeline);
+  o.device = "twin";
+  PlannedAndUsed r;
+  ASSERT_NO_FATAL_FAILURE(PlanAndRun(c, o, &r));
+  const MemoryPlan& plan = r.plan;
+  EXPECT_EQ(plan.host_total, ExpectColumn(r, &MemoryRow::host_bytes));
+  auto dev = [&](MemClass m) { return plan.rows[static_cast<size_t>(m)].device_bytes; };
+  EXPECT_EQ(dev(MemClass::kWeights) + dev(MemClass::kComputeCopy) + dev(MemClass::kGradients),
+            r.device);
+  EXPECT_EQ(dev(MemClass::kOptimizer), 0);  // offloaded
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, GpuPlanMatchesTwinTrainer,
+                         ::testing::Values(std::make_tuple("gpt-tiny", "bf16", "sync"),
+                                           std::make_tuple("llama-tiny", "fp16", "overlap"),
+                                           std::make_tuple("llama-tiny", "bf16", "overlap"),
+                                           std::make_tuple("gpt-tiny", "fp32", "sync")));
 
 PlanInput Input(int64_t micro_batch) {
   PlanInput in;

@@ -1394,6 +1394,10 @@ std::vector<int64_t> Trainer::MemoryInUse() const {
   return b;
 }
 
+int64_t Trainer::DeviceBytesInUse() const {
+  return impl_->device != nullptr ? impl_->device->device_bytes() : 0;
+}
+
 Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opts) {
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;

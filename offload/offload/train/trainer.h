@@ -145,8 +145,12 @@ class Trainer {
   int64_t num_params() const;
   std::string Describe() const;  ///< one paragraph: model, params, layout, data, schedule
   /// The bytes this process's buffers hold now, by the plan's tensor classes (what Plan's
-  /// cpu_bytes predicts; save staging once a save has run). Tokens and the data are not counted.
+  /// cpu_bytes predicts, or with a device its host_bytes; save staging once a save has run).
+  /// Tokens and the data are not counted.
   std::vector<int64_t> MemoryInUse() const;
+  /// With a device, its weights, compute copy, gradients and device-piece state (bytes; what
+  /// the plan's device column predicts for the first three); 0 without one.
+  int64_t DeviceBytesInUse() const;
 
   /// One optimizer step on the global batch of step() + 1.
   Result<StepRecord> Step();
