@@ -321,7 +321,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     gs.setf(std::ios::fixed);
     gs.precision(1);
     gs << "optimizer on the " << (cuda ? "GPU" : "twin device") << " (device Adam for all "
-       << table.groups.size() << " grad groups; the gradients still go to the host for the norm): best "
+       << table.groups.size()
+       << " grad groups; the gradients still go to the host for the norm): best "
        << gt.front() * 1e3 << " ms = " << tok / gt.front() << " tokens/s, MFU "
        << 100.0 * step_flops / gt.front() / 1e12 / peak << "%; offloaded step / GPU step = ";
     gs.precision(3);

@@ -26,6 +26,7 @@
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_model.h"
 #include "offload/model/model.h"
+#include "ucp/tensor/float_bits.h"
 
 namespace {
 
@@ -114,15 +115,7 @@ int main(int argc, char** argv) {
   std::normal_distribution<float> nd(0.0f, 0.02f);
   std::vector<uint16_t> w16(n);
   for (size_t i = 0; i < n; ++i) {  // bf16 values, as the weights of bf16 training
-    const uint32_t bits = [&] {
-      const float f = nd(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      return u;
-    }();
-    w16[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // nearest even
-    const uint32_t widened = uint32_t{w16[i]} << 16;
-    std::memcpy(&w[i], &widened, 4);
+    w[i] = ucp::FloatFromBf16(w16[i] = ucp::Bf16FromFloat(nd(rng)));
   }
   std::vector<int32_t> in(static_cast<size_t>(batch * seq)), tg(in.size());
   for (size_t i = 0; i < in.size(); ++i) {

@@ -870,7 +870,6 @@ Result<AttnPlan> PlanAttention(const char* what, const Blas& blas, void* scratch
   UCP_RETURN_IF_ERROR(CheckAttentionGemm(what, B, T, NH, KV, hd));
   AttnPlan p;
   p.st = S(blas.stream());
-  const cudaStream_t stream = p.st;
   p.T = T, p.hd = hd, p.row = (NH + 2 * KV) * hd, p.ah = NH * hd, p.BNH = B * NH;
   p.scale = 1.0f / sqrtf(static_cast<float>(hd));
   p.pairs = AttnPairs(bytes, B, T, NH, KV, hd);
@@ -885,11 +884,11 @@ Result<AttnPlan> PlanAttention(const char* what, const Blas& blas, void* scratch
   p.ptrs = reinterpret_cast<void**>(base + p.a.ptrs);
   p.S32 = reinterpret_cast<float*>(base + p.a.S);
   p.P16 = reinterpret_cast<__nv_bfloat16*>(base + p.a.P16);
-  const int64_t BNH = B * NH, ah = NH * hd;
-  const Qkv L{NH / KV, hd, (NH + 2 * KV) * hd};
-  std::vector<void*> h(static_cast<size_t>(kPtrKinds * BNH), nullptr);
-  auto at = [&](AttnPtr k, int64_t i) -> void*& { return h[static_cast<size_t>(k * BNH + i)]; };
-  for (int64_t bh = 0; bh < BNH; ++bh) {
+  const int64_t ah = p.ah;
+  const Qkv L{NH / KV, hd, p.row};
+  std::vector<void*> h(static_cast<size_t>(kPtrKinds * p.BNH), nullptr);
+  auto at = [&](AttnPtr k, int64_t i) -> void*& { return h[static_cast<size_t>(k * p.BNH + i)]; };
+  for (int64_t bh = 0; bh < p.BNH; ++bh) {
     const int64_t b = bh / NH, hh = bh % NH, g = hh / L.hpg;
     at(kQ16, bh) = p.qkv16 + b * T * L.row + L.Q(hh);
     at(kK16, bh) = p.qkv16 + b * T * L.row + L.K(g);
@@ -899,18 +898,18 @@ Result<AttnPlan> PlanAttention(const char* what, const Blas& blas, void* scratch
     at(kDQ32, bh) = dqkv ? dqkv + b * T * L.row + L.Q(hh) : nullptr;
   }
   for (int64_t i = 0; i < p.pairs; ++i) {
-    at(kS, i) = reinterpret_cast<float*>(base + p.a.S) + i * T * T;
-    at(kP16, i) = reinterpret_cast<uint16_t*>(base + p.a.P16) + i * T * T;
+    at(kS, i) = p.S32 + i * T * T;
+    at(kP16, i) = p.P16 + i * T * T;
     at(kDP, i) = reinterpret_cast<float*>(base + p.a.dP) + i * T * T;
     at(kDK, i) = reinterpret_cast<float*>(base + p.a.dK) + i * T * hd;
     at(kDV, i) = reinterpret_cast<float*>(base + p.a.dV) + i * T * hd;
   }
   // Pageable source: the call returns once the pointers are staged, so h may go.
   if (cudaMemcpyAsync(p.ptrs, h.data(), h.size() * sizeof(void*), cudaMemcpyHostToDevice,
-                      stream) != cudaSuccess) {
+                      p.st) != cudaSuccess) {
     return Launched("attention pointer arrays");
   }
-  UCP_RETURN_IF_ERROR(CastFp32ToBf16(qkv, p.qkv16, B * T * p.row, stream));
+  UCP_RETURN_IF_ERROR(CastFp32ToBf16(qkv, p.qkv16, B * T * p.row, p.st));
   return p;
 }
 

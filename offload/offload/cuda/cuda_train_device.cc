@@ -305,9 +305,9 @@ class CudaTrainDevice final : public TrainDevice {
 }  // namespace
 
 Status CheckCudaDevice() {
-  if (DeviceCount() > 0) return Status::Ok();
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess && count > 0) return Status::Ok();
   cudaGetLastError();  // clear the sticky error for later calls
   return DeviceError(std::string("--device cuda: no CUDA device visible") +
                      (err == cudaSuccess ? std::string()

@@ -137,7 +137,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   plan.machine = machine;
   plan.params = n;
   plan.block = block;
-  // Rows with the RESIDENT placement's device/host figures; streaming adjusts two of them.
+  // Rows with the RESIDENT placement's device/host figures; streaming adjusts three of them.
   auto& rows = plan.rows;
   // The GPU columns are what --device cuda allocates today: the device holds the training-dtype
   // weights, an fp32 compute copy (norms and embeddings read it; the fp32 GEMMs too) and the
@@ -192,9 +192,11 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                              ? std::max<int64_t>(0, machine.device_bytes -
                                                         machine.device_reserve_bytes)
                              : 0;
-  if (machine.device_bytes > 0 && sum(&MemoryRow::device_bytes) > usable) {
-    // Streamed: two windows of weights and of gradients on the device, all weights pinned on
-    // the host (the gradients leave bucket by bucket as backward completes them).
+  // The device's need as --device cuda runs today: it does not stream.
+  const int64_t resident_total = sum(&MemoryRow::device_bytes);
+  if (machine.device_bytes > 0 && resident_total > usable) {
+    // Streamed: two windows of weights, compute copy and gradients on the device, all weights
+    // pinned on the host (the gradients leave bucket by bucket as backward completes them).
     plan.placement = WeightPlacement::kStreamed;
     rows[0].device_bytes = lowp ? 2 * window * 2 : 0;
     rows[0].note = "streamed: 2 layer windows on the device, all of them pinned on the host";
@@ -202,10 +204,6 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     rows[1].note = "streamed: 2 layer windows on the device";
     rows[2].device_bytes = 2 * window * 4;
     rows[2].note = "streamed: 2 bucket windows on the device; each leaves as backward ends it";
-  }
-  int64_t resident_total = 0;  // the device's need as the engine runs today (it does not stream)
-  if (plan.placement == WeightPlacement::kStreamed) {
-    resident_total = (lowp ? n * 2 : 0) + n * 8 + act;
   }
   plan.cpu_total = sum(&MemoryRow::cpu_bytes);
   plan.device_total = sum(&MemoryRow::device_bytes);
