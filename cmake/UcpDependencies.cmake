@@ -31,14 +31,16 @@ if(UCP_ENABLE_CUDA)
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # Before enable_language: it caches nvcc's own default (sm_75 with CUDA 13) when unset, and
+    # sm_75 PTX would JIT on the H200 without native bf16. H100/H200 (sm_90) is what the device
+    # checks run on; one arch keeps CI builds short. -DCMAKE_CUDA_ARCHITECTURES=... overrides it.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+      set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures")
+    endif()
     enable_language(CUDA)
     find_package(CUDAToolkit)
     if(CUDAToolkit_FOUND)
       set(UCP_HAVE_CUDA ON)
-      if(NOT CMAKE_CUDA_ARCHITECTURES)
-        # H100/H200 (sm_90) is what the device checks run on; one arch keeps CI builds short.
-        set(CMAKE_CUDA_ARCHITECTURES 90)
-      endif()
       find_library(UCP_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
       find_path(UCP_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
     endif()
