@@ -7,16 +7,13 @@
 #include <utility>
 
 #include "offload/cuda/cuda_cast.h"
+#include "offload/cuda/cuda_status.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::offload::cuda {
 namespace {
 
-Status Cuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::Ok();
-  return DeviceError(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                     cudaGetErrorString(err) + ")");
-}
+Status Cuda(cudaError_t err, const char* what) { return CudaStatus(err, what); }
 
 class CudaBackend final : public PipelineBackend {
  public:

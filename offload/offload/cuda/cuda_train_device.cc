@@ -12,15 +12,14 @@
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_model.h"
 #include "offload/cuda/cuda_pipeline.h"
+#include "offload/cuda/cuda_status.h"
+#include "offload/train/page_vector.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::offload::cuda {
 namespace {
 
-Status Cuda(cudaError_t err, const std::string& what) {
-  if (err == cudaSuccess) return Status::Ok();
-  return DeviceError(what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-}
+Status Cuda(cudaError_t err, const std::string& what) { return CudaStatus(err, what); }
 
 class CudaTrainDevice final : public TrainDevice {
  public:
@@ -39,6 +38,7 @@ class CudaTrainDevice final : public TrainDevice {
       if (p) cudaFree(p);
     }
     if (stream_) cudaStreamDestroy(stream_);
+    cudaGetLastError();  // a failure here (already reported or moot) is not the next user's
   }
 
   Status Init() {
@@ -246,24 +246,19 @@ class CudaTrainDevice final : public TrainDevice {
                 std::string("CUDA device: ") + what + " (" + std::to_string(bytes >> 20) + " MiB)");
   }
 
-  // Pins the whole pages under [p, p + bytes). Two small buffers can share a page (a large one
-  // is its own mmap), and CUDA refuses to register a page twice: such a buffer stays pageable,
-  // which only makes its copies slower (Describe counts the pinned ones).
+  // Pins the buffer's pages. CUDA refuses a copy whose host range is partly pinned
+  // (cudaErrorInvalidValue), so only a buffer that owns its pages is pinned: the trainer's are
+  // PageVectors (page_vector.h: page-aligned, rounded up to whole pages). One that does not start
+  // on a page stays pageable, which only makes its copies slower (Describe counts the pinned).
   Status Register(void* p, int64_t bytes, const char* what) {
     if (bytes == 0) return Status::Ok();
-    const uintptr_t page = 4096;
-    const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
-    const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes) + page - 1) &
-                        ~(page - 1);
     ++to_pin_;
-    const cudaError_t err =
-        cudaHostRegister(reinterpret_cast<void*>(b), e - b, cudaHostRegisterDefault);
-    if (err == cudaErrorHostMemoryAlreadyRegistered) {
-      cudaGetLastError();
-      return Status::Ok();
-    }
-    UCP_RETURN_IF_ERROR(Cuda(err, std::string("CUDA device: pinning the ") + what));
-    registered_.push_back(reinterpret_cast<void*>(b));
+    if (!StartsOnPage(p)) return Status::Ok();
+    const size_t page = HostPageBytes();
+    const size_t len = (static_cast<size_t>(bytes) + page - 1) / page * page;
+    UCP_RETURN_IF_ERROR(Cuda(cudaHostRegister(p, len, cudaHostRegisterDefault),
+                             std::string("CUDA device: pinning the ") + what));
+    registered_.push_back(p);
     return Status::Ok();
   }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "offload/train/page_vector.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/tensor/float_bits.h"
 
@@ -30,8 +31,18 @@ class CpuTwinDevice final : public TrainDevice {
   }
 
   std::string Describe() const override {
+    // As the CUDA device's Describe: the host buffers it would pin (page_vector.h).
+    int pinnable = 0, buffers = 0;
+    for (const void* p : {static_cast<const void*>(spec_.h_grads.data()),
+                          static_cast<const void*>(spec_.h_weights32.data()),
+                          lowp() ? static_cast<const void*>(spec_.h_weights16.data()) : nullptr}) {
+      if (p == nullptr) continue;
+      ++buffers;
+      pinnable += StartsOnPage(p) ? 1 : 0;
+    }
     return "twin (the CPU standing in for a device), " + std::to_string(pieces_n_) +
-           " parameters stepped by the device Adam";
+           " parameters stepped by the device Adam; " + std::to_string(pinnable) + " of " +
+           std::to_string(buffers) + " host buffers pinnable";
   }
 
   Status UploadWeights() override {

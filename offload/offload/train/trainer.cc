@@ -37,6 +37,7 @@
 #include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
 #include "offload/optim/cpu_adam.h"
+#include "offload/train/page_vector.h"
 #include "ucp/api/checkpoint.h"
 #include "ucp/api/trainer.h"
 #include "ucp/base/check.h"
@@ -272,9 +273,10 @@ struct Trainer::Impl {
 
   // Model memory (canonical order): the training-dtype weights (bf16/fp16 bits; fp32 uses w32
   // itself), the fp32 compute copy and the fp32 gradients.
-  std::vector<uint16_t> w_lp;
-  std::vector<float> w32;
-  std::vector<float> grads;
+  // Page-owning (page_vector.h): the CUDA device pins these three in place.
+  PageVector<uint16_t> w_lp;
+  PageVector<float> w32;
+  PageVector<float> grads;
   // The processes (dp x sp) and this one's place among them.
   Communicator* comm = nullptr;
   std::unique_ptr<Communicator> own_comm;           // when the caller gave none
@@ -1380,7 +1382,7 @@ std::vector<int64_t> Trainer::MemoryInUse() const {
   const Impl& t = *impl_;
   std::vector<int64_t> b(static_cast<size_t>(MemClass::kCount), 0);
   auto at = [&](MemClass c) -> int64_t& { return b[static_cast<size_t>(c)]; };
-  auto f = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
+  auto f = [](const auto& v) { return static_cast<int64_t>(v.size() * 4); };
   at(MemClass::kWeights) = static_cast<int64_t>(t.w_lp.size() * 2);
   at(MemClass::kComputeCopy) = f(t.w32);
   at(MemClass::kGradients) = f(t.grads);

@@ -98,6 +98,10 @@ TEST_P(DeviceTwin, BitwiseTheCpuTrainer) {
   UCP_ASSERT_OK_AND_ASSIGN(Trainer twin,
                            Trainer::Create(c, Opts(tmp.path() / "twin", "twin", tail)));
   EXPECT_THAT(twin.Describe(), HasSubstr("device twin"));
+  // The trainer's host buffers are page-owning (PageVector): the CUDA device pins all of them,
+  // and copies from a buffer sharing a pinned page would fail (cudaErrorInvalidValue).
+  EXPECT_THAT(twin.Describe(), HasSubstr(dtype == "fp32" ? "2 of 2 host buffers pinnable"
+                                                         : "3 of 3 host buffers pinnable"));
   const Outcome a = Train(cpu, 5);
   const Outcome b = Train(twin, 5);
   ExpectSame(a, b);
