@@ -64,6 +64,11 @@ if [ -x "$bin/ucp-bench" ]; then
   grep -q "^device twin" "$work/out.txt" || fail "ucp-bench train --device twin: $(cat "$work/out.txt")"
   grep -q "optimizer on the twin device .*offloaded step / GPU step = " "$work/out.txt" ||
     fail "ucp-bench train --gpu-optimizer on the twin: $(cat "$work/out.txt")"
+  # Where the step's time went, for both runs, and how many timed steps were clipped.
+  [ "$(grep -c "phases of the best step (ms): forward+backward+gradients to the host [0-9.]* | reduce+norm [0-9.]* | clip+AdamW+widen [0-9.]* | weights to the device [0-9.]*$" "$work/out.txt")" = 2 ] ||
+    fail "ucp-bench train: the phase lines: $(cat "$work/out.txt")"
+  grep -q "clipped in [01] of 1 timed steps (--clip 1; each clipped step corrects" "$work/out.txt" ||
+    fail "ucp-bench train: the clipped count: $(cat "$work/out.txt")"
   expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --gpu-optimizer
   # Built with CUDA on a machine without a GPU (CI): --device cuda says so before the trainer
   # builds its host state (exit 10, device error).

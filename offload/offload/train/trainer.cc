@@ -1628,6 +1628,13 @@ Result<StepRecord> Trainer::Step() {
   }
   StepRecord rec;
   rec.step = t.step + 1;
+  auto mark = Clock::now();
+  // Ends a phase of rec.phases at now.
+  auto phase_end = [&mark](double* phase) {
+    const auto now = Clock::now();
+    *phase = Seconds(mark, now);
+    mark = now;
+  };
   const int64_t G = t.cfg.global_batch;
   UCP_ASSIGN_OR_RETURN(auto range, Sampler::RankRange(t.step, G, t.layout.dp, t.dp_rank));
   if (t.device != nullptr) {
@@ -1696,6 +1703,7 @@ Result<StepRecord> Trainer::Step() {
       UCP_RETURN_IF_ERROR(t.device->GradsToHost(), "step " + std::to_string(rec.step));
     }
   }
+  phase_end(&rec.phases.backward);
   UCP_ASSIGN_OR_RETURN(double global_loss, t.SumOverRanks(loss_sum, det ? SumOrder::kHalvingTree : SumOrder::kRankOrder));
   rec.loss = global_loss / static_cast<double>(global_tokens);
   rec.tokens = global_tokens;
@@ -1770,6 +1778,7 @@ Result<StepRecord> Trainer::Step() {
     gmax = m[0];
   }
   rec.grad_norm = std::sqrt(ss) / t.scaler.scale;
+  phase_end(&rec.phases.reduce);
   const bool overflow = !std::isfinite(ss) || !std::isfinite(gmax) ||
                         (t.dtype == DType::kFp16 && gmax > kFp16Max);
   rec.loss_scale = t.scaler.scale;
@@ -1872,12 +1881,14 @@ Result<StepRecord> Trainer::Step() {
       UCP_RETURN_IF_ERROR(t.RefreshWeights());
     }
   }
+  phase_end(&rec.phases.optimizer);
   if (t.device != nullptr && !rec.skipped) {
     // The overlapped pipeline of one process already moved the weights bucket by bucket.
     UCP_RETURN_IF_ERROR(t.pipeline != nullptr && t.world == 1 ? t.device->WeightsWritten()
                                                               : t.device->UploadWeights(),
                         "step " + std::to_string(rec.step));
   }
+  phase_end(&rec.phases.weights);
   rec.seconds = Seconds(t0, Clock::now());
   // One trace file: the root's (every rank's timeline has the same shape).
   if (t.trace != nullptr && rec.step == kTraceSteps && t.root()) {

@@ -115,6 +115,16 @@ struct StepRecord {
   double seconds = 0;    ///< wall time of the step
   double save_block_seconds = 0;  ///< time this step waited for a save (staging copy included)
   double val_loss = -1;            ///< when a validation ran after this step
+  /// Where the step's wall time went (not logged; ucp-bench train prints it). Each phase runs
+  /// to the next mark, so they sum to `seconds` less the save poll at the step's start.
+  struct Phases {
+    /// Forward and backward of every micro-batch, and the gradients on the host (with
+    /// --pipeline overlap: until the last bucket has crossed; its CPU Adam runs meanwhile).
+    double backward = 0;
+    double reduce = 0;     ///< the loss and gradients over the ranks, and the gradient norm
+    double optimizer = 0;  ///< clip and AdamW (overlap: the validation), the weights widened
+    double weights = 0;    ///< the new weights onto the device (--device)
+  } phases;
 };
 
 class Trainer {
