@@ -62,6 +62,30 @@ constexpr float kFp16Max = 65504.0f;
 // --trace records the first steps of the run (its file is written after the last of them).
 constexpr int64_t kTraceSteps = 3;
 
+// The sum of squares of x in double, and the largest |x|, in a fixed order: element i into lane
+// i % 8 (each lane summed in order), then the lanes in a fixed tree. Eight independent chains:
+// one serial double sum is bound by the adder's latency (at 1B parameters it was a quarter of a
+// GPU step's host time); the bits depend on x alone, never on threads or the machine.
+void SumSquaresAndMax(std::span<const float> x, double* sum, float* max) {
+  constexpr size_t kLanes = 8;
+  double acc[kLanes] = {};
+  float mx[kLanes] = {};
+  const size_t n = x.size(), whole = n - n % kLanes;
+  for (size_t i = 0; i < whole; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      const float v = x[i + j];
+      acc[j] += static_cast<double>(v) * v;
+      mx[j] = std::max(mx[j], std::fabs(v));
+    }
+  }
+  for (size_t i = whole; i < n; ++i) {
+    acc[i - whole] += static_cast<double>(x[i]) * x[i];
+    mx[i - whole] = std::max(mx[i - whole], std::fabs(x[i]));
+  }
+  *sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  *max = std::max({mx[0], mx[1], mx[2], mx[3], mx[4], mx[5], mx[6], mx[7]});
+}
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -1745,7 +1769,8 @@ Result<StepRecord> Trainer::Step() {
   std::span<const float> norm_of = det ? std::span<const float>(t.grads) : std::span<const float>(g);
 
   // Global gradient norm, in double over fixed chunks summed in order (thread-count free), then
-  // over the ranks' blocks in rank order; the largest magnitude for fp16's overflow test.
+  // over the ranks' blocks in rank order; the largest magnitude for fp16's overflow test (a NaN
+  // gradient makes the sum NaN, which the test below catches).
   const int64_t nn = static_cast<int64_t>(norm_of.size());
   const int64_t chunks = (nn + kReduceChunk - 1) / kReduceChunk;
   std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
@@ -1753,16 +1778,7 @@ Result<StepRecord> Trainer::Step() {
   t.arena->execute([&] {
     tbb::parallel_for(int64_t{0}, chunks, [&](int64_t c) {
       const int64_t b = c * kReduceChunk, e = std::min(nn, b + kReduceChunk);
-      double s = 0;
-      float m = 0;
-      for (int64_t i = b; i < e; ++i) {
-        const float v = norm_of[i];
-        s += static_cast<double>(v) * v;
-        m = std::max(m, std::fabs(v));
-        if (v != v) m = INFINITY;
-      }
-      partial[c] = s;
-      maxabs[c] = m;
+      SumSquaresAndMax(norm_of.subspan(b, e - b), &partial[c], &maxabs[c]);
     });
   });
   double ss = 0;
@@ -1821,16 +1837,10 @@ Result<StepRecord> Trainer::Step() {
     if (t.cfg.clip_grad > 0 && rec.grad_norm > t.cfg.clip_grad) {
       coef *= t.cfg.clip_grad / (rec.grad_norm + 1e-6);
     }
-    const int64_t n = static_cast<int64_t>(g.size());
-    if (coef != 1.0) {
-      const float cf = static_cast<float>(coef);
-      t.arena->execute([&] {
-        tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kReduceChunk),
-                          [&](const tbb::blocked_range<int64_t>& r) {
-                            for (int64_t i = r.begin(); i < r.end(); ++i) g[i] *= cf;
-                          });
-      });
-    }
+    // The unscale and clip are one fp32 multiplier, applied by Adam as it reads each gradient
+    // (AdamStepFused: fl(g * c), the bits of multiplying g in place first, without that pass
+    // over the gradient).
+    const float cf = static_cast<float>(coef);
     UCP_RETURN_IF_ERROR(t.adam->set_lr(static_cast<float>(rec.lr)));
     t.optimizer_steps += 1;
     if (t.blocks == 1) {
@@ -1852,10 +1862,12 @@ Result<StepRecord> Trainer::Step() {
         }
         bucket.push_back(a);
       }
-      UCP_RETURN_IF_ERROR(t.adam->StepBucket(t.optimizer_steps, bucket), "optimizer step");
+      UCP_RETURN_IF_ERROR(t.adam->StepBucketFused(t.optimizer_steps, bucket, {},
+                                                  CpuAdam::SnapshotUse::kNone, cf),
+                          "optimizer step");
       if (t.device != nullptr) {
         // The device pieces from the device's unscaled gradients times the same fp32
-        // multiplier the host applied in place: the same bits as the host's step of them.
+        // multiplier: the same bits as the host's step of them.
         UCP_RETURN_IF_ERROR(t.device->StepDevicePieces(t.optimizer_steps,
                                                        static_cast<float>(rec.lr),
                                                        static_cast<float>(coef)),
@@ -1877,7 +1889,9 @@ Result<StepRecord> Trainer::Step() {
       a.exp_avg = t.exp_avg;
       a.exp_avg_sq = t.exp_avg_sq;
       const AdamSpans one[] = {a};
-      UCP_RETURN_IF_ERROR(t.adam->StepBucket(t.optimizer_steps, one), "optimizer step");
+      UCP_RETURN_IF_ERROR(t.adam->StepBucketFused(t.optimizer_steps, one, {},
+                                                  CpuAdam::SnapshotUse::kNone, cf),
+                          "optimizer step");
       UCP_RETURN_IF_ERROR(t.RefreshWeights());
     }
   }
