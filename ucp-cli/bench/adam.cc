@@ -243,8 +243,21 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
         &status);
     UCP_RETURN_IF_ERROR(status);
     row("rollback (copy back)", rb_s, 24);
+    // The fused step with a gradient multiplier (what validation's correction and the device
+    // Adam's host twin run; adam_fused_loop.h, compiler-vectorised): same streams as the plain
+    // step.
+    const double fused_s = BestSeconds(
+        repeat,
+        [&] {
+          return adam.StepBucketFused(++step, std::span<const AdamSpans>(&spans, 1), {},
+                                      CpuAdam::SnapshotUse::kNone, 0.5f);
+        },
+        &status);
+    UCP_RETURN_IF_ERROR(status);
+    row("fused (x multiplier)", fused_s, bytes_per_param);
     notes << std::setprecision(2) << "  speculative step / plain step time: " << spec_s / s
-          << "x; rollback / plain step time: " << rb_s / s << "x\n"
+          << "x; rollback / plain step time: " << rb_s / s << "x; fused (x multiplier) / plain "
+          << "step time: " << fused_s / s << "x\n"
           << std::setprecision(1);
     if (vm["torch"].as<bool>()) {
       // Free nothing: torch allocates its own arrays of the same size in its own process.

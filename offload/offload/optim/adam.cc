@@ -422,8 +422,14 @@ AdamFusedArgs SubFusedArgs(const AdamFusedArgs& f, size_t offset, size_t count) 
 
 void RunFusedKernel(SimdPath path, const AdamStepScalars& s, const AdamFusedArgs& f) {
   if (f.args.n == 0) return;
+#ifdef UCP_OFFLOAD_HAVE_AVX512
+  if (path == SimdPath::kAvx512) {
+    AdamFusedKernelAvx512(s, f);
+    return;
+  }
+#endif
 #ifdef UCP_OFFLOAD_HAVE_AVX2
-  if (path == SimdPath::kAvx2 || path == SimdPath::kAvx512) {
+  if (path == SimdPath::kAvx2) {
     AdamFusedKernelAvx2(s, f);
     return;
   }

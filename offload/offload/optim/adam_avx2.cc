@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "offload/optim/adam_element.h"
+#include "offload/optim/adam_fused_loop.h"
 #include "offload/optim/adam_kernel.h"
 
 namespace ucp::offload::internal {
@@ -46,8 +47,25 @@ inline void StoreOut8(uint16_t* out, size_t i, __m256 p) {
   }
 }
 
-template <LowpDType kG, LowpDType kO, bool kAms, bool kL2, bool kSnap>
-void Loop(const AdamStepScalars& s, const AdamKernelArgs& a) {
+// AdamStep's loop, and with kFused AdamStepFused's (f: the pre-step state read from f->src_*
+// when set, the gradient times f->grad_scale in fp32 right after it is widened; the tail is the
+// portable fused loop): the same arithmetic as the scalar elements, so the same bits.
+template <LowpDType kG, LowpDType kO, bool kAms, bool kL2, bool kSnap, bool kFused>
+void Loop(const AdamStepScalars& s, const AdamKernelArgs& a, const AdamFusedArgs* f) {
+  const float* p_in = a.p;
+  const float* m_in = a.m;
+  const float* v_in = a.v;
+  const float* vmax_in = a.vmax;
+  [[maybe_unused]] __m256 scale = _mm256_set1_ps(1.0f);
+  if constexpr (kFused) {
+    if (f->src_p != nullptr) {
+      p_in = f->src_p;
+      m_in = f->src_m;
+      v_in = f->src_v;
+      vmax_in = f->src_vmax;
+    }
+    scale = _mm256_set1_ps(f->grad_scale);
+  }
   const __m256 beta1 = _mm256_set1_ps(s.beta1);
   const __m256 one_minus_beta1 = _mm256_set1_ps(s.one_minus_beta1);
   const __m256 beta2 = _mm256_set1_ps(s.beta2);
@@ -59,21 +77,22 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a) {
   const __m256 inv_sqrt_bias2 = _mm256_set1_ps(s.inv_sqrt_bias2);
   const size_t rounded_size = a.n - a.n % kLanes;
   for (size_t i = 0; i < rounded_size; i += kLanes) {
-    __m256 p = _mm256_loadu_ps(a.p + i);
-    __m256 m = _mm256_loadu_ps(a.m + i);
-    __m256 v = _mm256_loadu_ps(a.v + i);
+    __m256 p = _mm256_loadu_ps(p_in + i);
+    __m256 m = _mm256_loadu_ps(m_in + i);
+    __m256 v = _mm256_loadu_ps(v_in + i);
     if constexpr (kSnap) {
       _mm256_storeu_ps(a.snap_p + i, p);
       _mm256_storeu_ps(a.snap_m + i, m);
       _mm256_storeu_ps(a.snap_v + i, v);
     }
     __m256 g = LoadGrad8<kG>(a.g, i);
+    if constexpr (kFused) g = _mm256_mul_ps(g, scale);
     if constexpr (kL2) g = _mm256_fmadd_ps(l2, p, g);
     m = _mm256_fmadd_ps(beta1, m, _mm256_mul_ps(one_minus_beta1, g));
     v = _mm256_fmadd_ps(beta2, v, _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, g), g));
     __m256 vu = v;
     if constexpr (kAms) {
-      __m256 vm = _mm256_loadu_ps(a.vmax + i);
+      __m256 vm = _mm256_loadu_ps(vmax_in + i);
       if constexpr (kSnap) _mm256_storeu_ps(a.snap_vmax + i, vm);
       vm = _mm256_max_ps(vm, v);
       _mm256_storeu_ps(a.vmax + i, vm);
@@ -86,7 +105,11 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a) {
     _mm256_storeu_ps(a.v + i, v);
     StoreOut8<kO>(a.out, i, p);
   }
-  AdamScalarLoop<kG, kO, kAms, kL2, kSnap>(s, a, rounded_size, a.n);
+  if constexpr (kFused) {
+    RunFused(s, *f, rounded_size);
+  } else {
+    AdamScalarLoop<kG, kO, kAms, kL2, kSnap>(s, a, rounded_size, a.n);
+  }
 }
 
 }  // namespace
@@ -94,7 +117,14 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a) {
 void AdamKernelAvx2(const AdamStepScalars& s, const AdamKernelArgs& a) {
   DispatchAdam(a, [&](auto gc, auto oc, auto ac, auto lc, auto sc) {
     Loop<decltype(gc)::value, decltype(oc)::value, decltype(ac)::value, decltype(lc)::value,
-         decltype(sc)::value>(s, a);
+         decltype(sc)::value, false>(s, a, nullptr);
+  });
+}
+
+void AdamFusedKernelAvx2(const AdamStepScalars& s, const AdamFusedArgs& f) {
+  DispatchAdam(f.args, [&](auto gc, auto oc, auto ac, auto lc, auto sc) {
+    Loop<decltype(gc)::value, decltype(oc)::value, decltype(ac)::value, decltype(lc)::value,
+         decltype(sc)::value, true>(s, f.args, &f);
   });
 }
 

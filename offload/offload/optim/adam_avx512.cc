@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "offload/optim/adam_element.h"
+#include "offload/optim/adam_fused_loop.h"
 #include "offload/optim/adam_kernel.h"
 
 namespace ucp::offload::internal {
@@ -44,8 +45,25 @@ inline void StoreOut16(uint16_t* out, size_t i, __m512 p) {
   }
 }
 
-template <LowpDType kG, LowpDType kO, bool kAms, bool kL2, bool kSnap>
-void Loop(const AdamStepScalars& s, const AdamKernelArgs& a) {
+// AdamStep's loop, and with kFused AdamStepFused's (f: the pre-step state read from f->src_*
+// when set, the gradient times f->grad_scale in fp32 right after it is widened; the tail is the
+// portable fused loop): the same arithmetic as the scalar elements, so the same bits.
+template <LowpDType kG, LowpDType kO, bool kAms, bool kL2, bool kSnap, bool kFused>
+void Loop(const AdamStepScalars& s, const AdamKernelArgs& a, const AdamFusedArgs* f) {
+  const float* p_in = a.p;
+  const float* m_in = a.m;
+  const float* v_in = a.v;
+  const float* vmax_in = a.vmax;
+  [[maybe_unused]] __m512 scale = _mm512_set1_ps(1.0f);
+  if constexpr (kFused) {
+    if (f->src_p != nullptr) {
+      p_in = f->src_p;
+      m_in = f->src_m;
+      v_in = f->src_v;
+      vmax_in = f->src_vmax;
+    }
+    scale = _mm512_set1_ps(f->grad_scale);
+  }
   const __m512 beta1 = _mm512_set1_ps(s.beta1);
   const __m512 one_minus_beta1 = _mm512_set1_ps(s.one_minus_beta1);
   const __m512 beta2 = _mm512_set1_ps(s.beta2);
@@ -57,21 +75,22 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a) {
   const __m512 inv_sqrt_bias2 = _mm512_set1_ps(s.inv_sqrt_bias2);
   const size_t rounded_size = a.n - a.n % kLanes;
   for (size_t i = 0; i < rounded_size; i += kLanes) {
-    __m512 p = _mm512_loadu_ps(a.p + i);
-    __m512 m = _mm512_loadu_ps(a.m + i);
-    __m512 v = _mm512_loadu_ps(a.v + i);
+    __m512 p = _mm512_loadu_ps(p_in + i);
+    __m512 m = _mm512_loadu_ps(m_in + i);
+    __m512 v = _mm512_loadu_ps(v_in + i);
     if constexpr (kSnap) {
       _mm512_storeu_ps(a.snap_p + i, p);
       _mm512_storeu_ps(a.snap_m + i, m);
       _mm512_storeu_ps(a.snap_v + i, v);
     }
     __m512 g = LoadGrad16<kG>(a.g, i);
+    if constexpr (kFused) g = _mm512_mul_ps(g, scale);
     if constexpr (kL2) g = _mm512_fmadd_ps(l2, p, g);
     m = _mm512_fmadd_ps(beta1, m, _mm512_mul_ps(one_minus_beta1, g));
     v = _mm512_fmadd_ps(beta2, v, _mm512_mul_ps(_mm512_mul_ps(one_minus_beta2, g), g));
     __m512 vu = v;
     if constexpr (kAms) {
-      __m512 vm = _mm512_loadu_ps(a.vmax + i);
+      __m512 vm = _mm512_loadu_ps(vmax_in + i);
       if constexpr (kSnap) _mm512_storeu_ps(a.snap_vmax + i, vm);
       vm = _mm512_max_ps(vm, v);
       _mm512_storeu_ps(a.vmax + i, vm);
@@ -84,7 +103,11 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a) {
     _mm512_storeu_ps(a.v + i, v);
     StoreOut16<kO>(a.out, i, p);
   }
-  AdamScalarLoop<kG, kO, kAms, kL2, kSnap>(s, a, rounded_size, a.n);
+  if constexpr (kFused) {
+    RunFused(s, *f, rounded_size);
+  } else {
+    AdamScalarLoop<kG, kO, kAms, kL2, kSnap>(s, a, rounded_size, a.n);
+  }
 }
 
 }  // namespace
@@ -92,7 +115,14 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a) {
 void AdamKernelAvx512(const AdamStepScalars& s, const AdamKernelArgs& a) {
   DispatchAdam(a, [&](auto gc, auto oc, auto ac, auto lc, auto sc) {
     Loop<decltype(gc)::value, decltype(oc)::value, decltype(ac)::value, decltype(lc)::value,
-         decltype(sc)::value>(s, a);
+         decltype(sc)::value, false>(s, a, nullptr);
+  });
+}
+
+void AdamFusedKernelAvx512(const AdamStepScalars& s, const AdamFusedArgs& f) {
+  DispatchAdam(f.args, [&](auto gc, auto oc, auto ac, auto lc, auto sc) {
+    Loop<decltype(gc)::value, decltype(oc)::value, decltype(ac)::value, decltype(lc)::value,
+         decltype(sc)::value, true>(s, f.args, &f);
   });
 }
 

@@ -84,6 +84,7 @@ struct AdamFusedArgs {
 
 void AdamFusedKernelPortable(const AdamStepScalars& s, const AdamFusedArgs& f);
 void AdamFusedKernelAvx2(const AdamStepScalars& s, const AdamFusedArgs& f);
+void AdamFusedKernelAvx512(const AdamStepScalars& s, const AdamFusedArgs& f);
 
 /// Validates AdamStepFused's spans and options. Errors: as PrepareAdamArgs; kInvalidArgument
 /// (source and save both given; a source span of the wrong size or overlapping an output).
@@ -91,8 +92,8 @@ Result<AdamFusedArgs> PrepareFusedArgs(const AdamConfig& config, const AdamSpans
                                        const AdamFusedOptions& options);
 /// Elements [offset, offset + count).
 AdamFusedArgs SubFusedArgs(const AdamFusedArgs& f, size_t offset, size_t count);
-/// Runs the fused kernel of `path` (kAvx2 and kAvx512 take the AVX2 build, every other path the
-/// portable one: all give the same bits).
+/// Runs the fused kernel of `path` (kAvx2 and kAvx512 their own vector loops, every other path
+/// the portable one: all give the same bits).
 void RunFusedKernel(SimdPath path, const AdamStepScalars& s, const AdamFusedArgs& f);
 
 }  // namespace ucp::offload::internal

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/testutil/status_matchers.h"
+#include "ucp/tensor/float_bits.h"
 
 namespace ucp::offload {
 namespace {
@@ -231,6 +232,100 @@ TEST(AdamFused, RejectsSourceAndSaveTogetherAndBadSnapshots) {
   const AdamSpans spans[] = {s.Spans(0, 8)};
   EXPECT_THAT(adam.StepBucketFused(1, spans, {}, CpuAdam::SnapshotUse::kSave, 1.0f),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("snapshots")));
+}
+
+}  // namespace
+}  // namespace ucp::offload
+
+namespace ucp::offload {
+namespace {
+
+// The vector paths' fused loops (adam_avx2.cc, adam_avx512.cc) against the portable fused loop,
+// bitwise, over every variant they are instantiated for: gradient fp32/bf16/fp16, copy-out
+// none/bf16/fp16, AdamW and L2, amsgrad, and a plain, a speculative (save) and a correction
+// (source) step, at a size with a scalar tail. Gradients are scaled by a non-power of two, so the
+// multiply rounds.
+TEST(AdamFused, VectorPathsEqualThePortableLoopInEveryVariant) {
+  const size_t n = 16 * 5 + 13;
+  std::vector<SimdPath> vector_paths;
+  for (SimdPath p : {SimdPath::kAvx2, SimdPath::kAvx512}) {
+    if (SimdPathAvailable(p)) vector_paths.push_back(p);
+  }
+  if (vector_paths.empty()) GTEST_SKIP() << "no AVX2 or AVX-512 on this CPU";
+  struct Run {
+    std::vector<float> p, m, v, vmax, sp, sm, sv, svmax;
+    std::vector<uint16_t> out;
+  };
+  int variants = 0;
+  for (LowpDType gd : {LowpDType::kFp32, LowpDType::kBf16, LowpDType::kFp16}) {
+    for (LowpDType od : {LowpDType::kFp32, LowpDType::kBf16, LowpDType::kFp16}) {
+      for (bool decoupled : {true, false}) {
+        for (bool ams : {false, true}) {
+          for (int mode = 0; mode < 3; ++mode) {  // plain, save, source
+            AdamConfig c = Config();
+            c.decoupled = decoupled;
+            c.amsgrad = ams;
+            const State init(n, 97 + static_cast<uint64_t>(variants));
+            std::vector<float> g32 = init.g;
+            std::vector<uint16_t> g16(n);
+            for (size_t i = 0; i < n; ++i) {
+              g16[i] = gd == LowpDType::kBf16 ? Bf16FromFloat(g32[i]) : HalfFromFloat(g32[i]);
+            }
+            auto run = [&](SimdPath path) {
+              Run r{init.p, init.m, init.v, init.v, {}, {}, {}, {}, std::vector<uint16_t>(n)};
+              for (float& x : r.vmax) x *= 1.5f;
+              // The source a correction reads: a perturbed copy of the state.
+              r.sp = r.p;
+              r.sm = r.m;
+              r.sv = r.v;
+              r.svmax = r.vmax;
+              for (size_t i = 0; i < n; ++i) {
+                r.sp[i] += 1e-3f;
+                r.sm[i] *= 0.9f;
+                r.sv[i] *= 0.5f;
+                r.svmax[i] *= 2.0f;
+              }
+              AdamSpans s;
+              s.param = r.p;
+              s.grad = gd == LowpDType::kFp32 ? GradSpan::Fp32(g32)
+                       : gd == LowpDType::kBf16 ? GradSpan::Bf16(g16)
+                                                : GradSpan::Fp16(g16);
+              s.exp_avg = r.m;
+              s.exp_avg_sq = r.v;
+              if (ams) s.max_exp_avg_sq = r.vmax;
+              if (od == LowpDType::kBf16) s.out = LowpOutSpan::Bf16(r.out);
+              if (od == LowpDType::kFp16) s.out = LowpOutSpan::Fp16(r.out);
+              const AdamSnapshot snap{r.sp, r.sm, r.sv, ams ? std::span<float>(r.svmax)
+                                                            : std::span<float>()};
+              AdamFusedOptions o;
+              o.grad_scale = 0.37f;
+              if (mode == 1) o.save = &snap;
+              if (mode == 2) o.source = &snap;
+              const Status st = AdamStepFused(c, 5, s, o, path);
+              EXPECT_TRUE(st.ok()) << st.ToString();
+              return r;
+            };
+            const Run want = run(SimdPath::kPortable);
+            for (SimdPath path : vector_paths) {
+              const Run got = run(path);
+              auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+                return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+              };
+              EXPECT_TRUE(same(got.p, want.p) && same(got.m, want.m) && same(got.v, want.v) &&
+                          same(got.vmax, want.vmax) && same(got.sp, want.sp) &&
+                          same(got.sm, want.sm) && same(got.sv, want.sv) &&
+                          same(got.svmax, want.svmax) && got.out == want.out)
+                  << SimdPathName(path) << ": grad " << static_cast<int>(gd) << ", out "
+                  << static_cast<int>(od) << (decoupled ? ", AdamW" : ", L2")
+                  << (ams ? ", amsgrad" : "") << ", mode " << mode;
+            }
+            ++variants;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(variants, 3 * 3 * 2 * 2 * 3);
 }
 
 }  // namespace
