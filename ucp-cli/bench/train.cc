@@ -305,11 +305,16 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   // The optimizer state is the rank's ZeRO share (stage 0: all of it).
   UCP_ASSIGN_OR_RETURN(layout::Layout lay, layout::ParseLayout(layout));
   const double share = lay.zero_stage == 0 ? 1.0 : 1.0 / (lay.dp * lay.sp);
-  const double per_param = (dtype == "fp32" ? 4.0 : 6.0) + 4 + 12.0 * share;
+  // bf16 on a device: no host compute copy (the device widens its own weights).
+  const bool host_copy = !(on_device && dtype == "bf16");
+  const double per_param =
+      (dtype == "fp32" ? 4.0 : host_copy ? 6.0 : 2.0) + 4 + 12.0 * share;
   const double state_mib = per_param * static_cast<double>(n) / 1048576.0;
   os.precision(1);
   os << "peak RSS (process 0) " << rss << " MiB = " << per_param << " B/parameter of state ("
-     << (dtype == "fp32" ? "fp32 weights 4" : "training-dtype weights 2 + fp32 compute copy 4")
+     << (dtype == "fp32" ? "fp32 weights 4"
+         : host_copy     ? "training-dtype weights 2 + fp32 compute copy 4"
+                         : "bf16 weights 2; the fp32 compute copy is the device's")
      << " + fp32 grads 4 + master, exp_avg, exp_avg_sq 12 x " << share << ") = " << state_mib
      << " MiB, plus " << rss - state_mib << " MiB of activations, scratch, data and code\n";
   if (vm["torch"].as<bool>() && root) {

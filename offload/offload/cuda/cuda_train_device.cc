@@ -43,8 +43,10 @@ class CudaTrainDevice final : public TrainDevice {
 
   Status Init() {
     const int64_t n = model_.num_params();
+    // bf16 training needs no host fp32 weights (the device widens its own): may be empty.
+    const auto w32 = static_cast<int64_t>(spec_.h_weights32.size());
     if (static_cast<int64_t>(spec_.h_grads.size()) != n ||
-        static_cast<int64_t>(spec_.h_weights32.size()) != n ||
+        (w32 != n && !(w32 == 0 && spec_.weights == LowpDType::kBf16)) ||
         (lowp() && static_cast<int64_t>(spec_.h_weights16.size()) != n)) {
       return InvalidArgumentError("CUDA device: host buffers do not hold the model's " +
                                   std::to_string(n) + " parameters");
@@ -71,7 +73,7 @@ class CudaTrainDevice final : public TrainDevice {
     }
     // Pinned host memory: the copies run at the link's rate and need no bounce buffer.
     UCP_RETURN_IF_ERROR(Register(spec_.h_grads.data(), n * 4, "host gradients"));
-    UCP_RETURN_IF_ERROR(Register(spec_.h_weights32.data(), n * 4, "host fp32 weights"));
+    UCP_RETURN_IF_ERROR(Register(spec_.h_weights32.data(), w32 * 4, "host fp32 weights"));
     if (lowp()) UCP_RETURN_IF_ERROR(Register(spec_.h_weights16.data(), n * 2, "host weights"));
     return Status::Ok();
   }

@@ -33,10 +33,12 @@ class CpuTwinDevice final : public TrainDevice {
   std::string Describe() const override {
     // As the CUDA device's Describe: the host buffers it would pin (page_vector.h).
     int pinnable = 0, buffers = 0;
-    for (const void* p : {static_cast<const void*>(spec_.h_grads.data()),
-                          static_cast<const void*>(spec_.h_weights32.data()),
-                          lowp() ? static_cast<const void*>(spec_.h_weights16.data()) : nullptr}) {
-      if (p == nullptr) continue;
+    const std::pair<const void*, size_t> host[] = {
+        {spec_.h_grads.data(), spec_.h_grads.size()},
+        {spec_.h_weights32.data(), spec_.h_weights32.size()},
+        {spec_.h_weights16.data(), lowp() ? spec_.h_weights16.size() : 0}};
+    for (const auto& [p, n] : host) {
+      if (n == 0) continue;  // not used (bf16 has no host fp32 weights, fp32 no 16-bit ones)
       ++buffers;
       pinnable += StartsOnPage(p) ? 1 : 0;
     }
@@ -190,8 +192,10 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
   UCP_ASSIGN_OR_RETURN(Model model, Model::Create(spec.model, spec.max_batch, spec.seq_len,
                                                   spec.threads));
   const int64_t n = model.num_params();
+  // As the CUDA device: bf16 training needs no host fp32 weights (may be empty).
+  const auto w32 = static_cast<int64_t>(spec.h_weights32.size());
   if (static_cast<int64_t>(spec.h_grads.size()) != n ||
-      static_cast<int64_t>(spec.h_weights32.size()) != n ||
+      (w32 != n && !(w32 == 0 && spec.weights == LowpDType::kBf16)) ||
       (spec.weights != LowpDType::kFp32 && static_cast<int64_t>(spec.h_weights16.size()) != n)) {
     return InvalidArgumentError("twin device: host buffers do not hold the model's " +
                                 std::to_string(n) + " parameters");

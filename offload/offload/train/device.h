@@ -44,7 +44,8 @@ struct TrainDeviceSpec {
   int threads = 1;  ///< the host threads of the run (the CPU twin's model uses them)
   /// Host buffers the device copies from and to (registered as pinned memory by the CUDA device,
   /// so the copies run at the link's speed): the gradient, the training-dtype weights (bf16/fp16
-  /// bits; empty for fp32), the fp32 weights (fp32 training only). Kept alive by the trainer.
+  /// bits; empty for fp32), the fp32 weights (fp16 and fp32 training; empty for bf16, whose
+  /// weights the device widens itself). Kept alive by the trainer.
   /// Each should be a PageVector's (page_vector.h): the CUDA device pins whole pages, so a buffer
   /// must own its pages; one not starting on a page is left pageable.
   std::span<float> h_grads;

@@ -141,14 +141,18 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   auto& rows = plan.rows;
   // The GPU columns are what --device cuda allocates today: the device holds the training-dtype
   // weights, an fp32 compute copy (norms and embeddings read it; the fp32 GEMMs too) and the
-  // gradients; the host keeps its own copies of all three (uploads, the norm, checkpoints).
+  // gradients; the host keeps its own weights and gradients (uploads, the norm, checkpoints) and,
+  // except in bf16 (the device widens its own), the compute copy fp16/fp32 uploads.
   rows.push_back({MemClass::kWeights, "weights (" + std::string(LowpDTypeName(in.dtype)) + ")",
                   lowp ? n * 2 : 0, lowp ? n * 2 : 0, lowp ? n * 2 : 0,
                   lowp ? "the training copy the optimizer writes (the bf16 GEMMs read it)"
                        : "fp32 training: the compute copy below is the weights"});
-  rows.push_back({MemClass::kComputeCopy, "weights, fp32 compute copy", n * 4, n * 4, n * 4,
-                  lowp ? "widened from the weights (GPU: norms, embeddings, fp32 GEMMs)"
-                       : "the weights"});
+  const bool bf16 = in.dtype == LowpDType::kBf16;
+  rows.push_back({MemClass::kComputeCopy, "weights, fp32 compute copy", n * 4, n * 4,
+                  bf16 ? 0 : n * 4,
+                  !lowp ? "the weights"
+                  : bf16 ? "widened from the weights (GPU: on the device only)"
+                         : "widened from the weights (GPU: and on the host, which uploads it)"});
   rows.push_back({MemClass::kGradients, "gradients (fp32)", n * 4, n * 4, n * 4,
                   "accumulated over micro-batches (GPU: and their host copy)"});
   rows.push_back({MemClass::kOptimizer, "master + exp_avg + exp_avg_sq (fp32)", 3 * block * 4, 0, 3 * block * 4,

@@ -299,8 +299,9 @@ struct Trainer::Impl {
   // itself), the fp32 compute copy and the fp32 gradients.
   // Page-owning (page_vector.h): the CUDA device pins these three in place.
   PageVector<uint16_t> w_lp;
-  PageVector<float> w32;
+  PageVector<float> w32;  // empty when !host_compute_copy()
   PageVector<float> grads;
+  int64_t n_params = 0;
   // The processes (dp x sp) and this one's place among them.
   Communicator* comm = nullptr;
   std::unique_ptr<Communicator> own_comm;           // when the caller gave none
@@ -353,7 +354,13 @@ struct Trainer::Impl {
   }
 
   bool lowp() const { return dtype != DType::kFp32; }
-  int64_t numel() const { return static_cast<int64_t>(w32.size()); }
+  int64_t numel() const { return n_params; }
+  // Whether the host keeps the fp32 compute copy (w32): not when a device trains in bf16, which
+  // takes the bf16 weights and widens them itself (4 B/parameter less host memory).
+  bool host_compute_copy() const { return !(opts.device != "cpu" && dtype == DType::kBf16); }
+  // Rounds fp32 values into the training-dtype weights at canonical offset `at` (the copy-out's
+  // rounding: nearest even).
+  void RoundIntoWeights(const float* from, int64_t at, int64_t n);
 
   Status SetUpLayout();
   Status SetUpData();
@@ -579,6 +586,7 @@ void Trainer::Impl::InitWeights() {
   const auto& params = net->params();
   const ModelConfig& mc = net->config();
   const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(mc.layers));
+  std::vector<float> scratch;  // the largest parameter, when the host has no compute copy
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params[i];
     const bool norm = EndsWith(p.name, "layernorm.weight");
@@ -590,6 +598,9 @@ void Trainer::Impl::InitWeights() {
                             p.name == "output_layer.weight";
     const int64_t valid = vocab_rows ? mc.vocab * p.shape[1] : p.numel;
     const uint64_t stream = SplitMix64(cfg.seed) ^ Fnv1a(p.name);
+    // Into the compute copy, or (none on the host) a buffer of this parameter's size.
+    if (!host_compute_copy()) scratch.resize(static_cast<size_t>(p.numel));
+    float* dst = host_compute_copy() ? w32.data() + p.offset : scratch.data();
     // Each element is a pure function of (seed, name, index): any split over threads gives the
     // same bits (a billion-parameter model initialises in seconds rather than a minute).
     arena->execute([&] {
@@ -602,28 +613,42 @@ void Trainer::Impl::InitWeights() {
                                   : bias ? 0.0f
                                          : static_cast<float>(stdev * NormalAt(stream, e));
                             }
-                            w32[p.offset + e] = v;
+                            dst[e] = v;
                           }
                         });
     });
-  }
-  for (const Piece& pc : my_pieces()) {
-    std::memcpy(master.data() + pc.foff, w32.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
-  }
-  // The training-dtype weights are the master rounded to nearest even; the compute copy is
-  // widened back from them.
-  if (lowp()) {
-    for (int64_t e = 0; e < numel(); ++e) {
-      w_lp[e] = dtype == DType::kBf16 ? Bf16FromFloat(w32[e]) : HalfFromFloat(w32[e]);
+    // This rank's master pieces within the parameter.
+    for (const Piece& pc : my_pieces()) {
+      const int64_t lo = std::max(pc.coff, p.offset);
+      const int64_t hi = std::min(pc.coff + pc.n, p.offset + p.numel);
+      if (lo >= hi) continue;
+      std::memcpy(master.data() + pc.foff + (lo - pc.coff), dst + (lo - p.offset),
+                  static_cast<size_t>(hi - lo) * 4);
     }
-    WidenWeights();
+    // The training-dtype weights are the master rounded to nearest even.
+    if (lowp()) RoundIntoWeights(dst, p.offset, p.numel);
   }
+  // The compute copy is widened back from them.
+  WidenWeights();
+}
+
+void Trainer::Impl::RoundIntoWeights(const float* from, int64_t at, int64_t n) {
+  const bool bf16 = dtype == DType::kBf16;
+  uint16_t* out = w_lp.data() + at;
+  arena->execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kReduceChunk),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        for (int64_t e = r.begin(); e < r.end(); ++e) {
+                          out[e] = bf16 ? Bf16FromFloat(from[e]) : HalfFromFloat(from[e]);
+                        }
+                      });
+  });
 }
 
 void Trainer::Impl::WidenWeights() {
-  // A device training in bf16 takes the bf16 weights and widens them itself; fp16 and fp32 go
-  // over as the host's fp32 compute copy.
-  if (!lowp() || (device != nullptr && dtype == DType::kBf16)) return;
+  // A device training in bf16 takes the bf16 weights and widens them itself (no host copy);
+  // fp16 and fp32 go over as the host's fp32 compute copy.
+  if (!lowp() || !host_compute_copy()) return;
   const int64_t n = numel();
   const bool bf16 = dtype == DType::kBf16;
   arena->execute([&] {
@@ -688,21 +713,14 @@ Status Trainer::Impl::RefreshWeights() {
   for (int r = 0; r < blocks; ++r) {
     const float* b = src + (blocks > 1 ? static_cast<int64_t>(r) * block_size : 0);
     for (const Piece& pc : block_pieces[r]) {
-      std::memcpy(w32.data() + pc.coff, b + pc.foff, static_cast<size_t>(pc.n) * 4);
+      if (lowp()) {
+        RoundIntoWeights(b + pc.foff, pc.coff, pc.n);
+      } else {
+        std::memcpy(w32.data() + pc.coff, b + pc.foff, static_cast<size_t>(pc.n) * 4);
+      }
     }
   }
-  if (lowp()) {
-    const bool bf16 = dtype == DType::kBf16;
-    arena->execute([&] {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, numel(), kReduceChunk),
-                        [&](const tbb::blocked_range<int64_t>& r) {
-                          for (int64_t e = r.begin(); e < r.end(); ++e) {
-                            w_lp[e] = bf16 ? Bf16FromFloat(w32[e]) : HalfFromFloat(w32[e]);
-                          }
-                        });
-    });
-    WidenWeights();
-  }
+  WidenWeights();
   return Status::Ok();
 }
 
@@ -1516,7 +1534,8 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   t.arena.emplace(t.threads);
   UCP_RETURN_IF_ERROR(t.SetUpLayout());
   const size_t n = static_cast<size_t>(t.net->num_params());
-  t.w32.assign(n, 0.0f);
+  t.n_params = static_cast<int64_t>(n);
+  t.w32.assign(t.host_compute_copy() ? n : 0, 0.0f);
   t.grads.assign(n, 0.0f);
   if (t.lowp()) t.w_lp.assign(n, 0);
 

@@ -99,9 +99,15 @@ TEST_P(DeviceTwin, BitwiseTheCpuTrainer) {
                            Trainer::Create(c, Opts(tmp.path() / "twin", "twin", tail)));
   EXPECT_THAT(twin.Describe(), HasSubstr("device twin"));
   // The trainer's host buffers are page-owning (PageVector): the CUDA device pins all of them,
-  // and copies from a buffer sharing a pinned page would fail (cudaErrorInvalidValue).
-  EXPECT_THAT(twin.Describe(), HasSubstr(dtype == "fp32" ? "2 of 2 host buffers pinnable"
-                                                         : "3 of 3 host buffers pinnable"));
+  // and copies from a buffer sharing a pinned page would fail (cudaErrorInvalidValue). bf16
+  // has no host fp32 compute copy (the device widens its own weights), fp32 no 16-bit copy.
+  EXPECT_THAT(twin.Describe(), HasSubstr(dtype == "fp16" ? "3 of 3 host buffers pinnable"
+                                                         : "2 of 2 host buffers pinnable"));
+  // bf16 through a device: 4 B/parameter less host memory than the CPU trainer.
+  const int64_t cpu_copy = cpu.MemoryInUse()[static_cast<size_t>(MemClass::kComputeCopy)];
+  const int64_t twin_copy = twin.MemoryInUse()[static_cast<size_t>(MemClass::kComputeCopy)];
+  EXPECT_EQ(cpu_copy, cpu.num_params() * 4);
+  EXPECT_EQ(twin_copy, dtype == "bf16" ? 0 : twin.num_params() * 4);
   const Outcome a = Train(cpu, 5);
   const Outcome b = Train(twin, 5);
   ExpectSame(a, b);
