@@ -70,6 +70,11 @@ if [ -x "$bin/ucp-bench" ]; then
   grep -q "clipped in [01] of 1 timed steps (--clip 1; each clipped step corrects" "$work/out.txt" ||
     fail "ucp-bench train: the clipped count: $(cat "$work/out.txt")"
   expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --gpu-optimizer
+  # More tokens per step through micro-batches (gradient accumulation).
+  expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 4 --micro-batch 2 \
+    --steps 1 --device twin
+  grep -q "^schedule: .* of 4 samples (64 tokens) in micro-batches of 2" "$work/out.txt" ||
+    fail "ucp-bench train --micro-batch: $(cat "$work/out.txt")"
   # Built with CUDA on a machine without a GPU (CI): --device cuda says so before the trainer
   # builds its host state (exit 10, device error).
   if [ -d "$bin/../offload/offload/cuda" ] && ! nvidia-smi -L >/dev/null 2>&1; then

@@ -103,6 +103,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   const std::string model = vm["model"].as<std::string>();
   const int64_t seq = vm["seq-len"].as<int64_t>();
   const int64_t batch = vm["batch"].as<int64_t>();
+  const int64_t micro_batch = vm["micro-batch"].as<int64_t>();
   const int threads = vm["threads"].as<int>();
   const int steps = vm["steps"].as<int>();
   const std::string dtype = vm["dtype"].as<std::string>();
@@ -113,9 +114,9 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   const double peak = vm["peak-tflops"].as<double>();
   const bool gpu_optimizer = vm["gpu-optimizer"].as<bool>();
   const std::string pipeline = vm["pipeline"].as<std::string>();
-  if (seq < 1 || batch < 1 || threads < 1 || steps < 1 || !(peak > 0)) {
+  if (seq < 1 || batch < 1 || threads < 1 || steps < 1 || !(peak > 0) || micro_batch < 0) {
     return InvalidArgumentError("--seq-len, --batch, --threads and --steps must be >= 1, "
-                                "--peak-tflops > 0");
+                                "--micro-batch >= 0, --peak-tflops > 0");
   }
   if (device != "cpu" && device != "cuda" && device != "twin") {
     return InvalidArgumentError("--device " + device + ": must be cpu, cuda or twin");
@@ -171,7 +172,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   c.data = (work / "tokens.bin").string();
   c.seq_len = seq;
   c.global_batch = batch;
-  c.micro_batch = 0;
+  c.micro_batch = micro_batch;  // 0: the whole batch (per process) at once
   c.steps = steps + 1;
   c.val_every = 0;
   c.layout = layout;
@@ -374,7 +375,7 @@ Command MakeTrainBench() {
       .name = "train",
       .summary = "training-step tokens/s against PyTorch and the BLAS rate, same run",
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
-               "[--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
+               "[--micro-batch 0] [--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
                "[--gpu-gemm auto|fp32] [--peak-tflops 989]] [--clip 1]",
       .add_options =
@@ -383,6 +384,9 @@ Command MakeTrainBench() {
                             "model preset")(
                 "seq-len", po::value<int64_t>()->default_value(256), "tokens per sample")(
                 "batch", po::value<int64_t>()->default_value(4), "samples per step")(
+                "micro-batch", po::value<int64_t>()->default_value(0),
+                "samples per forward/backward (gradients accumulate over the step's "
+                "micro-batches: more tokens per step at the same activation memory); 0: all")(
                 "threads", po::value<int>()->default_value(2), "threads")(
                 "steps", po::value<int>()->default_value(3), "timed steps (after one warm-up)")(
                 "dtype", po::value<std::string>()->default_value("bf16"),
