@@ -154,6 +154,8 @@ struct Pipeline::Impl {
       const Result<bool> ok = backend->GradToHost(GradCopyBucket(k), mem.d_grad, grad_host, h_grad16,
                                                   opt.fp16_range_check);
       Trace("grad->host " + buckets[k].name, "transfer", TraceTrack::kTransfer, t0);
+      // Before `copied` counts it: WaitGradients returns only after every landing was reported.
+      if (ok.ok() && opt.on_grad_landed && grad_by_grad) opt.on_grad_landed(k);
       {
         std::lock_guard<std::mutex> lock(mu);
         // A failed transfer is never stepped; Drain reports it (the Adam stage still counts the

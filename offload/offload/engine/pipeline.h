@@ -88,6 +88,11 @@ struct PipelineOptions {
   LowpDType weights = LowpDType::kBf16;  ///< training dtype (kFp32: no low-precision copy)
   bool fp16_range_check = false;         ///< a |gradient| > 65504 is an overflow (fp16 training)
   TraceRecorder* trace = nullptr;        ///< optional, not owned
+  /// Optional: called on the copy stage's thread once bucket k's gradient has crossed into
+  /// memory.h_grad (model order; not with bf16_link or h_reduced_grad), before WaitGradients can
+  /// return. The trainer starts the gradient norm's sums there while backward goes on. It must
+  /// not block: the next bucket's copy waits for it.
+  std::function<void(int)> on_grad_landed;
 };
 
 /// What validation decided for the step (Pipeline::Finish).

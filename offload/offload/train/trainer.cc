@@ -13,6 +13,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
+#include <tbb/task_group.h>
 
 #include <algorithm>
 #include <array>
@@ -318,6 +319,21 @@ struct Trainer::Impl {
   std::map<std::string, int64_t> state_offset;    // rank tensor name -> offset in the block
   std::optional<CpuAdam> adam;
   std::unique_ptr<TraceRecorder> trace;  // --trace (before the pipeline, which points at it)
+  // --pipeline overlap of one process on a device: the gradient norm's chunk sums (the same
+  // chunks and function as after backward, so the same bits) start as soon as a chunk's last
+  // bucket has crossed, on the arena while backward goes on, instead of all after it.
+  struct EarlyNorm {
+    explicit EarlyNorm(tbb::task_arena* a) : arena(a) {}
+    // Inside the arena: with one thread it has no workers, and the waiter runs the sums.
+    ~EarlyNorm() { arena->execute([&] { tasks.wait(); }); }
+    tbb::task_arena* arena;
+    std::vector<std::atomic<int64_t>> left;  // per chunk: elements not landed yet this step
+    std::vector<double> partial;
+    std::vector<float> maxabs;
+    tbb::task_group tasks;
+  };
+  // Declared before the pipeline, so destroyed after it has joined its threads.
+  std::unique_ptr<EarlyNorm> early_norm;
   std::unique_ptr<Pipeline> pipeline;    // --pipeline overlap
   Status SetUpPipeline(const AdamConfig& ac);
   Status ResolveRun(const RunOptions& run, fs::path& start_ckpt,
@@ -361,6 +377,10 @@ struct Trainer::Impl {
   // Rounds fp32 values into the training-dtype weights at canonical offset `at` (the copy-out's
   // rounding: nearest even).
   void RoundIntoWeights(const float* from, int64_t at, int64_t n);
+
+  void EarlyNormBegin();                 // before backward: every chunk's count, tasks idle
+  void EarlyNormLanded(int bucket);      // the copy stage's thread
+  Status EarlyNormWait(int64_t chunks);  // after WaitGradients: every chunk summed
 
   Status SetUpLayout();
   Status SetUpData();
@@ -630,6 +650,53 @@ void Trainer::Impl::InitWeights() {
   }
   // The compute copy is widened back from them.
   WidenWeights();
+}
+
+void Trainer::Impl::EarlyNormBegin() {
+  EarlyNorm& en = *early_norm;
+  arena->execute([&] { en.tasks.wait(); });  // a cancelled step's sums may still run
+  const int64_t n = numel();
+  for (size_t c = 0; c < en.left.size(); ++c) {
+    const int64_t b = static_cast<int64_t>(c) * kReduceChunk;
+    en.left[c].store(std::min(n, b + kReduceChunk) - b, std::memory_order_relaxed);
+  }
+}
+
+void Trainer::Impl::EarlyNormLanded(int bucket) {
+  EarlyNorm& en = *early_norm;
+  const int64_t n = numel();
+  for (const BucketPiece& pc : pipeline->buckets()[static_cast<size_t>(bucket)].pieces) {
+    const int64_t lo = pc.grad_offset, hi = pc.grad_offset + pc.n;
+    for (int64_t c = lo / kReduceChunk; c * kReduceChunk < hi; ++c) {
+      const int64_t got = std::min(hi, (c + 1) * kReduceChunk) - std::max(lo, c * kReduceChunk);
+      // The bucket that lands a chunk's last elements sums it (acq_rel: the other buckets'
+      // copies into the chunk happen before).
+      if (en.left[static_cast<size_t>(c)].fetch_sub(got, std::memory_order_acq_rel) != got) continue;
+      arena->execute([&, c] {
+        en.tasks.run([this, &en, c, n] {
+          const int64_t b = c * kReduceChunk, e = std::min(n, b + kReduceChunk);
+          SumSquaresAndMax(std::span<const float>(grads).subspan(b, e - b),
+                           &en.partial[static_cast<size_t>(c)], &en.maxabs[static_cast<size_t>(c)]);
+        });
+      });
+    }
+  }
+}
+
+Status Trainer::Impl::EarlyNormWait(int64_t chunks) {
+  EarlyNorm& en = *early_norm;
+  arena->execute([&] { en.tasks.wait(); });
+  if (static_cast<int64_t>(en.left.size()) != chunks) {
+    return InternalError("gradient norm: " + std::to_string(en.left.size()) + " chunks for " +
+                         std::to_string(chunks));
+  }
+  for (size_t c = 0; c < en.left.size(); ++c) {
+    if (en.left[c].load(std::memory_order_acquire) != 0) {
+      return InternalError("gradient norm: chunk " + std::to_string(c) +
+                           " is missing gradients after every bucket crossed");
+    }
+  }
+  return Status::Ok();
 }
 
 void Trainer::Impl::RoundIntoWeights(const float* from, int64_t at, int64_t n) {
@@ -1157,6 +1224,16 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   if (!opts.trace.empty()) {
     trace = std::make_unique<TraceRecorder>();
     po.trace = trace.get();
+  }
+  if (device != nullptr && world == 1) {
+    // The gradient crosses into `grads` (model order) bucket by bucket: the norm's sums start
+    // there.
+    const size_t chunks = static_cast<size_t>((numel() + kReduceChunk - 1) / kReduceChunk);
+    early_norm = std::make_unique<EarlyNorm>(&*arena);
+    early_norm->left = std::vector<std::atomic<int64_t>>(chunks);
+    early_norm->partial.assign(chunks, 0.0);
+    early_norm->maxabs.assign(chunks, 0.0f);
+    po.on_grad_landed = [this](int k) { EarlyNormLanded(k); };
   }
   PipelineMemory mem{grads,
                      po.weights != LowpDType::kFp32 ? std::span<uint16_t>(w_lp)
@@ -1698,6 +1775,7 @@ Result<StepRecord> Trainer::Step() {
     // pipeline, which steps it speculatively with 1/loss_scale (this step's lr and number are
     // known now); a failure undoes every speculative step.
     if (t.trace != nullptr) t.trace->set_enabled(rec.step <= kTraceSteps);
+    if (t.early_norm != nullptr) t.EarlyNormBegin();
     UCP_RETURN_IF_ERROR(t.pipeline->Begin(t.optimizer_steps + 1,
                                           static_cast<float>(t.sched.At(t.consumed + G)),
                                           static_cast<float>(1.0 / t.scaler.scale)));
@@ -1792,14 +1870,23 @@ Result<StepRecord> Trainer::Step() {
   // gradient makes the sum NaN, which the test below catches).
   const int64_t nn = static_cast<int64_t>(norm_of.size());
   const int64_t chunks = (nn + kReduceChunk - 1) / kReduceChunk;
-  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-  std::vector<float> maxabs(static_cast<size_t>(chunks), 0.0f);
-  t.arena->execute([&] {
-    tbb::parallel_for(int64_t{0}, chunks, [&](int64_t c) {
-      const int64_t b = c * kReduceChunk, e = std::min(nn, b + kReduceChunk);
-      SumSquaresAndMax(norm_of.subspan(b, e - b), &partial[c], &maxabs[c]);
+  std::vector<double> partial;
+  std::vector<float> maxabs;
+  if (t.early_norm != nullptr && !det && norm_of.data() == t.grads.data()) {
+    // Summed while the buckets crossed.
+    UCP_RETURN_IF_ERROR(t.EarlyNormWait(chunks), "step " + std::to_string(rec.step));
+    partial = t.early_norm->partial;
+    maxabs = t.early_norm->maxabs;
+  } else {
+    partial.assign(static_cast<size_t>(chunks), 0.0);
+    maxabs.assign(static_cast<size_t>(chunks), 0.0f);
+    t.arena->execute([&] {
+      tbb::parallel_for(int64_t{0}, chunks, [&](int64_t c) {
+        const int64_t b = c * kReduceChunk, e = std::min(nn, b + kReduceChunk);
+        SumSquaresAndMax(norm_of.subspan(b, e - b), &partial[c], &maxabs[c]);
+      });
     });
-  });
+  }
   double ss = 0;
   float gmax = 0;
   for (int64_t c = 0; c < chunks; ++c) {
