@@ -69,6 +69,9 @@ if [ -x "$bin/ucp-bench" ]; then
     fail "ucp-bench train: the phase lines: $(cat "$work/out.txt")"
   grep -q "clipped in [01] of 1 timed steps (--clip 1; each clipped step corrects" "$work/out.txt" ||
     fail "ucp-bench train: the clipped count: $(cat "$work/out.txt")"
+  # What validation did: every bucket stepped during backward, then committed or corrected.
+  grep -Eq "overlap of the best step: [1-9][0-9]* buckets stepped during backward, [0-9]+ committed, [0-9]+ corrected, 0 undone" "$work/out.txt" ||
+    fail "ucp-bench train: the overlap line: $(cat "$work/out.txt")"
   expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --gpu-optimizer
   # More tokens per step through micro-batches (gradient accumulation).
   expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 4 --micro-batch 2 \

@@ -286,6 +286,12 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   os << "  clipped in " << clipped << " of " << steps << " timed steps (--clip " << clip.str()
      << (pipeline == "overlap" ? "; each clipped step corrects every speculative bucket)\n"
                                : ")\n");
+  if (pipeline == "overlap") {
+    const auto& o = best_rec.overlap;
+    os << "  overlap of the best step: " << o.speculated << " buckets stepped during backward, "
+       << o.committed << " committed, " << o.corrected << " corrected, " << o.rolled_back
+       << " undone\n";
+  }
   os.precision(2);
   os << "model FLOPs/token " << flops_token / 1e6 << " M -> " << step_flops / best / 1e9
      << " GFLOP/s\n";

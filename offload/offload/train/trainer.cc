@@ -2002,6 +2002,10 @@ Result<StepRecord> Trainer::Step() {
     }
   }
   phase_end(&rec.phases.optimizer);
+  if (t.pipeline != nullptr) {
+    const PipelineStats ps = t.pipeline->last_stats();
+    rec.overlap = {ps.speculated, ps.committed, ps.corrected, ps.rolled_back};
+  }
   if (t.device != nullptr && !rec.skipped) {
     // The overlapped pipeline of one process already moved the weights bucket by bucket.
     UCP_RETURN_IF_ERROR(t.pipeline != nullptr && t.world == 1 ? t.device->WeightsWritten()

@@ -125,6 +125,13 @@ struct StepRecord {
     double optimizer = 0;  ///< clip and AdamW (overlap: the validation), the weights widened
     double weights = 0;    ///< the new weights onto the device (--device)
   } phases;
+  /// --pipeline overlap: what validation did with this process's buckets (not logged).
+  struct Overlap {
+    int speculated = 0;   ///< stepped during backward
+    int committed = 0;    ///< kept as stepped
+    int corrected = 0;    ///< re-taken from the snapshot with the clip factor
+    int rolled_back = 0;  ///< undone (overflow)
+  } overlap;
 };
 
 class Trainer {
