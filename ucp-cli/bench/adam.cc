@@ -243,9 +243,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
         &status);
     UCP_RETURN_IF_ERROR(status);
     row("rollback (copy back)", rb_s, 24);
-    // The fused step with a gradient multiplier (what validation's correction and the device
-    // Adam's host twin run; adam_fused_loop.h, compiler-vectorised): same streams as the plain
-    // step.
+    // The fused step with a gradient multiplier (the trainer's clipped step, the overlapped
+    // pipeline's speculative and correction steps): the same streams as the plain step.
     const double fused_s = BestSeconds(
         repeat,
         [&] {

@@ -308,21 +308,23 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
        << "): " << sgemm_gflops << " GFLOP/s -> the step reaches "
        << 100.0 * (step_flops / best / 1e9) / sgemm_gflops << "% of it (aim >= 60%)\n";
   }
-  // Memory: the state the engine holds per parameter, and what is left is activations/scratch.
-  // The optimizer state is the rank's ZeRO share (stage 0: all of it).
-  UCP_ASSIGN_OR_RETURN(layout::Layout lay, layout::ParseLayout(layout));
-  const double share = lay.zero_stage == 0 ? 1.0 : 1.0 / (lay.dp * lay.sp);
-  // bf16 on a device: no host compute copy (the device widens its own weights).
-  const bool host_copy = !(on_device && dtype == "bf16");
-  const double per_param =
-      (dtype == "fp32" ? 4.0 : host_copy ? 6.0 : 2.0) + 4 + 12.0 * share;
+  // Memory: the state this process's trainer holds (Trainer::MemoryInUse, its buffers' bytes:
+  // the optimizer's ZeRO share, no host compute copy for bf16 on a device) per parameter; what
+  // is left of the peak is activations, scratch, data and code.
+  const std::vector<int64_t> in_use = t.MemoryInUse();
+  auto per = [&](offload::MemClass cls) {
+    return static_cast<double>(in_use[static_cast<size_t>(cls)]) / static_cast<double>(n);
+  };
+  const double per_param = per(offload::MemClass::kWeights) +
+                           per(offload::MemClass::kComputeCopy) +
+                           per(offload::MemClass::kGradients) + per(offload::MemClass::kOptimizer);
   const double state_mib = per_param * static_cast<double>(n) / 1048576.0;
   os.precision(1);
   os << "peak RSS (process 0) " << rss << " MiB = " << per_param << " B/parameter of state ("
-     << (dtype == "fp32" ? "fp32 weights 4"
-         : host_copy     ? "training-dtype weights 2 + fp32 compute copy 4"
-                         : "bf16 weights 2; the fp32 compute copy is the device's")
-     << " + fp32 grads 4 + master, exp_avg, exp_avg_sq 12 x " << share << ") = " << state_mib
+     << "training-dtype weights " << per(offload::MemClass::kWeights) << " + fp32 compute copy "
+     << per(offload::MemClass::kComputeCopy) << " + fp32 grads "
+     << per(offload::MemClass::kGradients) << " + master, exp_avg, exp_avg_sq "
+     << per(offload::MemClass::kOptimizer) << ") = " << state_mib
      << " MiB, plus " << rss - state_mib << " MiB of activations, scratch, data and code\n";
   if (vm["torch"].as<bool>() && root) {
     const fs::path preset = api::UcpDataDir() / "models" / (model + ".json");

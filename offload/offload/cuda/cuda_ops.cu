@@ -860,6 +860,9 @@ struct AttnPlan {
   uint16_t* dout16 = nullptr;
   float* S32 = nullptr;
   __nv_bfloat16* P16 = nullptr;
+  float* dP32 = nullptr;
+  float* dK32 = nullptr;
+  float* dV32 = nullptr;
   void* const* Kind(AttnPtr k, int64_t p0) const { return ptrs + k * BNH + p0; }
 };
 
@@ -884,6 +887,9 @@ Result<AttnPlan> PlanAttention(const char* what, const Blas& blas, void* scratch
   p.ptrs = reinterpret_cast<void**>(base + p.a.ptrs);
   p.S32 = reinterpret_cast<float*>(base + p.a.S);
   p.P16 = reinterpret_cast<__nv_bfloat16*>(base + p.a.P16);
+  p.dP32 = reinterpret_cast<float*>(base + p.a.dP);
+  p.dK32 = reinterpret_cast<float*>(base + p.a.dK);
+  p.dV32 = reinterpret_cast<float*>(base + p.a.dV);
   const int64_t ah = p.ah;
   const Qkv L{NH / KV, hd, p.row};
   std::vector<void*> h(static_cast<size_t>(kPtrKinds * p.BNH), nullptr);
@@ -900,9 +906,9 @@ Result<AttnPlan> PlanAttention(const char* what, const Blas& blas, void* scratch
   for (int64_t i = 0; i < p.pairs; ++i) {
     at(kS, i) = p.S32 + i * T * T;
     at(kP16, i) = p.P16 + i * T * T;
-    at(kDP, i) = reinterpret_cast<float*>(base + p.a.dP) + i * T * T;
-    at(kDK, i) = reinterpret_cast<float*>(base + p.a.dK) + i * T * hd;
-    at(kDV, i) = reinterpret_cast<float*>(base + p.a.dV) + i * T * hd;
+    at(kDP, i) = p.dP32 + i * T * T;
+    at(kDK, i) = p.dK32 + i * T * hd;
+    at(kDV, i) = p.dV32 + i * T * hd;
   }
   // Pageable source: the call returns once the pointers are staged, so h may go.
   if (cudaMemcpyAsync(p.ptrs, h.data(), h.size() * sizeof(void*), cudaMemcpyHostToDevice,
@@ -965,7 +971,6 @@ Status AttentionBackwardGemm(const Blas& blas, float* dqkv, const float* dout, c
                                                  scratch_bytes, qkv, nullptr, dqkv, B, T, NH, KV,
                                                  hd));
   const Qkv L{NH / KV, hd, p.row};
-  char* base = static_cast<char*>(scratch);
   UCP_RETURN_IF_ERROR(CastFp32ToBf16(dout, p.dout16, B * T * p.ah, p.st));
   for (int64_t p0 = 0; p0 < p.BNH; p0 += p.pairs) {
     const int64_t n = std::min(p.pairs, p.BNH - p0);
@@ -981,7 +986,7 @@ Status AttentionBackwardGemm(const Blas& blas, float* dqkv, const float* dout, c
                                         p.Kind(kDP, 0), T, n, "attention dP"));
     // dS = P (dP - rowsum(P dP)) scale, in bf16 over P16 (dv has read it)
     SoftmaxBackwardKernel<<<static_cast<unsigned>(n * T), kThreads, 0, p.st>>>(
-        p.P16, p.S32, reinterpret_cast<float*>(base + p.a.dP), T, p.scale);
+        p.P16, p.S32, p.dP32, T, p.scale);
     UCP_RETURN_IF_ERROR(Launched("attention softmax backward"));
     // dq_t += sum_j dS[t, j] k_j, straight into dqkv (each pair its own head's slot)
     UCP_RETURN_IF_ERROR(GemmBf16Batched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T,
@@ -992,8 +997,7 @@ Status AttentionBackwardGemm(const Blas& blas, float* dqkv, const float* dout, c
                                         p.Kind(kQ16, p0), p.row, p.Kind(kP16, 0), T, 0.0f,
                                         p.Kind(kDK, 0), hd, n, "attention dk"));
     GroupKvGradKernel<<<Grid(n / L.hpg * T * hd), kThreads, 0, p.st>>>(
-        dqkv, reinterpret_cast<float*>(base + p.a.dK), reinterpret_cast<float*>(base + p.a.dV),
-        n, T, NH, L, p0);
+        dqkv, p.dK32, p.dV32, n, T, NH, L, p0);
     UCP_RETURN_IF_ERROR(Launched("attention dk dv"));
   }
   return Status::Ok();

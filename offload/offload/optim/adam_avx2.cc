@@ -52,20 +52,8 @@ inline void StoreOut8(uint16_t* out, size_t i, __m256 p) {
 // portable fused loop): the same arithmetic as the scalar elements, so the same bits.
 template <LowpDType kG, LowpDType kO, bool kAms, bool kL2, bool kSnap, bool kFused>
 void Loop(const AdamStepScalars& s, const AdamKernelArgs& a, const AdamFusedArgs* f) {
-  const float* p_in = a.p;
-  const float* m_in = a.m;
-  const float* v_in = a.v;
-  const float* vmax_in = a.vmax;
-  [[maybe_unused]] __m256 scale = _mm256_set1_ps(1.0f);
-  if constexpr (kFused) {
-    if (f->src_p != nullptr) {
-      p_in = f->src_p;
-      m_in = f->src_m;
-      v_in = f->src_v;
-      vmax_in = f->src_vmax;
-    }
-    scale = _mm256_set1_ps(f->grad_scale);
-  }
+  const PreStepState in = PreStepFrom(a, f);
+  [[maybe_unused]] const __m256 scale = _mm256_set1_ps(kFused ? f->grad_scale : 1.0f);
   const __m256 beta1 = _mm256_set1_ps(s.beta1);
   const __m256 one_minus_beta1 = _mm256_set1_ps(s.one_minus_beta1);
   const __m256 beta2 = _mm256_set1_ps(s.beta2);
@@ -77,9 +65,9 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a, const AdamFusedArgs
   const __m256 inv_sqrt_bias2 = _mm256_set1_ps(s.inv_sqrt_bias2);
   const size_t rounded_size = a.n - a.n % kLanes;
   for (size_t i = 0; i < rounded_size; i += kLanes) {
-    __m256 p = _mm256_loadu_ps(p_in + i);
-    __m256 m = _mm256_loadu_ps(m_in + i);
-    __m256 v = _mm256_loadu_ps(v_in + i);
+    __m256 p = _mm256_loadu_ps(in.p + i);
+    __m256 m = _mm256_loadu_ps(in.m + i);
+    __m256 v = _mm256_loadu_ps(in.v + i);
     if constexpr (kSnap) {
       _mm256_storeu_ps(a.snap_p + i, p);
       _mm256_storeu_ps(a.snap_m + i, m);
@@ -92,7 +80,7 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a, const AdamFusedArgs
     v = _mm256_fmadd_ps(beta2, v, _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, g), g));
     __m256 vu = v;
     if constexpr (kAms) {
-      __m256 vm = _mm256_loadu_ps(vmax_in + i);
+      __m256 vm = _mm256_loadu_ps(in.vmax + i);
       if constexpr (kSnap) _mm256_storeu_ps(a.snap_vmax + i, vm);
       vm = _mm256_max_ps(vm, v);
       _mm256_storeu_ps(a.vmax + i, vm);

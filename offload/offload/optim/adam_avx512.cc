@@ -50,20 +50,8 @@ inline void StoreOut16(uint16_t* out, size_t i, __m512 p) {
 // portable fused loop): the same arithmetic as the scalar elements, so the same bits.
 template <LowpDType kG, LowpDType kO, bool kAms, bool kL2, bool kSnap, bool kFused>
 void Loop(const AdamStepScalars& s, const AdamKernelArgs& a, const AdamFusedArgs* f) {
-  const float* p_in = a.p;
-  const float* m_in = a.m;
-  const float* v_in = a.v;
-  const float* vmax_in = a.vmax;
-  [[maybe_unused]] __m512 scale = _mm512_set1_ps(1.0f);
-  if constexpr (kFused) {
-    if (f->src_p != nullptr) {
-      p_in = f->src_p;
-      m_in = f->src_m;
-      v_in = f->src_v;
-      vmax_in = f->src_vmax;
-    }
-    scale = _mm512_set1_ps(f->grad_scale);
-  }
+  const PreStepState in = PreStepFrom(a, f);
+  [[maybe_unused]] const __m512 scale = _mm512_set1_ps(kFused ? f->grad_scale : 1.0f);
   const __m512 beta1 = _mm512_set1_ps(s.beta1);
   const __m512 one_minus_beta1 = _mm512_set1_ps(s.one_minus_beta1);
   const __m512 beta2 = _mm512_set1_ps(s.beta2);
@@ -75,9 +63,9 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a, const AdamFusedArgs
   const __m512 inv_sqrt_bias2 = _mm512_set1_ps(s.inv_sqrt_bias2);
   const size_t rounded_size = a.n - a.n % kLanes;
   for (size_t i = 0; i < rounded_size; i += kLanes) {
-    __m512 p = _mm512_loadu_ps(p_in + i);
-    __m512 m = _mm512_loadu_ps(m_in + i);
-    __m512 v = _mm512_loadu_ps(v_in + i);
+    __m512 p = _mm512_loadu_ps(in.p + i);
+    __m512 m = _mm512_loadu_ps(in.m + i);
+    __m512 v = _mm512_loadu_ps(in.v + i);
     if constexpr (kSnap) {
       _mm512_storeu_ps(a.snap_p + i, p);
       _mm512_storeu_ps(a.snap_m + i, m);
@@ -90,7 +78,7 @@ void Loop(const AdamStepScalars& s, const AdamKernelArgs& a, const AdamFusedArgs
     v = _mm512_fmadd_ps(beta2, v, _mm512_mul_ps(_mm512_mul_ps(one_minus_beta2, g), g));
     __m512 vu = v;
     if constexpr (kAms) {
-      __m512 vm = _mm512_loadu_ps(vmax_in + i);
+      __m512 vm = _mm512_loadu_ps(in.vmax + i);
       if constexpr (kSnap) _mm512_storeu_ps(a.snap_vmax + i, vm);
       vm = _mm512_max_ps(vm, v);
       _mm512_storeu_ps(a.vmax + i, vm);

@@ -82,6 +82,19 @@ struct AdamFusedArgs {
   float grad_scale = 1.0f;
 };
 
+/// Where a step reads the pre-step state: f's source (a speculative step's snapshot) when it
+/// has one, else the live spans (f null: a plain AdamStep).
+struct PreStepState {
+  const float* p;
+  const float* m;
+  const float* v;
+  const float* vmax;
+};
+inline PreStepState PreStepFrom(const AdamKernelArgs& a, const AdamFusedArgs* f) {
+  if (f != nullptr && f->src_p != nullptr) return {f->src_p, f->src_m, f->src_v, f->src_vmax};
+  return {a.p, a.m, a.v, a.vmax};
+}
+
 void AdamFusedKernelPortable(const AdamStepScalars& s, const AdamFusedArgs& f);
 void AdamFusedKernelAvx2(const AdamStepScalars& s, const AdamFusedArgs& f);
 void AdamFusedKernelAvx512(const AdamStepScalars& s, const AdamFusedArgs& f);

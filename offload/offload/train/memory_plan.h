@@ -12,7 +12,8 @@
 //     offloaded): on the device the training-dtype weights, their fp32 compute copy, fp32
 //     gradients and activations (not counted: the bf16 GEMMs' rounding scratch and the GEMM
 //     attention's pass buffers, about 2 GiB); on the host the trainer's own copies of the
-//     weights, compute copy and gradients, the fp32 masters, exp_avg and exp_avg_sq, the ZeRO
+//     weights and gradients (and, but in bf16, of the compute copy: the device widens bf16
+//     weights itself), the fp32 masters, exp_avg and exp_avg_sq, the ZeRO
 //     buffers, the pipeline's staging and a save's staging. memory_plan_test checks the host
 //     column, and the device's weights, copy and gradients, against a trainer on the CPU twin
 //     device. The weights are RESIDENT when everything fits in the device's capacity (less a

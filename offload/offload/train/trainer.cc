@@ -1870,22 +1870,26 @@ Result<StepRecord> Trainer::Step() {
   // gradient makes the sum NaN, which the test below catches).
   const int64_t nn = static_cast<int64_t>(norm_of.size());
   const int64_t chunks = (nn + kReduceChunk - 1) / kReduceChunk;
-  std::vector<double> partial;
-  std::vector<float> maxabs;
+  std::vector<double> own_partial;
+  std::vector<float> own_maxabs;
+  std::span<const double> partial;
+  std::span<const float> maxabs;
   if (t.early_norm != nullptr && !det && norm_of.data() == t.grads.data()) {
     // Summed while the buckets crossed.
     UCP_RETURN_IF_ERROR(t.EarlyNormWait(chunks), "step " + std::to_string(rec.step));
     partial = t.early_norm->partial;
     maxabs = t.early_norm->maxabs;
   } else {
-    partial.assign(static_cast<size_t>(chunks), 0.0);
-    maxabs.assign(static_cast<size_t>(chunks), 0.0f);
+    own_partial.assign(static_cast<size_t>(chunks), 0.0);
+    own_maxabs.assign(static_cast<size_t>(chunks), 0.0f);
     t.arena->execute([&] {
       tbb::parallel_for(int64_t{0}, chunks, [&](int64_t c) {
         const int64_t b = c * kReduceChunk, e = std::min(nn, b + kReduceChunk);
-        SumSquaresAndMax(norm_of.subspan(b, e - b), &partial[c], &maxabs[c]);
+        SumSquaresAndMax(norm_of.subspan(b, e - b), &own_partial[c], &own_maxabs[c]);
       });
     });
+    partial = own_partial;
+    maxabs = own_maxabs;
   }
   double ss = 0;
   float gmax = 0;
@@ -2002,10 +2006,7 @@ Result<StepRecord> Trainer::Step() {
     }
   }
   phase_end(&rec.phases.optimizer);
-  if (t.pipeline != nullptr) {
-    const PipelineStats ps = t.pipeline->last_stats();
-    rec.overlap = {ps.speculated, ps.committed, ps.corrected, ps.rolled_back};
-  }
+  if (t.pipeline != nullptr) rec.overlap = t.pipeline->last_stats();
   if (t.device != nullptr && !rec.skipped) {
     // The overlapped pipeline of one process already moved the weights bucket by bucket.
     UCP_RETURN_IF_ERROR(t.pipeline != nullptr && t.world == 1 ? t.device->WeightsWritten()

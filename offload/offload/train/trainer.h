@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/engine/pipeline.h"
 #include "offload/train/device.h"
 #include "offload/train/memory_plan.h"
 #include "offload/train/schedule.h"
@@ -126,12 +127,7 @@ struct StepRecord {
     double weights = 0;    ///< the new weights onto the device (--device)
   } phases;
   /// --pipeline overlap: what validation did with this process's buckets (not logged).
-  struct Overlap {
-    int speculated = 0;   ///< stepped during backward
-    int committed = 0;    ///< kept as stepped
-    int corrected = 0;    ///< re-taken from the snapshot with the clip factor
-    int rolled_back = 0;  ///< undone (overflow)
-  } overlap;
+  PipelineStats overlap;
 };
 
 class Trainer {
