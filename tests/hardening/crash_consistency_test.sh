@@ -104,6 +104,9 @@ wait_code() {  # PID: sets rc to its exit code (not in a subshell: wait needs th
 }
 leftover_check() {  # DIR PATTERN LABEL
   local left
+  # A process signalled before it made DIR left nothing (and find's failure on a missing DIR
+  # would end this script under pipefail).
+  [ -d "$1" ] || return 0
   left=$(find "$1" -maxdepth 2 -name "$2" 2>/dev/null | wc -l)
   if [ "$left" -gt 0 ]; then
     echo "FAIL: $3 left: $(find "$1" -maxdepth 2 -name "$2" | tr '\n' ' ')"
