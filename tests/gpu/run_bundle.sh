@@ -124,6 +124,12 @@ step bench_train_1b_overlap 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.js
   --pipeline overlap
 ok_or_fail
 show bench_train_1b_overlap 20
+# The same clipped step finished before the next begins (--sync-finish): the line above runs the
+# corrections and the weights' return under the next step's forward; the ratio is what that hides.
+step bench_train_1b_overlap_syncfinish 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" \
+  --steps 2 --pipeline overlap --sync-finish
+ok_or_fail
+show bench_train_1b_overlap_syncfinish 20
 step bench_train_1b_overlap_noclip 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" \
   --steps 2 --pipeline overlap --clip 0
 ok_or_fail

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   RunOptions r;
   std::string out, resume, init, data_dir, corpus_dir, tokenize, tokens_out;
   std::string device_memory, host_memory;
-  bool quiet = false, sync_save = false, plan = false;
+  bool quiet = false, sync_save = false, plan = false, sync_finish = false;
   int64_t kill_at = -1;
   int kill_rank = -1;
   po::options_description run("run definition (recorded in checkpoints)");
@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
      "the last buckets of backward (first layers, embeddings) stepped on the device: overlap "
      "on the CPU, or --device cuda|twin (a device Adam on device-resident fp32 masters; one "
      "process)")
+    ("sync-finish", po::bool_switch(&sync_finish),
+     "--pipeline overlap on a device (one process, bf16): finish each step (the clip "
+     "corrections, the weights to the device) before the next begins, instead of under the next "
+     "step's forward, which waits for each layer's weights as it reaches them (the same bits)")
     ("gpu-gemm", po::value(&r.gpu_gemm)->default_value("auto"),
      "--device cuda: what the matrix products read: auto (bf16 training: the bf16 weights and "
      "bf16-rounded activations, fp32 accumulation on the tensor cores; else fp32) or fp32 (the "
@@ -227,6 +231,7 @@ int main(int argc, char** argv) {
   r.data_dir = data_dir;
   r.corpus_dir = corpus_dir;
   r.async_save = !sync_save;
+  r.finish_under_forward = !sync_finish;
   r.init = init;
   if (!resume.empty()) {
     r.resume = resume;

@@ -127,6 +127,7 @@ class CudaTrainDevice final : public TrainDevice {
     Status recorded;
     BackwardHook h;
     h.on_backward_begin = hook->on_backward_begin;
+    h.on_group_needed = hook->on_group_needed;
     h.on_group_done = [&](int k) {
       if (k < 0 || k >= static_cast<int>(group_done_.size())) {
         if (recorded.ok()) recorded = InternalError("grad group " + std::to_string(k));
@@ -228,6 +229,23 @@ class CudaTrainDevice final : public TrainDevice {
                                "weights to the device"));
     }
     return Cuda(cudaStreamSynchronize(stream_), "widening the weights");
+  }
+
+  // On the model's stream, so the group's forward kernels, queued after it, read the widened
+  // copy; the weights themselves crossed on the pipeline's copy stream, which the caller waited
+  // for (Pipeline::WaitFinished).
+  Status GroupWeightsWritten(int group) override {
+    if (group < 0 || group >= static_cast<int>(group_ranges_.size())) {
+      return InvalidArgumentError("CUDA device: no grad group " + std::to_string(group));
+    }
+    const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
+    if (spec_.weights == LowpDType::kBf16) {
+      return CastBf16ToFp32(d_w16_ + b, d_w32_ + b, e - b, model_.stream());
+    }
+    return Cuda(cudaMemcpyAsync(d_w32_ + b, spec_.h_weights32.data() + b, (e - b) * 4,
+                                cudaMemcpyHostToDevice, static_cast<cudaStream_t>(model_.stream())),
+                "weights of grad group " + std::to_string(group) + " to the device");
   }
 
   int64_t device_bytes() const override {

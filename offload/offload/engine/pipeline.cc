@@ -102,6 +102,17 @@ struct Pipeline::Impl {
   int done = 0, copied = 0;
   bool stop = false;
   Status error;
+
+  // The finish in flight (StartFinish): buckets queued in forward's order on the Adam thread;
+  // finished[k]: 1 once bucket k's final weights are on the device, 2 when it failed or was
+  // passed over after an earlier bucket's failure.
+  bool finishing = false;
+  Validation fin_v;
+  bool fin_same_scale = false;
+  std::deque<int> fin_q;
+  std::vector<char> finished;
+  int fin_left = 0;
+  Status fin_error;
   std::thread copy_thread, adam_thread;
 
   void Trace(std::string name, const char* cat, TraceTrack track, Clock::time_point b) {
@@ -180,8 +191,15 @@ struct Pipeline::Impl {
       bool ok;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || !adam_q.empty(); });
+        cv.wait(lock, [&] { return stop || !adam_q.empty() || !fin_q.empty(); });
         if (stop) return;
+        if (adam_q.empty()) {
+          k = fin_q.front();
+          fin_q.pop_front();
+          lock.unlock();
+          FinishQueued(k, spans, snaps);
+          continue;
+        }
         k = adam_q.front();
         adam_q.pop_front();
         ok = finite[k];
@@ -207,6 +225,109 @@ struct Pipeline::Impl {
       }
       cv.notify_all();
     }
+  }
+
+  // Validation's work on bucket k (the stats are counted by CountStats).
+  Status FinishBucket(int k, const Validation& v, bool same_scale, std::vector<AdamSpans>& spans,
+                      std::vector<AdamSnapshot>& snaps) {
+    const auto t0 = Clock::now();
+    const std::string& name = buckets[k].name;
+    switch (fate[k]) {
+      case Fate::kSpeculated:
+        if (same_scale) return Status::Ok();
+        // The clip correction: one pass from the snapshot with the final multiplier.
+        Spans(k, false, spans, snaps);
+        UCP_RETURN_IF_ERROR(adam->StepBucketFused(step, spans, snaps, CpuAdam::SnapshotUse::kSource,
+                                                  v.grad_scale));
+        Trace("correct " + name, "validate", TraceTrack::kValidate, t0);
+        return Status::Ok();
+      case Fate::kDeferred:
+        Spans(k, false, spans, snaps);
+        UCP_RETURN_IF_ERROR(
+            adam->StepBucketFused(step, spans, {}, CpuAdam::SnapshotUse::kNone, v.grad_scale));
+        Trace("deferred " + name, "validate", TraceTrack::kValidate, t0);
+        return Status::Ok();
+      case Fate::kDevice:
+        Spans(k, true, spans, snaps);
+        UCP_RETURN_IF_ERROR(
+            adam->StepBucketFused(step, spans, {}, CpuAdam::SnapshotUse::kNone, v.grad_scale));
+        Trace("adam " + name, "device", TraceTrack::kDeviceAdam, t0);
+        return Status::Ok();
+      case Fate::kCaller:
+        return Status::Ok();  // the caller's device Adam steps it after Finish
+      case Fate::kPending:
+        break;
+    }
+    UCP_CHECK(false) << "pipeline: bucket " << name << " was never processed";
+    return Status::Ok();
+  }
+
+  // Whether bucket k's updated weights go device-ward (not a caller-stepped tail bucket's, not
+  // in fp32 training).
+  bool SendsWeights(int k) const {
+    return opt.weights != LowpDType::kFp32 && !(opt.tail_stepped_by_caller && k >= num_cpu);
+  }
+
+  void CountStats(const Validation& v, bool same_scale) {
+    for (int k = 0; k < static_cast<int>(buckets.size()); ++k) {
+      switch (fate[k]) {
+        case Fate::kSpeculated:
+          stats.speculated += 1;
+          if (v.skip) break;
+          (same_scale ? stats.committed : stats.corrected) += 1;
+          break;
+        case Fate::kDeferred: stats.deferred += 1; break;
+        case Fate::kDevice:
+        case Fate::kCaller: stats.device += v.skip ? 0 : 1; break;
+        case Fate::kPending: break;
+      }
+    }
+  }
+
+  // What Finish and StartFinish do before any bucket's work: wait for the Adam stage (a failure
+  // there undoes the step), compare the multipliers bitwise and count the stats. Returns whether
+  // the final multiplier is the speculative one (a commit).
+  Result<bool> Decide(const Validation& v) {
+    const auto t_wait = Clock::now();
+    Status drained = Drain();
+    Trace("wait for cpu adam", "validate", TraceTrack::kValidate, t_wait);
+    if (!drained.ok()) {
+      UCP_RETURN_IF_ERROR(Undo());
+      in_step = false;
+      return drained;
+    }
+    uint32_t a, b;
+    std::memcpy(&a, &v.grad_scale, 4);
+    std::memcpy(&b, &spec_scale, 4);
+    CountStats(v, a == b);
+    return a == b;
+  }
+
+  // One bucket of the finish in flight, on the Adam thread.
+  void FinishQueued(int k, std::vector<AdamSpans>& spans, std::vector<AdamSnapshot>& snaps) {
+    Status st;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      st = fin_error;  // after a failure the rest only count down (and are not final)
+    }
+    if (st.ok()) {
+      st = FinishBucket(k, fin_v, fin_same_scale, spans, snaps);
+      if (!st.ok()) {
+        st = st.WithContext("pipeline step " + std::to_string(step));
+      } else if (SendsWeights(k)) {
+        const auto t0 = Clock::now();
+        st = backend->WeightsToDevice(OutCopyBucket(k), out_host, mem.d_weights);
+        if (!st.ok()) st = st.WithContext("weights of bucket " + buckets[k].name + " to the device");
+        Trace("weights->device " + buckets[k].name, "transfer", TraceTrack::kTransfer, t0);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!st.ok() && fin_error.ok()) fin_error = st;
+      finished[k] = st.ok() ? 1 : 2;
+      fin_left -= 1;
+    }
+    cv.notify_all();
   }
 
   // Waits until the Adam stage has finished every host bucket handed over
@@ -379,6 +500,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
   p.fate.assign(static_cast<size_t>(nb), Fate::kPending);
   p.handed.assign(p.fate.size(), 0);
   p.finite.assign(p.fate.size(), 0);
+  p.finished.assign(p.fate.size(), 0);
   auto out = std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
   Impl* ip = out->impl_.get();
   ip->copy_thread = std::thread([ip] { ip->CopyLoop(); });
@@ -398,6 +520,7 @@ int64_t Pipeline::host_staging_bytes() const {
 
 Status Pipeline::Begin(int64_t step, float lr, float speculative_grad_scale) {
   Impl& p = *impl_;
+  UCP_RETURN_IF_ERROR(WaitFinished(), "the previous step's finish");
   if (p.in_step) return FailedPreconditionError("pipeline: step " + std::to_string(p.step) +
                                                 " is still in flight (Finish or Cancel it)");
   UCP_RETURN_IF_ERROR(p.adam->set_lr(lr), "pipeline step " + std::to_string(step));
@@ -495,69 +618,24 @@ Status Pipeline::Finish(const Validation& v) {
                                    std::to_string(p.buckets.size()) +
                                    " buckets were handed over before Finish");
   }
-  const auto t_wait = Clock::now();
-  Status drained = p.Drain();
-  p.Trace("wait for cpu adam", "validate", TraceTrack::kValidate, t_wait);
-  if (!drained.ok()) {
-    UCP_RETURN_IF_ERROR(p.Undo());
-    p.in_step = false;
-    return drained;
-  }
-  for (int k = 0; k < p.num_cpu; ++k) p.stats.speculated += p.fate[k] == Fate::kSpeculated;
+  UCP_ASSIGN_OR_RETURN(const bool same_scale, p.Decide(v));
   if (v.skip) {
-    for (int k = 0; k < p.num_cpu; ++k) p.stats.deferred += p.fate[k] == Fate::kDeferred;
     Status st = p.Undo();
     p.in_step = false;
     return st;
   }
   std::vector<AdamSpans> spans;
   std::vector<AdamSnapshot> snaps;
-  uint32_t a, b;
-  std::memcpy(&a, &v.grad_scale, 4);
-  std::memcpy(&b, &p.spec_scale, 4);
-  const bool same_scale = a == b;
   Status st;
   for (int k = 0; k < static_cast<int>(p.buckets.size()) && st.ok(); ++k) {
-    const auto t0 = Clock::now();
-    const std::string& name = p.buckets[k].name;
-    switch (p.fate[k]) {
-      case Fate::kSpeculated:
-        if (same_scale) {
-          p.stats.committed += 1;
-        } else {
-          // The clip correction: one pass from the snapshot with the final multiplier.
-          p.Spans(k, false, spans, snaps);
-          st = p.adam->StepBucketFused(p.step, spans, snaps, CpuAdam::SnapshotUse::kSource,
-                                       v.grad_scale);
-          p.Trace("correct " + name, "validate", TraceTrack::kValidate, t0);
-          p.stats.corrected += 1;
-        }
-        break;
-      case Fate::kDeferred:
-        p.Spans(k, false, spans, snaps);
-        st = p.adam->StepBucketFused(p.step, spans, {}, CpuAdam::SnapshotUse::kNone, v.grad_scale);
-        p.Trace("deferred " + name, "validate", TraceTrack::kValidate, t0);
-        p.stats.deferred += 1;
-        break;
-      case Fate::kDevice:
-        p.Spans(k, true, spans, snaps);
-        st = p.adam->StepBucketFused(p.step, spans, {}, CpuAdam::SnapshotUse::kNone, v.grad_scale);
-        p.Trace("adam " + name, "device", TraceTrack::kDeviceAdam, t0);
-        p.stats.device += 1;
-        break;
-      case Fate::kCaller:
-        p.stats.device += 1;  // the caller's device Adam steps it after Finish
-        break;
-      case Fate::kPending:
-        UCP_CHECK(false) << "pipeline: bucket " << name << " was never processed";
-    }
+    st = p.FinishBucket(k, v, same_scale, spans, snaps);
   }
   p.in_step = false;
   UCP_RETURN_IF_ERROR(st, "pipeline step " + std::to_string(p.step));
   if (p.opt.weights != LowpDType::kFp32) {
     const auto t0 = Clock::now();
-    const int sent = p.opt.tail_stepped_by_caller ? p.num_cpu : static_cast<int>(p.buckets.size());
-    for (int k = 0; k < sent; ++k) {
+    for (int k = 0; k < static_cast<int>(p.buckets.size()); ++k) {
+      if (!p.SendsWeights(k)) continue;
       UCP_RETURN_IF_ERROR(p.backend->WeightsToDevice(p.OutCopyBucket(k), p.out_host,
                                                      p.mem.d_weights),
                           "weights of bucket " + p.buckets[k].name + " to the device");
@@ -565,6 +643,48 @@ Status Pipeline::Finish(const Validation& v) {
     p.Trace("weights->device", "transfer", TraceTrack::kTransfer, t0);
   }
   return Status::Ok();
+}
+
+Status Pipeline::StartFinish(const Validation& v) {
+  Impl& p = *impl_;
+  if (!p.in_step) return FailedPreconditionError("pipeline: StartFinish without Begin");
+  if (v.skip) return Finish(v);  // the undo is quick and leaves nothing for forward to wait on
+  if (p.num_handed != static_cast<int>(p.buckets.size())) return Finish(v);  // its error
+  UCP_ASSIGN_OR_RETURN(const bool same_scale, p.Decide(v));
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.in_step = false;
+    p.finishing = true;
+    p.fin_v = v;
+    p.fin_same_scale = same_scale;
+    p.fin_error = Status::Ok();
+    std::fill(p.finished.begin(), p.finished.end(), 0);
+    p.fin_left = static_cast<int>(p.buckets.size());
+    // Forward reads the buckets in the reverse of backward's order.
+    for (int k = p.fin_left - 1; k >= 0; --k) p.fin_q.push_back(k);
+  }
+  p.cv.notify_all();
+  return Status::Ok();
+}
+
+Status Pipeline::WaitFinished(int k) {
+  Impl& p = *impl_;
+  if (k < 0 || k >= static_cast<int>(p.buckets.size())) {
+    return InvalidArgumentError("pipeline: WaitFinished(" + std::to_string(k) + "): no such bucket");
+  }
+  std::unique_lock<std::mutex> lock(p.mu);
+  if (!p.finishing) return Status::Ok();
+  p.cv.wait(lock, [&] { return p.finished[k] != 0; });
+  return p.finished[k] == 1 ? Status::Ok() : p.fin_error;
+}
+
+Status Pipeline::WaitFinished() {
+  Impl& p = *impl_;
+  std::unique_lock<std::mutex> lock(p.mu);
+  if (!p.finishing) return Status::Ok();
+  p.cv.wait(lock, [&] { return p.fin_left == 0; });
+  p.finishing = false;
+  return p.fin_error;
 }
 
 Status Pipeline::Cancel() {

@@ -15,8 +15,10 @@
 //   - corrects for clipping in ONE fused pass per bucket (AdamStepFused reading the snapshot with
 //     the final multiplier): bitwise the direct clipped step, so the correction has no error;
 //   - or undoes the step exactly for an overflow (the snapshot copied back, bitwise).
-// Then the updated low-precision weights go device-ward. So the pipeline's training is bitwise
-// the synchronous trainer's (tested over steps, GPT and LLaMA, bf16 and fp16, clipping on).
+// Then the updated low-precision weights go device-ward (StartFinish: bucket by bucket on the
+// Adam thread, in forward's order, while the next step's forward waits for each as it reaches it).
+// So the pipeline's training is bitwise the synchronous trainer's (tested over steps, GPT and
+// LLaMA, bf16 and fp16, clipping on).
 //
 // Backends: the stages' data movement is behind PipelineBackend. CpuPipelineBackend ("the CPU
 // twin") uses host buffers as device memory and the pipeline's threads as streams; a CUDA backend
@@ -149,8 +151,8 @@ class Pipeline {
   const std::vector<Bucket>& buckets() const;
 
   /// Starts a step: its 1-based optimizer step number, learning rate, and the gradient multiplier
-  /// known before backward (1 / loss_scale). Errors: kFailedPrecondition (a step in flight),
-  /// kInvalidArgument (lr).
+  /// known before backward (1 / loss_scale). Waits for a finish in flight (StartFinish) first.
+  /// Errors: kFailedPrecondition (a step in flight), kInvalidArgument (lr), that finish's.
   Status Begin(int64_t step, float lr, float speculative_grad_scale);
   /// Bucket k's gradient is complete on the device: hand it to the copy stream. Non-blocking.
   void BucketReady(int k);
@@ -172,6 +174,20 @@ class Pipeline {
   /// the updated weights device-ward. Every bucket must have been handed over (BucketReady).
   /// Errors: kFailedPrecondition (no step begun; a bucket never handed over), the Adam's errors.
   Status Finish(const Validation& validation);
+  /// Finish under the next step's forward: decides as Finish does (an overflow's undo runs
+  /// here, and the stats are final when this returns), then hands each bucket's commit,
+  /// correction or deferred step and its weights' trip device-ward to the Adam thread, in the
+  /// order forward needs them (the last bucket first: the embeddings, then the first layers), and
+  /// returns. The caller waits for a bucket with WaitFinished(k) before its forward reads the
+  /// bucket's weights; the next Begin waits for all of them. The same bits as Finish.
+  /// Errors: as Finish's (a bucket's failure comes from WaitFinished).
+  Status StartFinish(const Validation& validation);
+  /// Waits until bucket k's final weights are on the device; at once when no finish is in flight.
+  /// Errors: the first failure of the finish in flight (it then undoes nothing: the step's state
+  /// is partly updated, and the run must stop, as after a failed Finish).
+  Status WaitFinished(int k);
+  /// Waits for every bucket of the finish in flight (a no-op without one).
+  Status WaitFinished();
   /// Abandons the step in flight (backward failed): waits for the stages and undoes every
   /// speculative step. A no-op without a step in flight.
   Status Cancel();

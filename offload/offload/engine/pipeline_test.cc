@@ -8,9 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "offload/optim/cpu_adam.h"
@@ -200,6 +203,106 @@ TEST(Pipeline, AFailedTransferFailsTheStepAndUndoesIt) {
   RunStep(**good, 1, 1e-3f, 1.0f, {false, 1.0f});
   direct.DirectStep(1, 1e-3f, 1.0f);
   EXPECT_TRUE(w.SameState(direct));
+}
+
+// A backend whose weight copy of one bucket waits for the test's word (or fails), standing in
+// for a slow (or broken) link while the next step's forward runs.
+class GatedBackend final : public PipelineBackend {
+ public:
+  GatedBackend(std::string gated, bool fail) : gated_(std::move(gated)), fail_(fail) {}
+  Result<bool> GradToHost(const Bucket& b, std::span<const float> d, std::span<float> h,
+                          std::span<uint16_t> h16, bool fp16) override {
+    return cpu_->GradToHost(b, d, h, h16, fp16);
+  }
+  Status WeightsToDevice(const Bucket& b, std::span<const uint16_t> h,
+                         std::span<uint16_t> d) override {
+    if (b.name == gated_) {
+      if (fail_) return DeviceError("cudaErrorIllegalAddress (injected)");
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return open_; });
+    }
+    return cpu_->WeightsToDevice(b, h, d);
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::string gated_;
+  bool fail_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::unique_ptr<PipelineBackend> cpu_ = CpuPipelineBackend();
+};
+
+// StartFinish (the finish under the next forward): the buckets are finished in forward's order,
+// so while the copy of the bucket backward finished first ("layers.1", forward's last) is held
+// back, the others are already final on the device, and that one still holds the old weights.
+// Once it crosses, the state is bitwise the direct step's, for a commit and a clip correction;
+// the next Begin waits for the finish.
+TEST(Pipeline, StartFinishFinishesInForwardOrderWithTheSameBits) {
+  const float spec = 1.0f / 1024.0f;
+  for (float final_scale : {spec, static_cast<float>(0.3 / 1024.0)}) {
+    SCOPED_TRACE(::testing::Message() << "scale " << final_scale);
+    World w(21), direct(21);
+    PipelineOptions o;
+    o.adam = World::Config();
+    o.adam_threads = 2;
+    auto gate = std::make_unique<GatedBackend>("layers.1", false);
+    GatedBackend* g = gate.get();
+    auto p = Pipeline::Create(o, w.buckets, w.Memory(), std::move(gate));
+    UCP_ASSERT_OK(p.status());
+    const std::vector<uint16_t> old_weights = w.weights;
+    UCP_ASSERT_OK((*p)->Begin(1, 1e-3f, spec));
+    for (int k = 0; k < 3; ++k) (*p)->BucketReady(k);
+    UCP_ASSERT_OK((*p)->StartFinish({false, final_scale}));
+    const PipelineStats s = (*p)->last_stats();  // final at once
+    EXPECT_EQ(final_scale == spec ? s.committed : s.corrected, 3);
+    UCP_ASSERT_OK((*p)->WaitFinished(2));  // "embedding": forward's first
+    UCP_ASSERT_OK((*p)->WaitFinished(1));  // "layers.0"
+    direct.DirectStep(1, 1e-3f, final_scale);
+    for (int k : {1, 2}) {
+      for (const BucketPiece& pc : w.buckets[static_cast<size_t>(k)].pieces) {
+        const auto at = static_cast<size_t>(pc.grad_offset);
+        EXPECT_EQ(std::memcmp(w.weights.data() + at, direct.weights.data() + at,
+                              static_cast<size_t>(pc.n) * 2), 0) << w.buckets[k].name;
+      }
+    }
+    EXPECT_EQ(std::memcmp(w.weights.data(), old_weights.data(), 20000 * 2), 0)
+        << "layers.1 crossed before its copy was let through";
+    g->Open();
+    UCP_ASSERT_OK((*p)->WaitFinished(0));
+    UCP_ASSERT_OK((*p)->WaitFinished());
+    EXPECT_TRUE(w.SameState(direct));
+    // The next step through Begin (which waits for any finish) and the synchronous Finish.
+    RunStep(**p, 2, 1e-3f, spec, {false, final_scale});
+    direct.DirectStep(2, 1e-3f, final_scale);
+    EXPECT_TRUE(w.SameState(direct));
+  }
+}
+
+// A weight copy that fails under the next forward is that wait's error, and the next Begin's.
+TEST(Pipeline, AFailedCopyUnderForwardIsTheWaitsError) {
+  World w(23);
+  PipelineOptions o;
+  o.adam = World::Config();
+  auto p = Pipeline::Create(o, w.buckets, w.Memory(),
+                            std::make_unique<GatedBackend>("layers.0", true));
+  UCP_ASSERT_OK(p.status());
+  UCP_ASSERT_OK((*p)->Begin(1, 1e-3f, 1.0f));
+  for (int k = 0; k < 3; ++k) (*p)->BucketReady(k);
+  UCP_ASSERT_OK((*p)->StartFinish({false, 1.0f}));
+  UCP_EXPECT_OK((*p)->WaitFinished(2));
+  EXPECT_THAT((*p)->WaitFinished(1),
+              StatusIs(StatusCode::kDeviceError, HasSubstr("bucket layers.0")));
+  EXPECT_THAT((*p)->Begin(2, 1e-3f, 1.0f),
+              StatusIs(StatusCode::kDeviceError, HasSubstr("previous step's finish")));
+  EXPECT_THAT((*p)->WaitFinished(7), StatusIs(StatusCode::kInvalidArgument, HasSubstr("no such bucket")));
 }
 
 // A device the host cannot address has no stand-in for a GPU Adam (tail buckets) or for fp32

@@ -78,6 +78,10 @@ struct BackwardHook {
   /// When the gradients of grad_groups()[group] are complete (this call's += is done and nothing
   /// later in this call writes them), in the order of grad_groups(). Optional.
   std::function<void(int group)> on_group_done;
+  /// Forward is about to read the weights of grad_groups()[group] for the first time in this
+  /// call, in forward's order (the embeddings, the layers up, the head); it may block until they
+  /// are ready (the pipeline's finish under forward, pipeline.h StartFinish). Optional.
+  std::function<void(int group)> on_group_needed;
 };
 
 /// What one training micro-batch is: B sequences of T tokens, inputs and next-token targets.

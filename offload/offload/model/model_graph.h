@@ -127,7 +127,11 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     }
   };
 
-  // ---- forward
+  // ---- forward (grad groups as below: L+1 the embeddings, 1 + (L-1-l) layer l, 0 the head)
+  auto GroupNeeded = [&](int64_t k) {
+    if (hook != nullptr && hook->on_group_needed) hook->on_group_needed(static_cast<int>(k));
+  };
+  GroupNeeded(cfg.layers + 1);
   ops.EncoderForward(a.encoded.data(), inputs, P(lay.wte), wpe, B, Tn, C);
   const T* x = a.encoded.data();
   for (int64_t l = 0; l < cfg.layers; ++l) {
@@ -140,6 +144,7 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     T* fch = At(a.fch, l, F1);
     T* fch_act = At(a.fch_act, l, F);
     T* resid_out = At(a.resid_out, l, C);
+    GroupNeeded(1 + (cfg.layers - 1 - l));
     Norm(ln1, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), x, o.ln1_w, o.ln1_b);
     T* qkv_shard = sp ? sp->qkv_local() : qkv;  // [N, qkv_dim], this batch's positions
     ops.MatmulForward(qkv_shard, ln1, P(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
@@ -165,6 +170,7 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     ops.ResidualForward(resid_out, resid_mid, a.tmp.data(), N * C);
     x = resid_out;
   }
+  GroupNeeded(0);
   Norm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, lay.lnf_w, lay.lnf_b);
   const int64_t head = cfg.tied_embeddings ? lay.wte : lay.out;
   T* dlnf = a.dln.data();

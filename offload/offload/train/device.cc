@@ -156,6 +156,19 @@ class CpuTwinDevice final : public TrainDevice {
     return Status::Ok();
   }
 
+  Status GroupWeightsWritten(int group) override {
+    if (group < 0 || group >= static_cast<int>(group_ranges_.size())) {
+      return InvalidArgumentError("twin device: no grad group " + std::to_string(group));
+    }
+    const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
+    if (spec_.weights == LowpDType::kBf16) {
+      for (int64_t i = b; i < e; ++i) w32_[i] = FloatFromBf16(w16_[i]);
+    } else {
+      std::memcpy(w32_.data() + b, spec_.h_weights32.data() + b, static_cast<size_t>(e - b) * 4);
+    }
+    return Status::Ok();
+  }
+
   int64_t device_bytes() const override {
     return static_cast<int64_t>(w32_.size() * 8 + w16_.size() * 2) + pieces_n_ * 12;
   }

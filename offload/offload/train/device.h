@@ -114,6 +114,11 @@ class TrainDevice {
   /// (and the trainer its host copies, h_weights16 and, widened, h_weights32): rebuild the
   /// device's compute copy from them (UploadWeights without the weights crossing again).
   virtual Status WeightsWritten() = 0;
+  /// WeightsWritten for grad group `group`'s weights alone (GradGroupRanges), ordered before
+  /// the device's next kernels: the forward hook of a finish under forward (pipeline.h
+  /// StartFinish) calls it once the group's weights have crossed. Errors: kInvalidArgument (no
+  /// such group), kDeviceError.
+  virtual Status GroupWeightsWritten(int group) = 0;
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
 };

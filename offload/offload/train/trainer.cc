@@ -335,6 +335,16 @@ struct Trainer::Impl {
   // Declared before the pipeline, so destroyed after it has joined its threads.
   std::unique_ptr<EarlyNorm> early_norm;
   std::unique_ptr<Pipeline> pipeline;    // --pipeline overlap
+  // RunOptions::finish_under_forward in effect, and a finish in flight (the next forward, or
+  // CompleteFinish before anything else reads the weights, waits for it).
+  bool finish_under_forward = false;
+  bool finish_pending = false;
+  Status CompleteFinish() {
+    if (!finish_pending) return Status::Ok();
+    finish_pending = false;
+    UCP_RETURN_IF_ERROR(pipeline->WaitFinished(), "step " + std::to_string(step));
+    return device->WeightsWritten();
+  }
   Status SetUpPipeline(const AdamConfig& ac);
   Status ResolveRun(const RunOptions& run, fs::path& start_ckpt,
                     std::unique_ptr<api::CheckpointSource>& start_src, ModelConfig& mc);
@@ -363,6 +373,8 @@ struct Trainer::Impl {
 
   ~Impl() {
     if (saver.joinable()) saver.join();
+    // The finish in flight writes into the device through the pipeline: done before either goes.
+    CompleteFinish().IgnoreError();
   }
   bool root() const { return rank == 0; }
   const std::vector<Piece>& my_pieces() const {
@@ -1215,6 +1227,10 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   po.gpu_tail_buckets = opts.gpu_tail_buckets;
   // On a device the tail buckets' state is the device's (TrainDevice::StepDevicePieces).
   po.tail_stepped_by_caller = device != nullptr;
+  // fp16 keeps the synchronous finish: its device weights come from the host's fp32 copy,
+  // widened after the whole step.
+  finish_under_forward = opts.finish_under_forward && device != nullptr && world == 1 &&
+                         dtype == DType::kBf16;
   // With several blocks the weights come from every rank's masters (RefreshWeights' all-gather),
   // so the pipeline writes no low-precision copy.
   po.weights = blocks > 1              ? LowpDType::kFp32
@@ -1775,10 +1791,18 @@ Result<StepRecord> Trainer::Step() {
     // pipeline, which steps it speculatively with 1/loss_scale (this step's lr and number are
     // known now); a failure undoes every speculative step.
     if (t.trace != nullptr) t.trace->set_enabled(rec.step <= kTraceSteps);
-    if (t.early_norm != nullptr) t.EarlyNormBegin();
-    UCP_RETURN_IF_ERROR(t.pipeline->Begin(t.optimizer_steps + 1,
-                                          static_cast<float>(t.sched.At(t.consumed + G)),
-                                          static_cast<float>(1.0 / t.scaler.scale)));
+    const int64_t opt_step = t.optimizer_steps + 1;
+    const float step_lr = static_cast<float>(t.sched.At(t.consumed + G));
+    const float spec_scale = static_cast<float>(1.0 / t.scaler.scale);
+    // With the last step's finish in flight the first forward waits for each grad group's
+    // weights as it reaches them, and the pipeline begins once forward is done (Begin waits for
+    // the whole finish, which forward has by then).
+    const bool pending = t.finish_pending;
+    t.finish_pending = false;
+    if (!pending) {
+      if (t.early_norm != nullptr) t.EarlyNormBegin();
+      UCP_RETURN_IF_ERROR(t.pipeline->Begin(opt_step, step_lr, spec_scale));
+    }
     if (t.world > 1) {
       // Buckets reduced over the ranks during backward (the worker/funnel split).
       UCP_ASSIGN_OR_RETURN(loss_sum, t.OverlappedBackward(range.first, range.second, grad_scale),
@@ -1793,9 +1817,37 @@ Result<StepRecord> Trainer::Step() {
         t.pipeline->Cancel().IgnoreError();  // the step's own error is the one to report
         return b.status();
       }
-      const BackwardHook hook = first + nb < range.second ? BackwardHook{} : t.pipeline->Hook();
-      Result<double> l = t.ForwardBackward(*b, grad_scale, first + nb < range.second ? nullptr
-                                                                                      : &hook);
+      const bool last = first + nb >= range.second;
+      BackwardHook hook = last ? t.pipeline->Hook() : BackwardHook{};
+      Status waited, begun;
+      const bool catch_up = pending && first == begin;
+      if (catch_up) {
+        hook.on_group_needed = [&](int k) {
+          if (!waited.ok()) return;
+          waited = t.pipeline->WaitFinished(k);
+          if (waited.ok()) waited = t.device->GroupWeightsWritten(k);
+        };
+        // Begin before backward hands buckets over; a failed Begin leaves the buckets unhanded
+        // (Finish below then reports the count) and its error is the step's.
+        auto on_begin = std::move(hook.on_backward_begin);
+        auto on_done = std::move(hook.on_group_done);
+        hook.on_backward_begin = [&, on_begin] {
+          begun = waited.ok() ? t.pipeline->Begin(opt_step, step_lr, spec_scale) : waited;
+          if (begun.ok() && t.early_norm != nullptr) t.EarlyNormBegin();
+          if (begun.ok() && on_begin) on_begin();
+        };
+        hook.on_group_done = [&, on_done](int k) {
+          if (begun.ok() && on_done) on_done(k);
+        };
+      }
+      const bool hooked = last || catch_up;
+      Result<double> l = t.ForwardBackward(*b, grad_scale, hooked ? &hook : nullptr);
+      if (catch_up && (!waited.ok() || !begun.ok())) {
+        // The weights or the pipeline failed under forward: the state is partly updated, so the
+        // run stops here, as after a failed Finish.
+        t.pipeline->Cancel().IgnoreError();
+        return (!waited.ok() ? waited : begun).WithContext("step " + std::to_string(rec.step));
+      }
       if (!l.ok()) {
         t.pipeline->Cancel().IgnoreError();
         return l.status().WithContext("step " + std::to_string(rec.step));
@@ -1924,7 +1976,13 @@ Result<StepRecord> Trainer::Step() {
       coef *= t.cfg.clip_grad / (rec.grad_norm + 1e-6);
     }
     t.optimizer_steps += 1;
-    UCP_RETURN_IF_ERROR(t.pipeline->Finish({false, static_cast<float>(coef)}), "optimizer step");
+    if (t.finish_under_forward) {
+      UCP_RETURN_IF_ERROR(t.pipeline->StartFinish({false, static_cast<float>(coef)}),
+                          "optimizer step");
+      t.finish_pending = true;
+    } else {
+      UCP_RETURN_IF_ERROR(t.pipeline->Finish({false, static_cast<float>(coef)}), "optimizer step");
+    }
     if (t.device != nullptr && t.opts.gpu_tail_buckets > 0) {
       // The tail buckets on the device Adam, with the sync path's multiplier (their gradients
       // crossed for the norm; their weights are written on the device and into the host's copy).
@@ -2008,10 +2066,13 @@ Result<StepRecord> Trainer::Step() {
   phase_end(&rec.phases.optimizer);
   if (t.pipeline != nullptr) rec.overlap = t.pipeline->last_stats();
   if (t.device != nullptr && !rec.skipped) {
-    // The overlapped pipeline of one process already moved the weights bucket by bucket.
-    UCP_RETURN_IF_ERROR(t.pipeline != nullptr && t.world == 1 ? t.device->WeightsWritten()
-                                                              : t.device->UploadWeights(),
-                        "step " + std::to_string(rec.step));
+    // The overlapped pipeline of one process already moved the weights bucket by bucket (or
+    // moves them under the next forward, which widens each group as it reaches it).
+    if (!t.finish_pending) {
+      UCP_RETURN_IF_ERROR(t.pipeline != nullptr && t.world == 1 ? t.device->WeightsWritten()
+                                                                : t.device->UploadWeights(),
+                          "step " + std::to_string(rec.step));
+    }
   }
   phase_end(&rec.phases.weights);
   rec.seconds = Seconds(t0, Clock::now());
@@ -2028,6 +2089,7 @@ bool Trainer::can_validate() const {
 
 Result<double> Trainer::Validate() {
   Impl& t = *impl_;
+  UCP_RETURN_IF_ERROR(t.CompleteFinish(), "validation");
   const int64_t avail = (static_cast<int64_t>(t.val_tokens.size()) - 1) / t.seq_len;
   const int64_t total = std::min(t.cfg.val_samples, avail);
   if (total < 1) return FailedPreconditionError("the held-out set holds no sample");
@@ -2070,6 +2132,7 @@ Result<double> Trainer::Validate() {
 Status Trainer::Save() {
   Impl& t = *impl_;
   UCP_RETURN_IF_ERROR(Wait());
+  UCP_RETURN_IF_ERROR(t.CompleteFinish(), "saving step " + std::to_string(t.step));
   if (t.device != nullptr) {
     // The device pieces' masters and Adam states into the host state the checkpoint holds.
     UCP_RETURN_IF_ERROR(t.device->PullState(t.master, t.exp_avg, t.exp_avg_sq),
@@ -2123,6 +2186,7 @@ Status Trainer::Wait() { return impl_->FinishSave(); }
 
 std::vector<std::pair<std::string, std::vector<std::byte>>> Trainer::StateForTest() const {
   Impl& t = *impl_;
+  UCP_CHECK(t.CompleteFinish().ok());
   if (t.device != nullptr) {
     UCP_CHECK(t.device->PullState(t.master, t.exp_avg, t.exp_avg_sq).ok());
   }

@@ -88,6 +88,11 @@ struct RunOptions {
   /// communicator call). Not with --deterministic.
   std::string pipeline = "sync";
   int gpu_tail_buckets = 0;      ///< overlap, one process: buckets stepped on the device
+  /// --pipeline overlap on a device, one process, bf16: validation's per-bucket work (the clip
+  /// corrections) and the weights' trip device-ward run under the next step's forward, which
+  /// waits for each grad group's weights just before it reads them (pipeline.h StartFinish);
+  /// the same bits either way. false: all of it before Step returns.
+  bool finish_under_forward = true;
   std::filesystem::path trace;   ///< overlap: a Chrome trace of the first 3 steps (root writes)
   /// Where forward and backward run (device.h): "cpu" (the CPU model on host buffers), "cuda"
   /// (device_factory's device; the CLI sets it where the CUDA engine is built) or "twin" (the

@@ -151,7 +151,10 @@ TEST_P(DeviceTwinOverlap, BitwiseTheCpuTrainer) {
   EXPECT_THAT(json, HasSubstr("grad->host "));
   EXPECT_THAT(json, HasSubstr("adam "));
   EXPECT_THAT(json, HasSubstr("wait for gradients"));
-  EXPECT_THAT(json, HasSubstr("weights->device"));
+  // (With every grad group on the device Adam no weights cross.)
+  if (tail < 6) {
+    EXPECT_THAT(json, HasSubstr("weights->device"));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTwinOverlap,

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -221,20 +222,47 @@ TEST_P(OverlapTrace, ShowsAdamOverlappingBackward) {
   };
   std::vector<Span> backward, adam;
   std::set<std::string> names;
+  // Per step: its forward, its first backward event, and its weights' crossings.
+  std::map<int64_t, Span> forward, backward_head;
+  std::map<int64_t, std::vector<Span>> crossings;
   for (const auto& e : (*j)["traceEvents"]) {
     if (e["ph"] != "X") continue;
     const std::string name = e["name"];
     names.insert(name);
     const Span s{e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+    const int64_t step = e["args"]["step"].get<int64_t>();
     if (e["tid"] == static_cast<int>(TraceTrack::kBackward) && name.rfind("backward ", 0) == 0) {
       backward.push_back(s);
     }
+    if (name == "forward") forward[step] = s;
+    if (name == "backward head") backward_head[step] = s;
+    if (name.rfind("weights->device", 0) == 0) crossings[step].push_back(s);
     if (e["tid"] == static_cast<int>(TraceTrack::kCpuAdam)) adam.push_back(s);
   }
   EXPECT_EQ(backward.size(), 3u * 10);  // 10 grad groups (head, 8 layers, embedding) x 3 steps
   EXPECT_EQ(adam.size(), 3u * 10);
   EXPECT_TRUE(names.count("grad->host layers.7"));
-  EXPECT_TRUE(names.count("weights->device"));
+  if (GetParam() == "cpu") {
+    EXPECT_TRUE(names.count("weights->device"));  // one crossing, in Finish
+  } else {
+    // The finish under the next forward: each bucket's weights cross on their own, after the
+    // step's validation, and before the next step's forward has finished reading them (the
+    // trace is written at the end of step 3, while step 3's finish is still in flight).
+    for (int64_t step : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "step " << step);
+      ASSERT_EQ(crossings[step].size(), 10u);
+      ASSERT_TRUE(forward.count(step + 1) && backward_head.count(step + 1));
+      double under_forward_us = 0;
+      const Span& fw = forward[step + 1];
+      for (const Span& x : crossings[step]) {
+        EXPECT_LE(x.e, backward_head[step + 1].b);
+        under_forward_us += std::max(0.0, std::min(x.e, fw.e) - std::max(x.b, fw.b));
+      }
+      std::printf("step %lld's weights crossing under step %lld's forward: %.0f us\n",
+                  static_cast<long long>(step), static_cast<long long>(step + 1),
+                  under_forward_us);
+    }
+  }
   double overlap_us = 0;
   for (const Span& a : adam) {
     for (const Span& b : backward) {
