@@ -184,6 +184,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.pipeline = pipeline;
   r.gpu_gemm = vm["gpu-gemm"].as<std::string>();
   r.finish_under_forward = !vm["sync-finish"].as<bool>();
+  r.speculate = !vm["no-speculation"].as<bool>();
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
   if (cuda) r.device_factory = offload::cuda::MakeCudaTrainDevice;
 #endif
@@ -285,13 +286,14 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   std::ostringstream clip;  // as given (1, 0.5), not in the fixed format of the figures
   clip << c.clip_grad;
   os << "  clipped in " << clipped << " of " << steps << " timed steps (--clip " << clip.str()
-     << (pipeline == "overlap" ? "; each clipped step corrects every speculative bucket)\n"
-                               : ")\n");
+     << (pipeline == "overlap" && r.speculate
+             ? "; each clipped step corrects every speculative bucket)\n"
+             : ")\n");
   if (pipeline == "overlap") {
     const auto& o = best_rec.overlap;
     os << "  overlap of the best step: " << o.speculated << " buckets stepped during backward, "
        << o.committed << " committed, " << o.corrected << " corrected, " << o.rolled_back
-       << " undone; "
+       << " undone, " << o.held << " held for validation (no speculation); "
        << (on_device && r.finish_under_forward && dtype == "bf16" && comm->size() == 1
                ? "validation's work and the weights' return run under the next step's forward "
                  "(each step's time holds the previous step's)\n"
@@ -426,6 +428,9 @@ Command MakeTrainBench() {
                 "device and print the ratio")(
                 "gpu-gemm", po::value<std::string>()->default_value("auto"),
                 "--device cuda: auto (bf16 GEMMs for bf16 training) or fp32 (the fp32 copy)")(
+                "no-speculation", po::bool_switch()->default_value(false),
+                "--pipeline overlap: no speculative steps (each bucket's Adam after validation; "
+                "no snapshots)")(
                 "sync-finish", po::bool_switch()->default_value(false),
                 "--pipeline overlap on a device: finish each step before the next begins "
                 "(not under the next step's forward)")(

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   RunOptions r;
   std::string out, resume, init, data_dir, corpus_dir, tokenize, tokens_out;
   std::string device_memory, host_memory;
-  bool quiet = false, sync_save = false, plan = false, sync_finish = false;
+  bool quiet = false, sync_save = false, plan = false, sync_finish = false, no_spec = false;
   int64_t kill_at = -1;
   int kill_rank = -1;
   po::options_description run("run definition (recorded in checkpoints)");
@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
      "the last buckets of backward (first layers, embeddings) stepped on the device: overlap "
      "on the CPU, or --device cuda|twin (a device Adam on device-resident fp32 masters; one "
      "process)")
+    ("no-speculation", po::bool_switch(&no_spec),
+     "--pipeline overlap: no speculative steps during backward; each bucket's Adam waits for "
+     "validation (no snapshots: 12 B/parameter less host memory; on a device it runs under the "
+     "next step's forward). The same bits")
     ("sync-finish", po::bool_switch(&sync_finish),
      "--pipeline overlap on a device (one process, bf16): finish each step (the clip "
      "corrections, the weights to the device) before the next begins, instead of under the next "
@@ -232,6 +236,7 @@ int main(int argc, char** argv) {
   r.corpus_dir = corpus_dir;
   r.async_save = !sync_save;
   r.finish_under_forward = !sync_finish;
+  r.speculate = !no_spec;
   r.init = init;
   if (!resume.empty()) {
     r.resume = resume;

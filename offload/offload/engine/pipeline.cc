@@ -56,8 +56,9 @@ class CpuBackend final : public PipelineBackend {
   }
 };
 
-// kDevice: a tail bucket the CPU Adam steps after validation; kCaller: one the caller steps.
-enum class Fate : uint8_t { kPending, kSpeculated, kDeferred, kDevice, kCaller };
+// kDevice: a tail bucket the CPU Adam steps after validation; kCaller: one the caller steps;
+// kHeld: a finite bucket left for validation to step (speculation off).
+enum class Fate : uint8_t { kPending, kSpeculated, kDeferred, kDevice, kCaller, kHeld };
 
 }  // namespace
 
@@ -144,6 +145,7 @@ struct Pipeline::Impl {
         a.out = {opt.weights, out_host.subspan(out_by_grad ? go : so, n)};
       }
       out.push_back(a);
+      if (snap_p.empty()) continue;  // speculation off: no snapshots
       snaps.push_back({std::span<float>(snap_p).subspan(so, n),
                        std::span<float>(snap_m).subspan(so, n),
                        std::span<float>(snap_v).subspan(so, n),
@@ -205,8 +207,8 @@ struct Pipeline::Impl {
         ok = finite[k];
       }
       Status st;
-      Fate f = Fate::kDeferred;
-      if (ok) {
+      Fate f = ok && !opt.speculate ? Fate::kHeld : Fate::kDeferred;
+      if (ok && opt.speculate) {
         // Speculative: the pre-step state saved in the same pass, 1/loss_scale folded in.
         const auto t0 = Clock::now();
         Spans(k, false, spans, snaps);
@@ -242,10 +244,15 @@ struct Pipeline::Impl {
         Trace("correct " + name, "validate", TraceTrack::kValidate, t0);
         return Status::Ok();
       case Fate::kDeferred:
+      case Fate::kHeld:
         Spans(k, false, spans, snaps);
         UCP_RETURN_IF_ERROR(
             adam->StepBucketFused(step, spans, {}, CpuAdam::SnapshotUse::kNone, v.grad_scale));
-        Trace("deferred " + name, "validate", TraceTrack::kValidate, t0);
+        if (fate[k] == Fate::kHeld) {
+          Trace("adam " + name, "after validation", TraceTrack::kCpuAdam, t0);
+        } else {
+          Trace("deferred " + name, "validate", TraceTrack::kValidate, t0);
+        }
         return Status::Ok();
       case Fate::kDevice:
         Spans(k, true, spans, snaps);
@@ -277,6 +284,7 @@ struct Pipeline::Impl {
           (same_scale ? stats.committed : stats.corrected) += 1;
           break;
         case Fate::kDeferred: stats.deferred += 1; break;
+        case Fate::kHeld: stats.held += 1; break;
         case Fate::kDevice:
         case Fate::kCaller: stats.device += v.skip ? 0 : 1; break;
         case Fate::kPending: break;
@@ -474,15 +482,18 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
                        "pipeline adam");
   p.adam.emplace(std::move(adam));
   try {
-    p.snap_p.assign(static_cast<size_t>(states), 0.0f);
-    p.snap_m.assign(p.snap_p.size(), 0.0f);
-    p.snap_v.assign(p.snap_p.size(), 0.0f);
-    if (options.bf16_link) {
-      p.h_grad16.assign(p.snap_p.size(), 0);
-    } else if (memory.h_reduced_grad.empty() && memory.h_grad.empty()) {
-      p.h_grad.assign(p.snap_p.size(), 0.0f);
+    const auto ns = static_cast<size_t>(states);
+    if (options.speculate) {
+      p.snap_p.assign(ns, 0.0f);
+      p.snap_m.assign(ns, 0.0f);
+      p.snap_v.assign(ns, 0.0f);
     }
-    if (lowp && memory.h_weights.empty()) p.h_out.assign(p.snap_p.size(), 0);
+    if (options.bf16_link) {
+      p.h_grad16.assign(ns, 0);
+    } else if (memory.h_reduced_grad.empty() && memory.h_grad.empty()) {
+      p.h_grad.assign(ns, 0.0f);
+    }
+    if (lowp && memory.h_weights.empty()) p.h_out.assign(ns, 0);
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("pipeline: host buffers for " + std::to_string(states) +
                                   " state elements do not fit in memory");

@@ -87,6 +87,10 @@ struct PipelineOptions {
   /// (host-addressable "device" memory only).
   bool tail_stepped_by_caller = false;
   bool bf16_link = false;     ///< gradients cross the link as bf16 (RNE): not bitwise the sync path
+  /// false: no speculative step; a bucket's Adam waits for validation, which steps it with the
+  /// final multiplier (the gradients still cross during backward). No snapshots (12 B per state
+  /// element less host memory); with StartFinish the whole Adam runs under the next forward.
+  bool speculate = true;
   LowpDType weights = LowpDType::kBf16;  ///< training dtype (kFp32: no low-precision copy)
   bool fp16_range_check = false;         ///< a |gradient| > 65504 is an overflow (fp16 training)
   TraceRecorder* trace = nullptr;        ///< optional, not owned
@@ -111,6 +115,7 @@ struct PipelineStats {
   int rolled_back = 0;  ///< speculative steps undone (overflow)
   int deferred = 0;     ///< buckets with a non-finite (or fp16-overflowing) gradient: not stepped
   int device = 0;       ///< tail buckets stepped on the device after validation
+  int held = 0;         ///< not speculated (PipelineOptions::speculate off): stepped after it
 };
 
 /// The data movement of the stages. Each call handles one bucket and returns when it is done (on

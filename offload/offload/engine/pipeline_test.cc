@@ -118,6 +118,47 @@ TEST(Pipeline, CommitAndClipCorrectionEqualTheDirectStepBitwise) {
   }
 }
 
+// Speculation off: no bucket is stepped before validation, which steps each with the final
+// multiplier: the direct step's bits (both finishes), no snapshots, and a skipped step touches
+// nothing.
+TEST(Pipeline, WithoutSpeculationValidationStepsEveryBucketWithTheSameBits) {
+  const float spec = 1.0f / 1024.0f, clipped = static_cast<float>(0.3 / 1024.0);
+  for (bool under_forward : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "under forward " << under_forward);
+    World w(31), direct(31);
+    PipelineOptions o;
+    o.adam = World::Config();
+    o.adam_threads = 2;
+    o.speculate = false;
+    auto p = Pipeline::Create(o, w.buckets, w.Memory(), CpuPipelineBackend());
+    UCP_ASSERT_OK(p.status());
+    o.speculate = true;
+    World other(31);
+    auto with = Pipeline::Create(o, other.buckets, other.Memory(), CpuPipelineBackend());
+    UCP_ASSERT_OK(with.status());
+    EXPECT_EQ((*with)->host_staging_bytes() - (*p)->host_staging_bytes(), World::kN * 12);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const float scale = step == 2 ? spec : clipped;
+      UCP_ASSERT_OK((*p)->Begin(step, 1e-3f, spec));
+      for (int k = 0; k < 3; ++k) (*p)->BucketReady(k);
+      if (under_forward) {
+        UCP_ASSERT_OK((*p)->StartFinish({false, scale}));
+        UCP_ASSERT_OK((*p)->WaitFinished());
+      } else {
+        UCP_ASSERT_OK((*p)->Finish({false, scale}));
+      }
+      direct.DirectStep(step, 1e-3f, scale);
+      const PipelineStats s = (*p)->last_stats();
+      EXPECT_EQ(s.held, 3);
+      EXPECT_EQ(s.speculated + s.committed + s.corrected, 0);
+    }
+    EXPECT_TRUE(w.SameState(direct));
+    World before = w;
+    RunStep(**p, 4, 1e-3f, spec, {true, spec});
+    EXPECT_TRUE(w.SameState(before));
+  }
+}
+
 TEST(Pipeline, OverflowUndoesEveryBitAndANonFiniteBucketIsNeverStepped) {
   World w(7);
   auto p = Make(w, 0);

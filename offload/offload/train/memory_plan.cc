@@ -167,21 +167,25 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                   "micro-batch " + Str(in.micro_batch) + " x " + Str(in.seq_len) + " tokens" +
                       (in.sp > 1 ? " (1/" + Str(in.sp) + " of the positions)" : "") +
                       ", fp32 (GPU: not counted, the bf16 GEMMs' and attention's scratch)"});
+  // The speculation snapshots: master, exp_avg and exp_avg_sq of the block.
+  const int64_t snapshots = in.overlap && in.speculate ? 3 * block * 4 : 0;
   int64_t staging = 0;
   if (in.overlap) {
-    staging = 3 * block * 4 + (world == 1 ? block * 4 : 0) + (lowp ? block * 2 : 0);
+    staging = snapshots + (world == 1 ? block * 4 : 0) + (lowp ? block * 2 : 0);
   }
   // On a GPU the gradients cross into the trainer's own pinned buffer (one process) or are
   // reduced into its ZeRO buffers (several), and one process's weights leave from its own
   // buffer: the pipeline adds its snapshots, and with several processes at one fragment the
   // weights out.
   const int64_t gpu_staging =
-      in.overlap ? 3 * block * 4 + (world > 1 && blocks == 1 && lowp ? block * 2 : 0) : 0;
+      in.overlap ? snapshots + (world > 1 && blocks == 1 && lowp ? block * 2 : 0) : 0;
   rows.push_back({MemClass::kPipelineStaging, "optimizer pipeline staging", staging, 0,
                   gpu_staging,
-                  in.overlap ? "snapshots for speculation, gradients as they cross, weights out "
-                               "(GPU: the snapshots)"
-                             : "none with --pipeline sync"});
+                  !in.overlap    ? "none with --pipeline sync"
+                  : in.speculate ? "snapshots for speculation, gradients as they cross, weights "
+                                   "out (GPU: the snapshots)"
+                                 : "gradients as they cross, weights out (no speculation: no "
+                                   "snapshots)"});
   const int64_t save = in.async_save ? n * wb + 3 * block * 4 : 0;
   rows.push_back({MemClass::kSaveStaging, "checkpoint staging (during a save)", save, 0, save,
                   in.async_save ? "a copy of what the checkpoint holds, so training goes on"

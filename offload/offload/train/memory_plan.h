@@ -48,6 +48,7 @@ struct PlanInput {
   int dp = 1, sp = 1, zero_stage = 1;
   int threads = 1;       ///< the model's thread count (its scratch grows with it)
   bool overlap = false;  ///< --pipeline overlap: the pipeline's host staging
+  bool speculate = true; ///< overlap: speculative steps, so snapshots (RunOptions::speculate)
   /// Background saves stage a copy of the checkpoint's tensors; --sync-save writes the live
   /// state and stages nothing.
   bool async_save = true;

@@ -75,7 +75,9 @@ std::pair<TrainConfig, RunOptions> TinyRun(const fs::path& dir, const std::strin
   RunOptions o;
   o.out = dir / "run";
   o.threads = 2;
-  o.pipeline = pipeline;
+  // "overlap-nospec": the overlapped pipeline without speculation (no snapshots).
+  o.pipeline = pipeline == "overlap-nospec" ? "overlap" : pipeline;
+  o.speculate = pipeline != "overlap-nospec";
   return {c, o};
 }
 
@@ -134,7 +136,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple("gpt-tiny", "bf16", "dp=1,zero=1", "sync", true),
                       std::make_tuple("gpt-tiny", "fp32", "dp=1,zero=0", "overlap", true),
                       std::make_tuple("llama-tiny", "fp16", "dp=1,zero=3", "overlap", false),
-                      std::make_tuple("llama-tiny", "bf16", "dp=1,zero=2", "overlap", false)));
+                      std::make_tuple("llama-tiny", "bf16", "dp=1,zero=2", "overlap", false),
+                      std::make_tuple("llama-tiny", "bf16", "dp=1,zero=1", "overlap-nospec",
+                                      false)));
 
 // The GPU columns against a trainer on the CPU twin device (the trainer's code path of
 // --device cuda): every host class byte for byte, and the device's weights, compute copy and
@@ -161,6 +165,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, GpuPlanMatchesTwinTrainer,
                          ::testing::Values(std::make_tuple("gpt-tiny", "bf16", "sync"),
                                            std::make_tuple("llama-tiny", "fp16", "overlap"),
                                            std::make_tuple("llama-tiny", "bf16", "overlap"),
+                                           std::make_tuple("llama-tiny", "bf16", "overlap-nospec"),
                                            std::make_tuple("gpt-tiny", "fp32", "sync")));
 
 PlanInput Input(int64_t micro_batch) {

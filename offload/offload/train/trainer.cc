@@ -1225,6 +1225,7 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   po.adam = ac;
   po.adam_threads = std::max(1, threads / 2);
   po.gpu_tail_buckets = opts.gpu_tail_buckets;
+  po.speculate = opts.speculate;
   // On a device the tail buckets' state is the device's (TrainDevice::StepDevicePieces).
   po.tail_stepped_by_caller = device != nullptr;
   // fp16 keeps the synchronous finish: its device weights come from the host's fp32 copy,
@@ -1509,6 +1510,7 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   in.zero_stage = l.zero_stage;
   in.threads = t.threads;
   in.overlap = opts.pipeline == "overlap";
+  in.speculate = opts.speculate;
   in.async_save = opts.async_save;
   return PlanMemory(in, machine);
 }

@@ -169,6 +169,34 @@ INSTANTIATE_TEST_SUITE_P(Models, DeviceTwinOverlap,
                                            std::make_tuple("gpt-tiny", "fp16", 0.5, 2),
                                            std::make_tuple("llama-tiny-tied", "bf16", 0.5, 1)));
 
+// Without speculation (RunOptions::speculate false) each bucket's Adam waits for validation,
+// under the next step's forward or before Step returns: bitwise the CPU trainer either way, with
+// and without tail buckets, and every bucket held (none speculated).
+class DeviceTwinNoSpeculation : public ::testing::TestWithParam<std::tuple<bool, int>> {};
+
+TEST_P(DeviceTwinNoSpeculation, BitwiseTheCpuTrainer) {
+  const auto& [under_forward, tail] = GetParam();
+  ucp::testing::TempDir tmp;
+  TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  c.clip_grad = 0.5;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  RunOptions o = Opts(tmp.path() / "twin", "twin", tail, "overlap");
+  o.speculate = false;
+  o.finish_under_forward = under_forward;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer twin, Trainer::Create(c, o));
+  UCP_ASSERT_OK_AND_ASSIGN(StepRecord first, twin.Step());
+  EXPECT_EQ(first.overlap.speculated, 0);
+  EXPECT_EQ(first.overlap.held, 6 - tail);  // llama-tiny: 6 grad groups
+  UCP_ASSERT_OK(cpu.Step().status());
+  const Outcome a = Train(cpu, 4);
+  const Outcome b = Train(twin, 4);
+  ExpectSame(a, b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Finishes, DeviceTwinNoSpeculation,
+                         ::testing::Values(std::make_tuple(true, 0), std::make_tuple(false, 0),
+                                           std::make_tuple(true, 2)));
+
 // fp16 from a loss scale of 2^60: the overlapped twin skips the overflowing steps (every
 // speculative bucket undone; a bucket with a non-finite gradient never stepped) and halves the
 // scale exactly as the CPU trainer; a skipped first step leaves every state as it was.
