@@ -138,6 +138,11 @@ show bench_train_1b_overlap_noclip 20
 # overlapped without clipping.
 step bench_train_3b 100 "${train[@]}" --model llama-3b --steps 1
 show bench_train_3b 20
+# The same clipped 3B step overlapped without speculation (no snapshots, the sync path's host
+# memory): the gradients and the norm during backward, the Adam under the next forward.
+step bench_train_3b_nospec 100 "${train[@]}" --model llama-3b --steps 1 --pipeline overlap \
+  --no-speculation
+show bench_train_3b_nospec 20
 step bench_train_3b_overlap_noclip 100 "${train[@]}" --model llama-3b --steps 1 \
   --pipeline overlap --clip 0
 show bench_train_3b_overlap_noclip 20
