@@ -60,8 +60,9 @@ std::string PhaseLine(const offload::StepRecord& r, bool on_device) {
   os.precision(1);
   const auto& p = r.phases;
   os << "  phases of the best step (ms): forward+backward" << (on_device ? "+gradients to the host" : "")
-     << " " << p.backward * 1e3 << " | reduce+norm " << p.reduce * 1e3 << " | clip+AdamW+widen "
-     << p.optimizer * 1e3;
+     << " " << p.backward * 1e3;
+  if (p.finish_wait > 0) os << " (" << p.finish_wait * 1e3 << " waiting for the last step's finish)";
+  os << " | reduce+norm " << p.reduce * 1e3 << " | clip+AdamW+widen " << p.optimizer * 1e3;
   if (on_device) os << " | weights to the device " << p.weights * 1e3;
   os << "\n";
   return os.str();

@@ -1826,7 +1826,9 @@ Result<StepRecord> Trainer::Step() {
       if (catch_up) {
         hook.on_group_needed = [&](int k) {
           if (!waited.ok()) return;
+          const auto w0 = Clock::now();
           waited = t.pipeline->WaitFinished(k);
+          rec.phases.finish_wait += Seconds(w0, Clock::now());
           if (waited.ok()) waited = t.device->GroupWeightsWritten(k);
         };
         // Begin before backward hands buckets over; a failed Begin leaves the buckets unhanded

@@ -135,6 +135,9 @@ struct StepRecord {
     double reduce = 0;     ///< the loss and gradients over the ranks, and the gradient norm
     double optimizer = 0;  ///< clip and AdamW (overlap: the validation), the weights widened
     double weights = 0;    ///< the new weights onto the device (--device)
+    /// Part of `backward`: the first forward waiting for the previous step's finish
+    /// (RunOptions::finish_under_forward), what of that finish forward did not hide.
+    double finish_wait = 0;
   } phases;
   /// --pipeline overlap: what validation did with this process's buckets (not logged).
   PipelineStats overlap;

@@ -187,6 +187,14 @@ TEST_P(DeviceTwinNoSpeculation, BitwiseTheCpuTrainer) {
   UCP_ASSERT_OK_AND_ASSIGN(StepRecord first, twin.Step());
   EXPECT_EQ(first.overlap.speculated, 0);
   EXPECT_EQ(first.overlap.held, 6 - tail);  // llama-tiny: 6 grad groups
+  EXPECT_EQ(first.phases.finish_wait, 0.0);  // no earlier step to finish
+  UCP_ASSERT_OK_AND_ASSIGN(StepRecord second, twin.Step());
+  // The time the first forward waited for step 1's finish is part of its own backward phase.
+  EXPECT_LE(second.phases.finish_wait, second.phases.backward);
+  if (!under_forward) {
+    EXPECT_EQ(second.phases.finish_wait, 0.0);
+  }
+  UCP_ASSERT_OK(cpu.Step().status());
   UCP_ASSERT_OK(cpu.Step().status());
   const Outcome a = Train(cpu, 4);
   const Outcome b = Train(twin, 4);
