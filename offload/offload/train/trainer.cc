@@ -1799,8 +1799,9 @@ Result<StepRecord> Trainer::Step() {
     // With the last step's finish in flight the first forward waits for each grad group's
     // weights as it reaches them, and the pipeline begins once forward is done (Begin waits for
     // the whole finish, which forward has by then).
+    // (finish_pending stays set until forward has caught up: a step that fails before then
+    // leaves the catch-up, group by group, to the next step or CompleteFinish.)
     const bool pending = t.finish_pending;
-    t.finish_pending = false;
     if (!pending) {
       if (t.early_norm != nullptr) t.EarlyNormBegin();
       UCP_RETURN_IF_ERROR(t.pipeline->Begin(opt_step, step_lr, spec_scale));
@@ -1837,6 +1838,7 @@ Result<StepRecord> Trainer::Step() {
         auto on_done = std::move(hook.on_group_done);
         hook.on_backward_begin = [&, on_begin] {
           begun = waited.ok() ? t.pipeline->Begin(opt_step, step_lr, spec_scale) : waited;
+          if (begun.ok()) t.finish_pending = false;  // every group waited for and widened
           if (begun.ok() && t.early_norm != nullptr) t.EarlyNormBegin();
           if (begun.ok() && on_begin) on_begin();
         };
