@@ -48,13 +48,11 @@ class CpuTwinDevice final : public TrainDevice {
   }
 
   Status UploadWeights() override {
+    // As the CUDA device: bf16 "over the link", widened on the "device".
     if (spec_.weights == LowpDType::kBf16) {
-      // As the CUDA device: bf16 "over the link", widened on the "device".
       std::memcpy(w16_.data(), spec_.h_weights16.data(), w16_.size() * 2);
-      for (size_t e = 0; e < w32_.size(); ++e) w32_[e] = FloatFromBf16(w16_[e]);
-    } else {
-      std::memcpy(w32_.data(), spec_.h_weights32.data(), w32_.size() * 4);
     }
+    WidenRange(0, static_cast<int64_t>(w32_.size()));
     return Status::Ok();
   }
 
@@ -147,12 +145,7 @@ class CpuTwinDevice final : public TrainDevice {
   }
 
   Status WeightsWritten() override {
-    if (spec_.weights == LowpDType::kBf16) {
-      for (size_t e = 0; e < w32_.size(); ++e) w32_[e] = FloatFromBf16(w16_[e]);
-    } else {
-      // As UploadWeights: fp16 and fp32 runs take the host's fp32 compute copy.
-      std::memcpy(w32_.data(), spec_.h_weights32.data(), w32_.size() * 4);
-    }
+    WidenRange(0, static_cast<int64_t>(w32_.size()));
     return Status::Ok();
   }
 
@@ -161,11 +154,7 @@ class CpuTwinDevice final : public TrainDevice {
       return InvalidArgumentError("twin device: no grad group " + std::to_string(group));
     }
     const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
-    if (spec_.weights == LowpDType::kBf16) {
-      for (int64_t i = b; i < e; ++i) w32_[i] = FloatFromBf16(w16_[i]);
-    } else {
-      std::memcpy(w32_.data() + b, spec_.h_weights32.data() + b, static_cast<size_t>(e - b) * 4);
-    }
+    WidenRange(b, e);
     return Status::Ok();
   }
 
@@ -175,6 +164,15 @@ class CpuTwinDevice final : public TrainDevice {
 
  private:
   bool lowp() const { return spec_.weights != LowpDType::kFp32; }
+  // The compute copy of elements [b, e) from the device's weights: bf16 widened on the
+  // "device"; fp16 and fp32 runs take the host's fp32 compute copy.
+  void WidenRange(int64_t b, int64_t e) {
+    if (spec_.weights == LowpDType::kBf16) {
+      for (int64_t i = b; i < e; ++i) w32_[i] = FloatFromBf16(w16_[i]);
+    } else {
+      std::memcpy(w32_.data() + b, spec_.h_weights32.data() + b, static_cast<size_t>(e - b) * 4);
+    }
+  }
 
   TrainDeviceSpec spec_;
   Model model_;

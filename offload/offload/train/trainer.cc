@@ -1832,8 +1832,8 @@ Result<StepRecord> Trainer::Step() {
           rec.phases.finish_wait += Seconds(w0, Clock::now());
           if (waited.ok()) waited = t.device->GroupWeightsWritten(k);
         };
-        // Begin before backward hands buckets over; a failed Begin leaves the buckets unhanded
-        // (Finish below then reports the count) and its error is the step's.
+        // Begin before backward hands buckets over; after a failed wait or Begin no bucket is
+        // handed over, and that error is the step's (below).
         auto on_begin = std::move(hook.on_backward_begin);
         auto on_done = std::move(hook.on_group_done);
         hook.on_backward_begin = [&, on_begin] {
