@@ -295,7 +295,9 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     os << "  overlap of the best step: " << o.speculated << " buckets stepped during backward, "
        << o.committed << " committed, " << o.corrected << " corrected, " << o.rolled_back
        << " undone, " << o.held << " held for validation (no speculation); "
-       << (on_device && r.finish_under_forward && dtype == "bf16" && comm->size() == 1
+       // The trainer decides where the finish runs; a step that waited for the last one's
+       // finish shows it ran under forward.
+       << (best_rec.phases.finish_wait > 0
                ? "validation's work and the weights' return run under the next step's forward "
                  "(each step's time holds the previous step's)\n"
                : "finished before the next step\n");
