@@ -640,9 +640,10 @@ struct Model::Impl {
   std::unique_ptr<Ulysses<float>> sp;  // null without sequence parallelism
 
   Status Validate(std::span<const float> weights, std::span<float> grads, bool backward,
-                  const Batch& batch) const {
+                  const Batch& batch, bool windows = false) const {
     const int64_t shard_len = sp ? max_seq_len / sp->geo().P : max_seq_len;
     UCP_RETURN_IF_ERROR(ValidateBatch(config, batch, max_batch, shard_len, max_seq_len));
+    if (windows) return Status::Ok();  // the windows hold the weights and gradients
     if (static_cast<int64_t>(weights.size()) != layout.total) {
       return InvalidArgumentError("weights hold " + Str(weights.size()) +
                                   " values, the model has " + Str(layout.total));
@@ -657,8 +658,9 @@ struct Model::Impl {
   std::vector<GradGroup> groups;  // Model::grad_groups
 
   Result<double> Run(std::span<const float> weights, std::span<float> grads, bool backward,
-                     const Batch& batch, float grad_scale, const BackwardHook* hook = nullptr) {
-    const Status valid = Validate(weights, grads, backward, batch);
+                     const Batch& batch, float grad_scale, const BackwardHook* hook = nullptr,
+                     WeightWindows* windows = nullptr) {
+    const Status valid = Validate(weights, grads, backward, batch, windows != nullptr);
     if (sp) {
       UCP_RETURN_IF_ERROR(sp->Agree(valid, batch, backward));
     } else {
@@ -668,10 +670,10 @@ struct Model::Impl {
     // each call on its caller's thread. The setting is process-global: set it on every call.
     openblas_set_num_threads(1);
     FastOps ops{&par};
-    return RunGraph<float>(ops, config, layout, acts, weights.data(),
-                           backward ? grads.data() : nullptr, batch.inputs.data(),
+    return RunGraph<float>(ops, config, layout, acts, windows ? nullptr : weights.data(),
+                           backward && !windows ? grads.data() : nullptr, batch.inputs.data(),
                            batch.targets.data(), batch.batch, batch.seq_len, batch.position_offset,
-                           grad_scale, sp.get(), hook);
+                           grad_scale, sp.get(), hook, windows, backward);
   }
 };
 
@@ -836,6 +838,15 @@ Result<double> Model::ForwardBackward(std::span<const float> weights, std::span<
                                       const Batch& batch, float grad_scale,
                                       const BackwardHook& hook) {
   return impl_->Run(weights, grads, true, batch, grad_scale, &hook);
+}
+
+Result<double> Model::Forward(WeightWindows& windows, const Batch& batch) {
+  return impl_->Run({}, {}, false, batch, 0.0f, nullptr, &windows);
+}
+
+Result<double> Model::ForwardBackward(WeightWindows& windows, const Batch& batch,
+                                      float grad_scale, const BackwardHook* hook) {
+  return impl_->Run({}, {}, true, batch, grad_scale, hook, &windows);
 }
 
 }  // namespace ucp::offload

@@ -84,6 +84,28 @@ struct BackwardHook {
   std::function<void(int group)> on_group_needed;
 };
 
+/// Streamed weights (issue 12, "adaptive weight placement"; docs/offload.md, "Weight streaming"):
+/// where each grad group's weights and gradients are while the graph uses them, when a device
+/// holds only a few groups at a time. The graph acquires a group before it first reads the
+/// group's weights (forward) or adds into its gradients (backward, `grads` true), and releases it
+/// when it is done with them: in backward the release means the group's gradients are complete
+/// for this call (the device then moves them out). Calls on the model's thread, in the graph's
+/// order: forward acquires and releases the embeddings, each layer up, then the head (and, with
+/// tied embeddings, the embeddings again for the classifier, kept through backward); backward the
+/// head, each layer down, the embeddings. A group is acquired at most once at a time.
+class WeightWindows {
+ public:
+  virtual ~WeightWindows() = default;
+  /// Where group `group`'s first element is: weights (and, with `grads`, gradients; else null),
+  /// each the group's elements contiguous in model order.
+  struct Slot {
+    const float* weights = nullptr;
+    float* grads = nullptr;
+  };
+  virtual Result<Slot> Acquire(int group, bool grads) = 0;
+  virtual Status Release(int group, bool grads) = 0;
+};
+
 /// What one training micro-batch is: B sequences of T tokens, inputs and next-token targets.
 /// A target < 0 contributes no loss (padding / masked). Under sequence parallelism over P ranks
 /// it is this rank's shard: T = the sample length / P tokens of each of the B samples.
@@ -189,6 +211,14 @@ class Model {
   /// Errors: as ForwardBackward (a refused batch calls no hook).
   Result<double> ForwardBackward(std::span<const float> weights, std::span<float> grads,
                                  const Batch& batch, float grad_scale, const BackwardHook& hook);
+
+  /// Forward / ForwardBackward on streamed weights: the graph reads each group's weights and
+  /// adds into its gradients where `windows` puts them (the same arithmetic, so the same bits as
+  /// the flat overloads on the same values). `hook` may be null. Errors: as ForwardBackward, and
+  /// what `windows` returns (the call then stops).
+  Result<double> Forward(WeightWindows& windows, const Batch& batch);
+  Result<double> ForwardBackward(WeightWindows& windows, const Batch& batch, float grad_scale,
+                                 const BackwardHook* hook);
 
  private:
   struct Impl;

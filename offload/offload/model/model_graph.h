@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "offload/model/model.h"
 #include "offload/model/ops.h"
+#include "ucp/base/check.h"
 #include "ucp/base/result.h"
 #include "ucp/base/status_macros.h"
 
@@ -89,14 +91,63 @@ struct Acts {
   }
 };
 
-// Forward (and backward when g != nullptr) of the whole model; returns the loss sum. Tn tokens
-// per sequence at positions [pos0, pos0 + Tn); sp: null, or this rank's Ulysses exchange, the
-// batch then being this rank's shard (fails only when the communicator does).
+// Grad group k's first element (Model::grad_groups: 0 the head, 1 + (L-1-l) layer l, L+1 the
+// embeddings; each contiguous in model order), and the group an element belongs to.
+inline int64_t GroupBegin(const ModelConfig& cfg, const Layout& lay, int64_t k) {
+  if (k == 0) return lay.lnf_w;
+  if (k == cfg.layers + 1) return 0;
+  return lay.layers[static_cast<size_t>(cfg.layers - k)].ln1_w;
+}
+inline int64_t GroupOf(const ModelConfig& cfg, const Layout& lay, int64_t off) {
+  if (off >= lay.lnf_w) return 0;
+  int64_t lo = 0, hi = cfg.layers;  // the layer l with ln1_w <= off < the next one's
+  if (cfg.layers == 0 || off < lay.layers[0].ln1_w) return cfg.layers + 1;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (lay.layers[static_cast<size_t>(mid)].ln1_w <= off) lo = mid; else hi = mid;
+  }
+  return 1 + (cfg.layers - 1 - lo);
+}
+
+// Forward (and backward when g != nullptr, or with windows when `backward`) of the whole model;
+// returns the loss sum. Tn tokens per sequence at positions [pos0, pos0 + Tn); sp: null, or this
+// rank's Ulysses exchange, the batch then being this rank's shard (fails only when the
+// communicator does). win: null (the weights and gradients are the flat w and g), or streamed
+// weights (model.h WeightWindows; w and g are then null and T is float).
 template <typename T, typename Ops, typename ActsT, typename SP>
 Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, ActsT& a, const T* w,
                         T* g, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t Tn,
-                        int64_t pos0, T grad_scale, SP* sp, const BackwardHook* hook = nullptr) {
+                        int64_t pos0, T grad_scale, SP* sp, const BackwardHook* hook = nullptr,
+                        WeightWindows* win = nullptr, bool backward = false) {
   auto Str = [](int64_t v) { return std::to_string(v); };
+  // Streamed: each group's base pointers while it is acquired (null otherwise), by group.
+  const int64_t num_groups = cfg.layers + 2;
+  std::vector<const T*> wbase;
+  std::vector<T*> gbase;
+  if (win != nullptr) {
+    if constexpr (!std::is_same_v<T, float>) {
+      return InvalidArgumentError("streamed weights need fp32 compute");
+    }
+    wbase.assign(static_cast<size_t>(num_groups), nullptr);
+    gbase.assign(static_cast<size_t>(num_groups), nullptr);
+  }
+  const bool bwd = win != nullptr ? backward : g != nullptr;
+  auto Acquire = [&](int64_t k, bool grads) -> Status {
+    if (win == nullptr) return Status::Ok();
+    if constexpr (std::is_same_v<T, float>) {
+      UCP_ASSIGN_OR_RETURN(WeightWindows::Slot s, win->Acquire(static_cast<int>(k), grads),
+                           "weights of grad group " + Str(k));
+      wbase[static_cast<size_t>(k)] = s.weights;
+      gbase[static_cast<size_t>(k)] = s.grads;
+    }
+    return Status::Ok();
+  };
+  auto Release = [&](int64_t k, bool grads) -> Status {
+    if (win == nullptr) return Status::Ok();
+    wbase[static_cast<size_t>(k)] = nullptr;
+    gbase[static_cast<size_t>(k)] = nullptr;
+    return win->Release(static_cast<int>(k), grads).WithContext("weights of grad group " + Str(k));
+  };
   const bool gpt = cfg.family == Family::kGpt;
   const int64_t C = cfg.hidden, NH = cfg.heads, KV = cfg.kv_heads, hd = cfg.head_dim;
   const int64_t qkv_dim = (NH + 2 * KV) * hd, ah = NH * hd, F = cfg.ffn_hidden;
@@ -104,9 +155,20 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
   const T eps = static_cast<T>(cfg.norm_eps);
   // The saved qkv: [N, qkv_dim], or under SP the gathered heads [B, P Tn, Wl].
   const int64_t qkv_width = sp ? sp->qkv_width() : qkv_dim;
-  auto P = [&](int64_t off) -> const T* { return off < 0 ? nullptr : w + off; };
-  auto G = [&](int64_t off) -> T* { return off < 0 ? nullptr : g + off; };
-  const T* wpe = gpt ? P(lay.wpe) + pos0 * C : nullptr;
+  auto P = [&](int64_t off) -> const T* {
+    if (off < 0) return nullptr;
+    if (win == nullptr) return w + off;
+    const int64_t k = GroupOf(cfg, lay, off);
+    UCP_CHECK(wbase[static_cast<size_t>(k)] != nullptr);  // the graph acquires before it reads
+    return wbase[static_cast<size_t>(k)] + (off - GroupBegin(cfg, lay, k));
+  };
+  auto G = [&](int64_t off) -> T* {
+    if (off < 0) return nullptr;
+    if (win == nullptr) return g + off;
+    const int64_t k = GroupOf(cfg, lay, off);
+    UCP_CHECK(gbase[static_cast<size_t>(k)] != nullptr);
+    return gbase[static_cast<size_t>(k)] + (off - GroupBegin(cfg, lay, k));
+  };
   const T* rope_cos = gpt ? nullptr : a.rope_cos.data() + pos0 * (hd / 2);
   const T* rope_sin = gpt ? nullptr : a.rope_sin.data() + pos0 * (hd / 2);
   // Layer l's slice of a per-layer activation of `dim` values per row.
@@ -131,8 +193,12 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
   auto GroupNeeded = [&](int64_t k) {
     if (hook != nullptr && hook->on_group_needed) hook->on_group_needed(static_cast<int>(k));
   };
-  GroupNeeded(cfg.layers + 1);
+  const int64_t emb = cfg.layers + 1;
+  GroupNeeded(emb);
+  UCP_RETURN_IF_ERROR(Acquire(emb, false));
+  const T* wpe = gpt ? P(lay.wpe) + pos0 * C : nullptr;
   ops.EncoderForward(a.encoded.data(), inputs, P(lay.wte), wpe, B, Tn, C);
+  UCP_RETURN_IF_ERROR(Release(emb, false));
   const T* x = a.encoded.data();
   for (int64_t l = 0; l < cfg.layers; ++l) {
     const LayerOffsets& o = lay.layers[l];
@@ -144,7 +210,9 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     T* fch = At(a.fch, l, F1);
     T* fch_act = At(a.fch_act, l, F);
     T* resid_out = At(a.resid_out, l, C);
-    GroupNeeded(1 + (cfg.layers - 1 - l));
+    const int64_t k = 1 + (cfg.layers - 1 - l);
+    GroupNeeded(k);
+    UCP_RETURN_IF_ERROR(Acquire(k, false));
     Norm(ln1, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), x, o.ln1_w, o.ln1_b);
     T* qkv_shard = sp ? sp->qkv_local() : qkv;  // [N, qkv_dim], this batch's positions
     ops.MatmulForward(qkv_shard, ln1, P(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
@@ -168,16 +236,25 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     }
     ops.MatmulForward(a.tmp.data(), fch_act, P(o.fc2_w), P(o.fc2_b), N, F, C);
     ops.ResidualForward(resid_out, resid_mid, a.tmp.data(), N * C);
+    UCP_RETURN_IF_ERROR(Release(k, false));
     x = resid_out;
   }
   GroupNeeded(0);
+  // The head (with tied embeddings the classifier reads, and backward adds into, the
+  // embeddings' matrix: they stay acquired until the encoder's backward).
+  UCP_RETURN_IF_ERROR(Acquire(0, bwd));
+  if (cfg.tied_embeddings) UCP_RETURN_IF_ERROR(Acquire(emb, bwd));
   Norm(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, lay.lnf_w, lay.lnf_b);
   const int64_t head = cfg.tied_embeddings ? lay.wte : lay.out;
   T* dlnf = a.dln.data();
-  if (g) ops.Zero(dlnf, N * C);
-  const double loss = ops.Classifier(g ? dlnf : nullptr, G(head), a.lnf.data(), P(head), targets, N,
-                                     C, V, grad_scale);
-  if (!g) return loss;
+  if (bwd) ops.Zero(dlnf, N * C);
+  const double loss = ops.Classifier(bwd ? dlnf : nullptr, bwd ? G(head) : nullptr, a.lnf.data(),
+                                     P(head), targets, N, C, V, grad_scale);
+  if (!bwd) {
+    UCP_RETURN_IF_ERROR(Release(0, false));
+    if (cfg.tied_embeddings) UCP_RETURN_IF_ERROR(Release(emb, false));
+    return loss;
+  }
 
   // ---- backward: dres is the gradient of the residual stream, flowing down the layers.
   T* dres = a.dres.data();
@@ -188,9 +265,12 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
   };
   if (hook != nullptr && hook->on_backward_begin) hook->on_backward_begin();
   NormBackward(dres, dlnf, x, a.lnf_mean.data(), a.lnf_rstd.data(), lay.lnf_w, lay.lnf_b);
+  UCP_RETURN_IF_ERROR(Release(0, true));
   GroupDone(0);
   for (int64_t l = cfg.layers - 1; l >= 0; --l) {
     const LayerOffsets& o = lay.layers[l];
+    const int64_t k = 1 + (cfg.layers - 1 - l);
+    UCP_RETURN_IF_ERROR(Acquire(k, true));
     const T* x_in = l == 0 ? a.encoded.data() : At(a.resid_out, l - 1, C);
     T* qkv = At(a.qkv, l, qkv_width);
     // MLP branch.
@@ -232,10 +312,13 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
                        P(o.qkv_w), N, C, qkv_dim);
     NormBackward(dres, a.dln.data(), x_in, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), o.ln1_w,
                  o.ln1_b);
-    GroupDone(1 + (cfg.layers - 1 - l));
+    UCP_RETURN_IF_ERROR(Release(k, true));
+    GroupDone(k);
   }
+  if (!cfg.tied_embeddings) UCP_RETURN_IF_ERROR(Acquire(emb, true));
   ops.EncoderBackward(G(lay.wte), gpt ? G(lay.wpe) + pos0 * C : nullptr, dres, inputs, B, Tn, C);
-  GroupDone(cfg.layers + 1);
+  UCP_RETURN_IF_ERROR(Release(emb, true));
+  GroupDone(emb);
   return loss;
 }
 

@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "offload/model/model_ref.h"
@@ -285,6 +288,110 @@ TEST_P(ModelGrad, BackwardHookReportsFinalGroupsInOrderAndChangesNoBits) {
       }
     }
   }
+}
+
+// Windows that hand the graph each group in a buffer of its own (copied in at Acquire, the
+// gradients copied back at Release), recording the calls: what a streaming device does, with
+// every group at a new address, so a read through a flat offset would show.
+class CopyWindows final : public WeightWindows {
+ public:
+  CopyWindows(const Model& m, std::span<const float> w, std::span<float> g) : w_(w), g_(g) {
+    for (const GradGroup& gr : m.grad_groups()) {
+      const ParamInfo& first = m.params()[static_cast<size_t>(gr.first_param)];
+      const ParamInfo& last = m.params()[static_cast<size_t>(gr.end_param - 1)];
+      ranges_.emplace_back(first.offset, last.offset + last.numel);
+    }
+    held_w_.resize(ranges_.size());
+    held_g_.resize(ranges_.size());
+  }
+  Result<Slot> Acquire(int group, bool grads) override {
+    calls.push_back("+" + std::to_string(group) + (grads ? "g" : ""));
+    if (group == fail_at) return DataLossError("injected");
+    const auto [b, e] = ranges_[static_cast<size_t>(group)];
+    auto& hw = held_w_[static_cast<size_t>(group)];
+    auto& hg = held_g_[static_cast<size_t>(group)];
+    if (!hw.empty()) return FailedPreconditionError("acquired twice");
+    hw.assign(w_.begin() + b, w_.begin() + e);
+    if (grads) hg.assign(g_.begin() + b, g_.begin() + e);
+    int layers = 0;
+    for (size_t k = 1; k + 1 < held_w_.size(); ++k) layers += held_w_[k].empty() ? 0 : 1;
+    max_layers = std::max(max_layers, layers);
+    return Slot{hw.data(), grads ? hg.data() : nullptr};
+  }
+  Status Release(int group, bool grads) override {
+    calls.push_back("-" + std::to_string(group) + (grads ? "g" : ""));
+    const auto [b, e] = ranges_[static_cast<size_t>(group)];
+    auto& hg = held_g_[static_cast<size_t>(group)];
+    if (grads) std::copy(hg.begin(), hg.end(), g_.begin() + b);
+    held_w_[static_cast<size_t>(group)].clear();
+    hg.clear();
+    return Status::Ok();
+  }
+  std::vector<std::string> calls;
+  int max_layers = 0;  // layers held at once
+  int fail_at = -1;    // Acquire of this group fails
+
+ private:
+  std::span<const float> w_;
+  std::span<float> g_;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+  std::vector<std::vector<float>> held_w_, held_g_;
+};
+
+// Streamed weights (WeightWindows): the same loss and gradient bits as the flat buffers, each
+// group acquired in the documented order (one layer at a time; with tied embeddings the
+// embeddings stay acquired from the classifier to the encoder's backward), the gradients added
+// into what the windows hand over (a second micro-batch accumulates), and a failing Acquire
+// stops the graph with its error.
+TEST_P(ModelGrad, WindowsGiveTheFlatBitsInTheGraphsOrder) {
+  const ModelConfig c = Tiny(GetParam().family, GetParam().tied);
+  auto model = *Model::Create(c, 2, 8, 2);
+  const int64_t total = model.num_params();
+  const std::vector<double> wd = InitWeights(model.params(), total, 51);
+  const std::vector<float> w(wd.begin(), wd.end());
+  Tokens t = MakeTokens(c, 2, 8, 52);
+  Tokens t2 = MakeTokens(c, 2, 8, 53);
+  std::vector<float> flat(total, 0.0f), win(total, 0.0f);
+  const double l1 = *model.ForwardBackward(w, flat, t.batch, 0.5f);
+  const double l1b = *model.ForwardBackward(w, flat, t2.batch, 0.5f);
+  CopyWindows cw(model, w, win);
+  const double l2 = *model.ForwardBackward(cw, t.batch, 0.5f, nullptr);
+  const double l2b = *model.ForwardBackward(cw, t2.batch, 0.5f, nullptr);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(l1b, l2b);
+  EXPECT_EQ(flat, win);  // bitwise, accumulated over two calls
+  EXPECT_EQ(cw.max_layers, 1);
+  const std::string emb = std::to_string(c.layers + 1);
+  std::vector<std::string> want = {"+" + emb, "-" + emb};
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string k = std::to_string(c.layers - l);
+    want.push_back("+" + k);
+    want.push_back("-" + k);
+  }
+  want.push_back("+0g");
+  if (c.tied_embeddings) want.push_back("+" + emb + "g");
+  want.push_back("-0g");
+  for (int64_t l = c.layers - 1; l >= 0; --l) {
+    const std::string k = std::to_string(c.layers - l);
+    want.push_back("+" + k + "g");
+    want.push_back("-" + k + "g");
+  }
+  if (!c.tied_embeddings) want.push_back("+" + emb + "g");
+  want.push_back("-" + emb + "g");
+  ASSERT_EQ(cw.calls.size(), 2 * want.size());
+  EXPECT_EQ(std::vector<std::string>(cw.calls.begin(), cw.calls.begin() + want.size()), want);
+
+  // Forward alone: the flat loss, no gradient touched.
+  cw.calls.clear();
+  EXPECT_EQ(*model.Forward(cw, t.batch), *model.Forward(w, t.batch));
+  EXPECT_EQ(cw.calls.back(), c.tied_embeddings ? "-" + emb : "-0");
+  for (const std::string& call : cw.calls) EXPECT_EQ(call.find('g'), std::string::npos) << call;
+
+  // A window that fails: the graph stops with its error, naming the group.
+  cw.fail_at = 1;
+  const Result<double> r = model.ForwardBackward(cw, t.batch, 0.5f, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("grad group 1"), std::string::npos) << r.status().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
