@@ -36,15 +36,15 @@ expect_exit 4 "$train" --out "$work/x" --data "$work/missing.bin" --steps 1
 expect_exit 7 "$train" --out "$work/x" --layout tp=2 --steps 1
 
 # --plan prints the memory plan and exits, allocating nothing (no --out needed): GPT-2 small at
-# 4 x 1024 tokens keeps its weights resident on a 6 GiB GPU, would stream them per layer on
-# 5.5 GiB (which the verdict says the engine does not run yet), does not fit on 4 GiB (2 GiB are
-# reserved); bad sizes and layouts are refused.
+# 4 x 1024 tokens keeps its weights resident on a 6 GiB GPU, streams them per layer on 5.5 GiB
+# (which a run with --weights auto then does), does not fit on 4 GiB (2 GiB are reserved); bad
+# sizes and layouts are refused.
 plan() { expect_exit 0 "$train" --plan --model gpt2-small --seq-len 1024 --global-batch 8 \
            --micro-batch 4 --device-memory "$1" --out "$work/plan_run"; }
 plan 6G; grep -q "fits with weights resident" "$work/out.txt" || fail "--plan 6G: $(cat "$work/out.txt")"
 grep -q "^activations + scratch" "$work/out.txt" || fail "--plan lists no activations row"
 grep -q "124475904 parameters" "$work/out.txt" || fail "--plan: parameter count"
-plan 5632M; grep -q "streamed per layer.*does not stream yet" "$work/out.txt" ||
+plan 5632M; grep -q "streamed per layer.*what --weights auto picks" "$work/out.txt" ||
   fail "--plan 5632M: $(cat "$work/out.txt")"
 plan 4G; grep -q "does not fit" "$work/out.txt" || fail "--plan 4G: $(cat "$work/out.txt")"
 [ ! -e "$work/plan_run" ] || fail "--plan created its --out folder"
@@ -80,6 +80,14 @@ if [ -x "$bin/ucp-bench" ]; then
     --device twin --pipeline overlap --no-speculation
   grep -Eq "overlap of the best step: 0 buckets stepped during backward, 0 committed, 0 corrected, 0 undone, 6 held for validation" "$work/out.txt" ||
     fail "ucp-bench train --no-speculation: $(cat "$work/out.txt")"
+  # Streamed weights: the bytes crossing per step; an unknown placement is refused.
+  expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+    --device twin --pipeline overlap --weights streamed
+  grep -Eq "^weights streamed: [0-9.]+ MiB on the device, [0-9.]+ MiB crossing per step \([0-9.]+ B/parameter\)" "$work/out.txt" ||
+    fail "ucp-bench train --weights streamed: $(cat "$work/out.txt")"
+  expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+    --device twin --weights paged
+  grep -q -- "--weights paged" "$work/err.txt" || fail "--weights paged: $(cat "$work/err.txt")"
   expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --gpu-optimizer
   # More tokens per step through micro-batches (gradient accumulation).
   expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 4 --micro-batch 2 \
@@ -115,6 +123,24 @@ fi
 [ -f "$work/ref/step_00000040/ucp_layout.json" ] || fail "no final checkpoint"
 expect_exit 11 "$train" "${common[@]}" --out "$work/ref"
 expect_exit 3 "$train" --resume "$work/ref" --lr 0.5
+
+# --weights streamed on the twin device (each layer crossing as the graph reaches it) trains the
+# CPU engine's bits: every logged loss and norm of 5 steps of 2 micro-batches.
+for run in cpu streamed; do
+  extra=()
+  [ "$run" = streamed ] && extra=(--device twin --weights streamed --pipeline overlap)
+  "$train" --model gpt-tiny --data "$work/text.txt" --seq-len 32 --global-batch 8 --micro-batch 4 \
+    --steps 5 --threads 2 --val-every 0 --sync-save "${extra[@]}" --out "$work/w_$run" > "$work/w_$run.txt"
+done
+grep -q "weights streamed" "$work/w_streamed.txt" || fail "--weights streamed: $(cat "$work/w_streamed.txt")"
+python3 - "$work" <<'PY' || fail "--weights streamed: not the CPU engine's losses"
+import json, os, sys
+def steps(run):
+    return [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(os.path.join(sys.argv[1], run, "log.jsonl"))) if "grad_norm" in j]
+a, b = steps("w_cpu"), steps("w_streamed")
+assert len(a) == 5 and a == b, (a, b)
+PY
+expect_exit 3 "$train" "${common[@]}" --device twin --weights paged --out "$work/paged"
 
 # --init from a Hugging Face folder trains from exactly the weights of the checkpoint it was
 # exported from (the same first-step loss as --init from that checkpoint).

@@ -186,6 +186,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.gpu_gemm = vm["gpu-gemm"].as<std::string>();
   r.finish_under_forward = !vm["sync-finish"].as<bool>();
   r.speculate = !vm["no-speculation"].as<bool>();
+  r.weights = vm["weights"].as<std::string>();
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
   if (cuda) r.device_factory = offload::cuda::MakeCudaTrainDevice;
 #endif
@@ -348,6 +349,14 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
          << (tok / best) / torch_tps << "x torch (aim >= 1.5x)\n";
     }
   }
+  if (const int64_t streamed = t.DeviceBytesStreamed(); streamed > 0) {
+    // Every step's crossings (the warm-up's too): weights in, in forward and again in backward,
+    // the gradients out (and back in between micro-batches).
+    const double per_step = static_cast<double>(streamed) / static_cast<double>(steps + 1);
+    os << "weights streamed: " << static_cast<double>(t.DeviceBytesInUse()) / 1048576.0
+       << " MiB on the device, " << per_step / 1048576.0 << " MiB crossing per step ("
+       << per_step / static_cast<double>(n) << " B/parameter)\n";
+  }
   os << ck.str();
   out << os.str();
   if (gpu_optimizer) {
@@ -434,6 +443,9 @@ Command MakeTrainBench() {
                 "no-speculation", po::bool_switch()->default_value(false),
                 "--pipeline overlap: no speculative steps (each bucket's Adam after validation; "
                 "no snapshots)")(
+                "weights", po::value<std::string>()->default_value("auto"),
+                "--device twin (cuda: not yet): resident or streamed weights (auto: "
+                "resident); prints the bytes streamed per step")(
                 "sync-finish", po::bool_switch()->default_value(false),
                 "--pipeline overlap on a device: finish each step before the next begins "
                 "(not under the next step's forward)")(

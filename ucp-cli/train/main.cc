@@ -142,6 +142,11 @@ int main(int argc, char** argv) {
      "--pipeline overlap on a device (one process, bf16): finish each step (the clip "
      "corrections, the weights to the device) before the next begins, instead of under the next "
      "step's forward, which waits for each layer's weights as it reaches them (the same bits)")
+    ("weights", po::value(&r.weights)->default_value("auto"),
+     "with a device: where its weights live: resident, streamed (the embeddings and the head, "
+     "and two layer windows through which each layer crosses when forward and backward reach "
+     "it; the CPU twin runs it, the GPU not yet), or auto (the memory plan's choice for "
+     "--device-memory; resident without it). The same bits")
     ("gpu-gemm", po::value(&r.gpu_gemm)->default_value("auto"),
      "--device cuda: what the matrix products read: auto (bf16 training: the bf16 weights and "
      "bf16-rounded activations, fp32 accumulation on the tensor cores; else fp32) or fp32 (the "
@@ -159,7 +164,8 @@ int main(int argc, char** argv) {
      "print the memory plan (bytes per tensor class: the CPU engine's, and on a GPU with the "
      "optimizer offloaded) and exit, allocating nothing")
     ("device-memory", po::value(&device_memory),
-     "--plan: the GPU's memory (e.g. 141G, 80GiB); decides resident or streamed weights")
+     "the GPU's memory (e.g. 141G, 80GiB) for --plan and --weights auto: decides resident or "
+     "streamed weights")
     ("host-memory", po::value(&host_memory),
      "--plan: host memory for the plan (default: this machine's MemAvailable)")
     ("tokenize", po::value(&tokenize),
@@ -275,6 +281,13 @@ int main(int argc, char** argv) {
                 ? fs::path(resume).parent_path().string()
                 : resume;
     }
+  }
+  if (!device_memory.empty()) {
+    auto bytes = ucp::exec::ParseByteSize(device_memory);
+    if (!bytes.ok()) return fail(ucp::Status(bytes.status().code(),
+                                             "--device-memory: " +
+                                                 std::string(bytes.status().message())));
+    r.device_memory = *bytes;
   }
   if (plan) {
     // The plan of one process, from the same resolution as a run (a resumed run's recorded

@@ -40,8 +40,9 @@ class CpuBackend final : public PipelineBackend {
       if (!h_grad16.empty()) {
         uint16_t* dst = h_grad16.data() + pc.state_offset;
         for (int64_t i = 0; i < pc.n; ++i) dst[i] = Bf16FromFloat(src[i]);
-      } else {
-        std::memcpy(h_grad.data() + pc.state_offset, src, static_cast<size_t>(pc.n) * 4);
+      } else if (float* dst = h_grad.data() + pc.state_offset; dst != src) {
+        // (The same memory when a streamed device's gradients are the host's: device.h.)
+        std::memcpy(dst, src, static_cast<size_t>(pc.n) * 4);
       }
     }
     return ok;
@@ -49,8 +50,9 @@ class CpuBackend final : public PipelineBackend {
   Status WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
                          std::span<uint16_t> d_weights) override {
     for (const BucketPiece& pc : bucket.pieces) {
-      std::memcpy(d_weights.data() + pc.grad_offset, h_out.data() + pc.state_offset,
-                  static_cast<size_t>(pc.n) * 2);
+      uint16_t* dst = d_weights.data() + pc.grad_offset;
+      const uint16_t* src = h_out.data() + pc.state_offset;
+      if (dst != src) std::memcpy(dst, src, static_cast<size_t>(pc.n) * 2);
     }
     return Status::Ok();
   }

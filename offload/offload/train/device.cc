@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "offload/train/page_vector.h"
+#include "ucp/base/check.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/tensor/float_bits.h"
 
@@ -182,6 +183,140 @@ class CpuTwinDevice final : public TrainDevice {
   int64_t pieces_n_ = 0;
 };
 
+// The twin with streamed weights (TrainDeviceSpec::stream_weights): its "device" memory is the
+// book's arena of weights, compute copy and gradients; every crossing is a memcpy on the
+// model's thread.
+class CpuTwinStreamedDevice final : public TrainDevice, public WeightWindows {
+ public:
+  CpuTwinStreamedDevice(TrainDeviceSpec spec, Model model,
+                        std::vector<std::pair<int64_t, int64_t>> group_ranges)
+      : spec_(std::move(spec)), model_(std::move(model)), book_(std::move(group_ranges)) {
+    const size_t n = static_cast<size_t>(book_.elements());
+    // Only bf16 crosses as training-dtype bits (widened on the device); fp16 and fp32 cross as
+    // the host's fp32 compute copy.
+    if (spec_.weights == LowpDType::kBf16) w16_.assign(n, 0);
+    w32_.assign(n, 0.0f);
+    grads_.assign(n, 0.0f);
+  }
+
+  std::string Describe() const override {
+    return "twin (the CPU standing in for a device), weights streamed: the embeddings, the head "
+           "and 2 layer windows on the device (" + std::to_string(device_bytes()) + " bytes)";
+  }
+
+  // The host's weights are new: each group crosses again when the graph next needs it.
+  Status UploadWeights() override {
+    book_.WeightsChanged();
+    return Status::Ok();
+  }
+  Status WeightsWritten() override { return UploadWeights(); }
+  Status GroupWeightsWritten(int group) override { return book_.GroupWeightsChanged(group); }
+
+  Status ZeroGrads() override {
+    book_.NewStep();
+    return Status::Ok();
+  }
+
+  Result<double> ForwardBackward(const Batch& batch, float grad_scale,
+                                 const BackwardHook* hook) override {
+    Result<double> r = model_.ForwardBackward(*this, batch, grad_scale, hook);
+    if (!r.ok()) book_.ReleaseAll();
+    return r;
+  }
+  Result<double> Forward(const Batch& batch) override {
+    Result<double> r = model_.Forward(*this, batch);
+    if (!r.ok()) book_.ReleaseAll();
+    return r;
+  }
+
+  // The released groups' gradients are on the host already; a group backward has not reached
+  // this step holds the device's zeros.
+  Status GradsToHost() override {
+    for (int k = 0; k < book_.groups(); ++k) ZeroUnreleased(k);
+    return Status::Ok();
+  }
+  Status GroupGradsToHost(int group) override {
+    if (group < 0 || group >= book_.groups()) {
+      return InvalidArgumentError("twin device: no grad group " + std::to_string(group));
+    }
+    ZeroUnreleased(group);
+    return Status::Ok();
+  }
+
+  // No device pieces (MakeCpuTwinDevice refuses them with streaming).
+  Status PushState(std::span<const float>, std::span<const float>,
+                   std::span<const float>) override {
+    return Status::Ok();
+  }
+  Status PullState(std::span<float>, std::span<float>, std::span<float>) override {
+    return Status::Ok();
+  }
+  Status StepDevicePieces(int64_t, float, float) override { return Status::Ok(); }
+
+  // The pipeline's "device" buffers are the host's: its copies are no-ops (pipeline.cc), and
+  // the weights it writes cross when the graph next acquires their group.
+  DevicePipelineView PipelineView() override { return {spec_.h_grads, spec_.h_weights16}; }
+  Result<std::unique_ptr<PipelineBackend>> MakePipelineBackend() override {
+    return CpuPipelineBackend();
+  }
+
+  int64_t device_bytes() const override {
+    return static_cast<int64_t>(w16_.size() * 2 + w32_.size() * 4 + grads_.size() * 4);
+  }
+  int64_t streamed_bytes() const override { return moved_; }
+
+  // WeightWindows: the graph's calls.
+  Result<Slot> Acquire(int group, bool grads) override {
+    UCP_ASSIGN_OR_RETURN(WeightWindowBook::Use u, book_.Acquire(group, grads), "twin device");
+    const size_t at = static_cast<size_t>(u.offset), n = static_cast<size_t>(u.n);
+    if (u.load_weights) {
+      // As the resident device's upload: bf16 crosses and is widened on the device; fp16 and
+      // fp32 runs take the host's fp32 compute copy.
+      if (spec_.weights == LowpDType::kBf16) {
+        std::memcpy(w16_.data() + at, spec_.h_weights16.data() + u.begin, n * 2);
+        for (size_t i = 0; i < n; ++i) w32_[at + i] = FloatFromBf16(w16_[at + i]);
+        moved_ += static_cast<int64_t>(n * 2);
+      } else {
+        std::memcpy(w32_.data() + at, spec_.h_weights32.data() + u.begin, n * 4);
+        moved_ += static_cast<int64_t>(n * 4);
+      }
+    }
+    if (grads && u.grads_from_host) {
+      // An earlier micro-batch's sum: backward adds into it, as into resident gradients.
+      std::memcpy(grads_.data() + at, spec_.h_grads.data() + u.begin, n * 4);
+      moved_ += static_cast<int64_t>(n * 4);
+    } else if (grads) {
+      std::fill_n(grads_.begin() + static_cast<std::ptrdiff_t>(at), n, 0.0f);
+    }
+    return Slot{w32_.data() + at, grads ? grads_.data() + at : nullptr};
+  }
+
+  Status Release(int group, bool grads) override {
+    UCP_ASSIGN_OR_RETURN(WeightWindowBook::Use u, book_.Release(group, grads), "twin device");
+    if (grads) {
+      // Backward is done with the group: its gradients leave (the hook's on_group_done follows).
+      std::memcpy(spec_.h_grads.data() + u.begin, grads_.data() + u.offset,
+                  static_cast<size_t>(u.n) * 4);
+      moved_ += u.n * 4;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  void ZeroUnreleased(int k) {
+    if (book_.grads_on_host(k)) return;
+    const auto [b, e] = book_.range(k);
+    std::fill(spec_.h_grads.begin() + b, spec_.h_grads.begin() + e, 0.0f);
+  }
+
+  TrainDeviceSpec spec_;
+  Model model_;
+  WeightWindowBook book_;
+  std::vector<uint16_t> w16_;  // the arena (WeightWindowBook)
+  std::vector<float> w32_, grads_;
+  int64_t moved_ = 0;
+};
+
 }  // namespace
 
 Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConfig& config) {
@@ -199,6 +334,103 @@ Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConf
   return out;
 }
 
+WeightWindowBook::WeightWindowBook(std::vector<std::pair<int64_t, int64_t>> ranges)
+    : ranges_(std::move(ranges)) {
+  const int last = groups() - 1;
+  auto size = [&](int k) { return range(k).second - range(k).first; };
+  int64_t window = 0;
+  for (int k = 1; k < last; ++k) window = std::max(window, size(k));
+  store_offset_[1] = size(0) + kAlign - 1;
+  store_offset_[2] = store_offset_[1] + size(last) + kAlign - 1;
+  store_offset_[3] = store_offset_[2] + window + kAlign - 1;
+  elements_ = store_offset_[3] + window + kAlign - 1;
+  UCP_CHECK(elements_ == ArenaElements(size(0), size(last), window));
+  store_group_[0] = 0;
+  store_group_[1] = last;
+  where_.assign(ranges_.size(), -1);
+  where_[0] = 0;
+  where_[static_cast<size_t>(last)] = 1;
+  loaded_.assign(ranges_.size(), 0);
+  grads_on_host_.assign(ranges_.size(), 0);
+  held_.assign(ranges_.size(), 0);
+}
+
+Status WeightWindowBook::Check(int group) const {
+  if (group < 0 || group >= groups()) {
+    return InvalidArgumentError("streamed weights: no grad group " + std::to_string(group));
+  }
+  return Status::Ok();
+}
+
+Result<WeightWindowBook::Use> WeightWindowBook::Acquire(int group, bool grads) {
+  UCP_RETURN_IF_ERROR(Check(group));
+  const size_t k = static_cast<size_t>(group);
+  if (held_[k]) {
+    return FailedPreconditionError("streamed weights: grad group " + std::to_string(group) +
+                                   " acquired twice");
+  }
+  if (where_[k] < 0) {
+    // A layer not in a window: the window not holding the layer acquired last (in forward and
+    // backward alike that is the one the graph is done with), unless it is still held.
+    int s = store_group_[3] == last_layer_ || store_group_[2] < 0 ? 2 : 3;
+    if (store_group_[s] >= 0 && held_[static_cast<size_t>(store_group_[s])]) s = 5 - s;
+    if (store_group_[s] >= 0) {
+      const size_t old = static_cast<size_t>(store_group_[s]);
+      if (held_[old]) {
+        return FailedPreconditionError("streamed weights: no free layer window for grad group " +
+                                       std::to_string(group));
+      }
+      where_[old] = -1;
+      loaded_[old] = 0;
+    }
+    store_group_[s] = group;
+    where_[k] = s;
+    loaded_[k] = 0;
+  }
+  if (group != 0 && group != groups() - 1) last_layer_ = group;
+  Use u = Place(group);
+  u.load_weights = loaded_[k] == 0;
+  u.grads_from_host = grads && grads_on_host_[k] != 0;
+  loaded_[k] = 1;
+  held_[k] = 1;
+  return u;
+}
+
+Result<WeightWindowBook::Use> WeightWindowBook::Release(int group, bool grads) {
+  UCP_RETURN_IF_ERROR(Check(group));
+  const size_t k = static_cast<size_t>(group);
+  if (!held_[k]) {
+    return FailedPreconditionError("streamed weights: grad group " + std::to_string(group) +
+                                   " released but not acquired");
+  }
+  held_[k] = 0;
+  if (grads) grads_on_host_[k] = 1;
+  return Place(group);
+}
+
+// Where a group held in a store sits: the store's first element congruent to its model offset.
+WeightWindowBook::Use WeightWindowBook::Place(int group) const {
+  const size_t k = static_cast<size_t>(group);
+  Use u;
+  const int64_t base = store_offset_[where_[k]];
+  u.begin = ranges_[k].first;
+  u.n = ranges_[k].second - ranges_[k].first;
+  u.offset = base + ((u.begin - base) % kAlign + kAlign) % kAlign;
+  return u;
+}
+
+void WeightWindowBook::WeightsChanged() { std::fill(loaded_.begin(), loaded_.end(), 0); }
+
+Status WeightWindowBook::GroupWeightsChanged(int group) {
+  UCP_RETURN_IF_ERROR(Check(group));
+  loaded_[static_cast<size_t>(group)] = 0;
+  return Status::Ok();
+}
+
+void WeightWindowBook::NewStep() { std::fill(grads_on_host_.begin(), grads_on_host_.end(), 0); }
+
+void WeightWindowBook::ReleaseAll() { std::fill(held_.begin(), held_.end(), 0); }
+
 Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& spec) {
   UCP_ASSIGN_OR_RETURN(Model model, Model::Create(spec.model, spec.max_batch, spec.seq_len,
                                                   spec.threads));
@@ -212,6 +444,14 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
                                 std::to_string(n) + " parameters");
   }
   UCP_ASSIGN_OR_RETURN(auto ranges, GradGroupRanges(spec.model));
+  if (spec.stream_weights) {
+    if (!spec.device_pieces.empty()) {
+      return InvalidArgumentError("twin device: streamed weights hold no device pieces "
+                                  "(--gpu-tail-buckets needs resident weights)");
+    }
+    return std::unique_ptr<TrainDevice>(
+        std::make_unique<CpuTwinStreamedDevice>(spec, std::move(model), std::move(ranges)));
+  }
   return std::unique_ptr<TrainDevice>(
       std::make_unique<CpuTwinDevice>(spec, std::move(model), std::move(ranges)));
 }

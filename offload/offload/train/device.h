@@ -58,6 +58,16 @@ struct TrainDeviceSpec {
   /// bf16 training only: the model's GEMMs read the bf16 weights, with bf16-rounded activations
   /// and fp32 accumulation (RunOptions::gpu_gemm "auto"); false: they read the fp32 copy.
   bool gemm_bf16 = false;
+  /// Streamed weights (RunOptions::weights; docs/offload.md, "Weight streaming"): the device
+  /// holds the embeddings' and the head's grad groups, and two windows of one layer each (the
+  /// layer in use and the next). Each layer's weights cross from h_weights16 (h_weights32 for
+  /// fp16 and fp32) when the graph needs them, in forward and again in backward, and its
+  /// gradients leave for h_grads as soon as backward completes them (with several
+  /// micro-batches the host's partial sum comes back first, so the sums are the resident
+  /// device's, bit for bit). The host buffers then always hold the gradients: GradsToHost and
+  /// GroupGradsToHost move nothing, and the pipeline's "device" buffers are the host's own.
+  /// No device pieces.
+  bool stream_weights = false;
 };
 
 /// What the overlapped pipeline (--pipeline overlap, offload/engine/pipeline.h) moves on the
@@ -121,10 +131,71 @@ class TrainDevice {
   virtual Status GroupWeightsWritten(int group) = 0;
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
+  /// Bytes moved between host and device by the streamed placement since the device was made
+  /// (weights in, gradients out and, with micro-batches, back in); 0 when resident.
+  virtual int64_t streamed_bytes() const { return 0; }
 };
 
 /// Each grad group's elements of the flat buffers, [begin, end), in ModelParamTable's order.
 Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConfig& config);
+
+/// The bookkeeping of streamed weights (TrainDeviceSpec::stream_weights), the same for the CPU
+/// twin and the CUDA device: an arena of elements() values per buffer (weights, compute copy,
+/// gradients) holds the head's group, the embeddings' group and two windows of the largest
+/// layer; which group is in which window, whether its weights there are current, whether the
+/// host holds this step's gradients of a group. The device moves the bytes it says.
+class WeightWindowBook {
+ public:
+  /// `ranges`: GradGroupRanges (the head first, the embeddings last).
+  explicit WeightWindowBook(std::vector<std::pair<int64_t, int64_t>> ranges);
+  /// A group sits in the arena at an offset congruent to its model offset modulo kAlign
+  /// elements, so every parameter has the alignment it has in the resident buffers (512 B of
+  /// fp32, 256 B of bf16): the GPU's GEMM libraries pick their kernels by alignment, and the
+  /// same kernels give the same bits. Each store has kAlign - 1 elements of slack for it.
+  static constexpr int64_t kAlign = 128;
+  /// The arena for a head of `head`, embeddings of `embeddings` and layers of at most `layer`
+  /// elements (what the memory plan counts).
+  static int64_t ArenaElements(int64_t head, int64_t embeddings, int64_t layer) {
+    return head + embeddings + 2 * layer + 4 * (kAlign - 1);
+  }
+  int64_t elements() const { return elements_; }
+  int groups() const { return static_cast<int>(ranges_.size()); }
+  std::pair<int64_t, int64_t> range(int group) const { return ranges_[static_cast<size_t>(group)]; }
+
+  /// What an Acquire must do: the group's `n` elements sit at `offset` in the arena (model
+  /// elements [begin, begin + n)); load its weights there when `load_weights`; with grads, copy
+  /// the host's partial sum there when `grads_from_host`, else zero them.
+  struct Use {
+    int64_t offset = 0, begin = 0, n = 0;
+    bool load_weights = false, grads_from_host = false;
+  };
+  /// Errors: kInvalidArgument (no such group), kFailedPrecondition (acquired twice; no window
+  /// free: the graph holds one layer at a time).
+  Result<Use> Acquire(int group, bool grads);
+  /// The group is released; with grads the device copies its gradients at use.offset to the host
+  /// and the book marks them there. Errors: kInvalidArgument, kFailedPrecondition (not held).
+  Result<Use> Release(int group, bool grads);
+  /// The host's weights changed (all, or one group's): they cross again at the next Acquire.
+  void WeightsChanged();
+  Status GroupWeightsChanged(int group);
+  /// A new step: no group's gradients are on the host yet.
+  void NewStep();
+  bool grads_on_host(int group) const { return grads_on_host_[static_cast<size_t>(group)] != 0; }
+  /// After a graph that stopped early: nothing is held.
+  void ReleaseAll();
+
+ private:
+  Status Check(int group) const;
+  Use Place(int group) const;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+  int64_t elements_ = 0;
+  int64_t store_offset_[4] = {0, 0, 0, 0};  // the head, the embeddings, the two layer windows
+  int store_group_[4] = {-1, -1, -1, -1};
+  int last_layer_ = -1;
+  std::vector<int> where_;  // by group: its store, -1 none
+  // By group (uint8_t, not vector<bool>: another thread may read an element between steps).
+  std::vector<uint8_t> loaded_, grads_on_host_, held_;
+};
 
 using TrainDeviceFactory =
     std::function<Result<std::unique_ptr<TrainDevice>>(const TrainDeviceSpec& spec)>;
@@ -134,7 +205,9 @@ using TrainDeviceFactory =
 /// and Adam states for the device pieces, stepped by AdamStepFused with the multiplier), the CPU
 /// model computes. It runs the trainer's device code path in CI: training through it is bitwise
 /// the CPU trainer's (offload_train_test DeviceTwin.*), so what differs on a GPU is the kernels.
-/// Errors: kInvalidArgument (the spec), kResourceExhausted.
+/// With spec.stream_weights it streams as the spec says, its "device" memory the resident
+/// groups and the two layer windows (device_bytes()).
+/// Errors: kInvalidArgument (the spec; device pieces with streaming), kResourceExhausted.
 Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& spec);
 
 }  // namespace ucp::offload

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/train/device.h"
 #include "ucp/base/status.h"
 #include "ucp/base/status_macros.h"
 #include "ucp/layout/layout.h"
@@ -125,13 +126,22 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   const int64_t n = table.total;
   const bool lowp = in.dtype != LowpDType::kFp32;
   const int64_t wb = lowp ? 2 : 4;  // training-dtype bytes per element
-  // The largest grad group (a layer, the head or the embeddings): one window of streaming.
-  int64_t window = 0;
-  for (const GradGroup& g : table.groups) {
+  // Streaming (device.h TrainDeviceSpec::stream_weights) keeps the head's and the embeddings'
+  // groups (the first and last of table.groups) and two windows of the largest layer.
+  int64_t window = 0, head = 0, embeddings = 0;
+  for (size_t k = 0; k < table.groups.size(); ++k) {
+    const GradGroup& g = table.groups[k];
     int64_t e = 0;
     for (int64_t i = g.first_param; i < g.end_param; ++i) e += table.params[i].numel;
-    window = std::max(window, e);
+    if (k == 0) {
+      head = e;
+    } else if (k + 1 == table.groups.size()) {
+      embeddings = e;
+    } else {
+      window = std::max(window, e);
+    }
   }
+  const int64_t streamed_elems = WeightWindowBook::ArenaElements(head, embeddings, window);
 
   MemoryPlan plan;
   plan.machine = machine;
@@ -202,16 +212,23 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                              : 0;
   // The device's need as --device cuda runs today: it does not stream.
   const int64_t resident_total = sum(&MemoryRow::device_bytes);
-  if (machine.device_bytes > 0 && resident_total > usable) {
-    // Streamed: two windows of weights, compute copy and gradients on the device, all weights
-    // pinned on the host (the gradients leave bucket by bucket as backward completes them).
+  // Streaming helps only where the windows hold less than all the layers (a model of two
+  // layers, say, would hold them all and the slack besides).
+  const int64_t streamed_total = resident_total - rows[0].device_bytes - rows[1].device_bytes -
+                                 rows[2].device_bytes + streamed_elems * ((bf16 ? 2 : 0) + 8);
+  if (machine.device_bytes > 0 && resident_total > usable && streamed_total < resident_total) {
+    // Streamed: the embeddings, the head and two layer windows of weights, compute copy and
+    // gradients on the device, all weights pinned on the host (each layer's gradients leave as
+    // backward completes them).
     plan.placement = WeightPlacement::kStreamed;
-    rows[0].device_bytes = lowp ? 2 * window * 2 : 0;
-    rows[0].note = "streamed: 2 layer windows on the device, all of them pinned on the host";
-    rows[1].device_bytes = 2 * window * 4;
-    rows[1].note = "streamed: 2 layer windows on the device";
-    rows[2].device_bytes = 2 * window * 4;
-    rows[2].note = "streamed: 2 bucket windows on the device; each leaves as backward ends it";
+    rows[0].device_bytes = bf16 ? streamed_elems * 2 : 0;  // fp16 crosses as the fp32 copy
+    rows[0].note = "streamed: embeddings, head and 2 layer windows on the device, all pinned on "
+                   "the host";
+    rows[1].device_bytes = streamed_elems * 4;
+    rows[1].note = "streamed: embeddings, head and 2 layer windows on the device";
+    rows[2].device_bytes = streamed_elems * 4;
+    rows[2].note = "streamed: embeddings, head and 2 layer windows; each layer's leave as "
+                   "backward ends it";
   }
   plan.cpu_total = sum(&MemoryRow::cpu_bytes);
   plan.device_total = sum(&MemoryRow::device_bytes);
@@ -234,7 +251,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
         (plan.placement == WeightPlacement::kResident ? "resident" : "streamed per layer") +
         " (" + Bytes(plan.device_total) + " of " + Bytes(usable) + " usable)";
     if (plan.placement == WeightPlacement::kStreamed) {
-      v += ", but --device cuda does not stream yet: resident it needs " + Bytes(resident_total);
+      v += " (what --weights auto picks; resident it needs " + Bytes(resident_total) + ")";
     }
   }
   if (machine.host_bytes > 0) {

@@ -18,9 +18,10 @@
 //     column, and the device's weights, copy and gradients, against a trainer on the CPU twin
 //     device. The weights are RESIDENT when everything fits in the device's capacity (less a
 //     reserve for the CUDA context and library workspaces); otherwise the plan shows them
-//     STREAMED per layer (two layer windows of weights, compute copy and gradients, one in use
-//     and one in flight), a design the engine does not run yet, which the verdict says. If even
-//     that does not fit, the plan says by how much.
+//     STREAMED per layer (the embeddings and the head, and two layer windows of weights,
+//     compute copy and gradients, one in use and one in flight: TrainDeviceSpec::stream_weights,
+//     which --weights auto picks from this plan). If even that does not fit, the plan says by
+//     how much.
 // The cast placement compares moving the updated weights device-ward as fp32 and casting on the
 // device, with casting on the host (fused into Adam's copy-out) and moving bf16: both give the
 // same bits (round to nearest even either side), so the choice is only about time.

@@ -34,7 +34,7 @@ ModelConfig Llama() {
   c.vocab = 100;
   c.padded_vocab = 128;
   c.hidden = 64;
-  c.layers = 2;
+  c.layers = 6;  // more than the two windows of streaming
   c.heads = 8;
   c.kv_heads = 2;
   c.head_dim = 8;
@@ -166,6 +166,52 @@ INSTANTIATE_TEST_SUITE_P(Configs, GpuPlanMatchesTwinTrainer,
                                            std::make_tuple("llama-tiny", "fp16", "overlap"),
                                            std::make_tuple("llama-tiny", "bf16", "overlap"),
                                            std::make_tuple("llama-tiny", "bf16", "overlap-nospec"),
+                                           std::make_tuple("gpt-tiny", "fp32", "sync")));
+
+// --weights auto on a device with a byte less than the resident weights need: the plan picks
+// streamed weights and the twin trainer streams, holding on its device exactly the plan's
+// streamed weights, compute copy and gradients (the embeddings, the head and two layer windows),
+// its host side unchanged.
+class GpuPlanStreamedMatchesTwinTrainer
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
+
+TEST_P(GpuPlanStreamedMatchesTwinTrainer, AutoPicksStreamedAndTheDeviceHoldsItsRows) {
+  const auto& [model, dtype, pipeline] = GetParam();
+  ucp::testing::TempDir tmp;
+  auto [c, o] = TinyRun(tmp.path(), model, dtype, "dp=1,zero=1", pipeline);
+  o.device = "twin";
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan resident, Trainer::Plan(c, o, PlanMachine{}));
+  PlanMachine m;  // the trainer's default reserve
+  m.device_bytes = m.device_reserve_bytes + resident.device_total - 1;
+  o.device_memory = m.device_bytes;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, Trainer::Plan(c, o, m));
+  ASSERT_EQ(plan.placement, WeightPlacement::kStreamed) << plan.verdict;
+  EXPECT_TRUE(plan.device_fits) << plan.verdict;
+  EXPECT_EQ(plan.host_total, resident.host_total);
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
+  ASSERT_TRUE(t.Step().ok());
+  auto dev = [&](MemClass k) { return plan.rows[static_cast<size_t>(k)].device_bytes; };
+  EXPECT_EQ(dev(MemClass::kWeights) + dev(MemClass::kComputeCopy) + dev(MemClass::kGradients),
+            t.DeviceBytesInUse());
+  EXPECT_LT(t.DeviceBytesInUse(), resident.rows[0].device_bytes + resident.rows[1].device_bytes +
+                                      resident.rows[2].device_bytes);
+  EXPECT_GT(t.DeviceBytesStreamed(), 0);
+  EXPECT_THAT(t.Describe(), HasSubstr("weights streamed"));
+
+  // "resident" overrides the plan; an unknown placement is refused.
+  o.weights = "resident";
+  o.out = tmp.path() / "resident";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer r, Trainer::Create(c, o));
+  EXPECT_EQ(r.DeviceBytesStreamed(), 0);
+  o.weights = "paged";
+  o.out = tmp.path() / "paged";
+  EXPECT_THAT(Trainer::Create(c, o).status().message(), HasSubstr("--weights paged"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, GpuPlanStreamedMatchesTwinTrainer,
+                         ::testing::Values(std::make_tuple("gpt-tiny", "bf16", "sync"),
+                                           std::make_tuple("llama-tiny", "fp16", "overlap"),
+                                           std::make_tuple("llama-tiny-tied", "bf16", "overlap"),
                                            std::make_tuple("gpt-tiny", "fp32", "sync")));
 
 PlanInput Input(int64_t micro_batch) {

@@ -417,6 +417,8 @@ struct Trainer::Impl {
   std::unique_ptr<TrainDevice> device;
   std::vector<char> piece_on_device;  // per piece of block_pieces[0]: stepped by the device Adam
   Status SetUpDevice(const AdamConfig& ac);
+  // The memory plan's input for this run (Plan, and --weights auto).
+  PlanInput MakePlanInput(const ModelConfig& mc, const layout::Layout& l) const;
   // One micro-batch's forward + backward, on the device or the CPU model (the ops policy).
   Result<double> ForwardBackward(const Batch& b, float grad_scale,
                                  const BackwardHook* hook = nullptr) {
@@ -1115,7 +1117,26 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   ds.h_weights32 = w32;
   ds.adam = ac;
   ds.gemm_bf16 = opts.gpu_gemm == "auto" && dtype == DType::kBf16;
+  // Weight placement (memory_plan.h): as asked, or with "auto" the plan's for the device's
+  // memory when it is known.
+  if (opts.weights == "streamed") {
+    ds.stream_weights = true;
+  } else if (opts.weights == "auto" && opts.device_memory > 0) {
+    PlanMachine m;
+    m.device_bytes = opts.device_memory;
+    UCP_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(MakePlanInput(ds.model, layout), m),
+                         "--weights auto");
+    ds.stream_weights = plan.placement == WeightPlacement::kStreamed;
+  } else if (opts.weights != "auto" && opts.weights != "resident") {
+    return InvalidArgumentError("--weights " + opts.weights + ": must be auto, resident or "
+                                "streamed");
+  }
   const int tail = opts.gpu_tail_buckets;
+  if (ds.stream_weights && tail != 0) {
+    return UnimplementedError("--gpu-tail-buckets " + std::to_string(tail) + " with streamed "
+                              "weights: the device Adam's pieces need resident weights "
+                              "(--weights resident)");
+  }
   const auto& groups = net->grad_groups();
   if (tail < 0 || tail > static_cast<int>(groups.size())) {
     return InvalidArgumentError("--gpu-tail-buckets " + std::to_string(tail) + ": must be in [0, " +
@@ -1498,21 +1519,26 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
     return UnimplementedError("--layout " + layout::ToString(l) +
                               ": the engine runs dp x sp layouts (tp = pp = ep = 1)");
   }
+  t.opts = opts;
+  return PlanMemory(t.MakePlanInput(mc, l), machine);
+}
+
+PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layout& l) const {
   PlanInput in;
   in.config = mc;
-  for (const auto& p : t.model.params) in.optimizer_group.push_back(p.optimizer_group);
-  in.dtype = t.lowp() ? (t.dtype == DType::kFp16 ? LowpDType::kFp16 : LowpDType::kBf16)
-                      : LowpDType::kFp32;
-  in.micro_batch = t.micro_batch;
-  in.seq_len = t.seq_len;
+  for (const auto& p : model.params) in.optimizer_group.push_back(p.optimizer_group);
+  in.dtype = lowp() ? (dtype == DType::kFp16 ? LowpDType::kFp16 : LowpDType::kBf16)
+                    : LowpDType::kFp32;
+  in.micro_batch = micro_batch;
+  in.seq_len = seq_len;
   in.dp = l.dp;
   in.sp = l.sp;
   in.zero_stage = l.zero_stage;
-  in.threads = t.threads;
+  in.threads = threads;
   in.overlap = opts.pipeline == "overlap";
   in.speculate = opts.speculate;
   in.async_save = opts.async_save;
-  return PlanMemory(in, machine);
+  return in;
 }
 
 std::vector<int64_t> Trainer::MemoryInUse() const {
@@ -1535,6 +1561,10 @@ std::vector<int64_t> Trainer::MemoryInUse() const {
 
 int64_t Trainer::DeviceBytesInUse() const {
   return impl_->device != nullptr ? impl_->device->device_bytes() : 0;
+}
+
+int64_t Trainer::DeviceBytesStreamed() const {
+  return impl_->device != nullptr ? impl_->device->streamed_bytes() : 0;
 }
 
 Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opts) {

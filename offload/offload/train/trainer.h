@@ -112,6 +112,13 @@ struct RunOptions {
   /// fp32 otherwise) or "fp32" (the fp32 compute copy: within 1e-5 of the CPU engine). The CPU
   /// twin's model is the CPU's, fp32, either way.
   std::string gpu_gemm = "auto";
+  /// Where a device keeps the weights (memory_plan.h; docs/offload.md, "Weight streaming"):
+  /// "resident" (all of them), "streamed" (the embeddings and the head, and two layer windows
+  /// through which each layer crosses as forward and backward reach it; its gradients leave as
+  /// backward completes it), or "auto": the memory plan's choice for `device_memory` bytes of
+  /// device memory, resident when that is 0 (unknown). The same bits either way; not recorded.
+  std::string weights = "auto";
+  int64_t device_memory = 0;
 };
 
 /// One optimizer step's record (also a line of log.jsonl).
@@ -177,6 +184,9 @@ class Trainer {
   /// With a device, its weights, compute copy, gradients and device-piece state (bytes; what
   /// the plan's device column predicts for the first three); 0 without one.
   int64_t DeviceBytesInUse() const;
+  /// With a device streaming its weights (RunOptions::weights), the bytes its windows have moved
+  /// between host and device since it was made; 0 otherwise.
+  int64_t DeviceBytesStreamed() const;
 
   /// One optimizer step on the global batch of step() + 1.
   Result<StepRecord> Step();

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <string>
 #include <tuple>
@@ -82,6 +83,16 @@ void ExpectSame(const Outcome& a, const Outcome& b) {
     EXPECT_EQ(a.state[i].first, b.state[i].first);
     EXPECT_TRUE(a.state[i].second == b.state[i].second) << a.state[i].first;
   }
+}
+
+// A run in pieces (saved and resumed between them) against the uninterrupted run: every loss in
+// order, and the last piece's validation loss.
+void ExpectContinues(const Outcome& full, std::initializer_list<const Outcome*> pieces) {
+  std::vector<double> all;
+  for (const Outcome* p : pieces) all.insert(all.end(), p->losses.begin(), p->losses.end());
+  ASSERT_EQ(all.size(), full.losses.size());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], full.losses[i]) << "step " << i + 1;
+  EXPECT_EQ((*std::prev(pieces.end()))->val, full.val);
 }
 
 class DeviceTwin
@@ -205,6 +216,157 @@ INSTANTIATE_TEST_SUITE_P(Finishes, DeviceTwinNoSpeculation,
                          ::testing::Values(std::make_tuple(true, 0), std::make_tuple(false, 0),
                                            std::make_tuple(true, 2)));
 
+// Streamed weights on the twin (RunOptions::weights "streamed"; device.h stream_weights): the
+// "device" holds the embeddings, the head and two layer windows; each layer crosses when forward
+// and backward reach it and its gradients leave as backward completes it, the first
+// micro-batch's sum coming back for the second. Bitwise the CPU trainer over 5 steps (clip 0.5:
+// some steps clipped), sync and overlapped (speculative or not, finished under the next forward
+// or not), tied and untied, every dtype the pipeline runs; the device holds less than resident.
+class DeviceTwinStreamed
+    : public ::testing::TestWithParam<
+          std::tuple<std::string, std::string, std::string, bool, bool>> {};
+
+TEST_P(DeviceTwinStreamed, BitwiseTheCpuTrainer) {
+  const auto& [model, dtype, pipeline, speculate, under_forward] = GetParam();
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config(model, dtype, WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  RunOptions o = Opts(tmp.path() / "twin", "twin", 0, pipeline);
+  o.weights = "streamed";
+  o.speculate = speculate;
+  o.finish_under_forward = under_forward;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer twin, Trainer::Create(c, o));
+  EXPECT_THAT(twin.Describe(), HasSubstr("weights streamed"));
+  RunOptions ro = Opts(tmp.path() / "resident", "twin", 0, pipeline);
+  ro.weights = "resident";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer resident, Trainer::Create(c, ro));
+  EXPECT_LT(twin.DeviceBytesInUse(), resident.DeviceBytesInUse());
+  EXPECT_EQ(resident.DeviceBytesStreamed(), 0);
+  const Outcome a = Train(cpu, 5);
+  const Outcome b = Train(twin, 5);
+  ExpectSame(a, b);
+  // Each step moves at least the weights in once and the gradients out once per micro-batch.
+  const int64_t wbytes = dtype == "fp32" ? 4 : 2;
+  EXPECT_GE(twin.DeviceBytesStreamed(), 5 * twin.num_params() * (wbytes + 2 * 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, DeviceTwinStreamed,
+    ::testing::Values(std::make_tuple("llama-tiny", "bf16", "sync", true, true),
+                      std::make_tuple("gpt-tiny", "fp16", "sync", true, true),
+                      std::make_tuple("gpt-tiny", "fp32", "sync", true, true),
+                      std::make_tuple("llama-tiny-tied", "bf16", "sync", true, true),
+                      std::make_tuple("llama-tiny", "bf16", "overlap", true, true),
+                      std::make_tuple("llama-tiny", "bf16", "overlap", true, false),
+                      std::make_tuple("llama-tiny-tied", "bf16", "overlap", false, true),
+                      std::make_tuple("gpt-tiny", "fp16", "overlap", true, true)));
+
+// The book of streamed weights: in the graph's order (forward, then backward) each group sits
+// at an offset congruent to its model offset modulo kAlign, inside the arena, never overlapping
+// another group held or loaded at the same time; forward's last two layers, still in the
+// windows, do not cross again for backward; the gradients come from the host only once released in this step;
+// and misuse is refused.
+TEST(WeightWindowBook, PlacesGroupsAlignedAndApartInTheGraphsOrder) {
+  ModelConfig mc;  // a small LLaMA of 4 layers (odd sizes: groups start at every alignment)
+  mc.family = Family::kLlama;
+  mc.vocab = 100;
+  mc.padded_vocab = 104;
+  mc.hidden = 36;
+  mc.layers = 4;
+  mc.heads = 6;
+  mc.kv_heads = 2;
+  mc.head_dim = 6;
+  mc.ffn_hidden = 50;
+  mc.max_positions = 64;
+  UCP_ASSERT_OK_AND_ASSIGN(auto ranges, GradGroupRanges(mc));
+  WeightWindowBook book(ranges);
+  const int G = book.groups(), L = G - 2, emb = G - 1;
+  std::vector<std::pair<int64_t, int64_t>> held(static_cast<size_t>(G), {-1, -1});
+  auto acquire = [&](int k, bool grads) {
+    UCP_ASSERT_OK_AND_ASSIGN(WeightWindowBook::Use u, book.Acquire(k, grads));
+    EXPECT_EQ(u.begin, ranges[static_cast<size_t>(k)].first);
+    EXPECT_EQ(u.n, ranges[static_cast<size_t>(k)].second - u.begin);
+    EXPECT_EQ((u.offset - u.begin) % WeightWindowBook::kAlign, 0) << "group " << k;
+    EXPECT_GE(u.offset, 0);
+    EXPECT_LE(u.offset + u.n, book.elements());
+    for (int j = 0; j < G; ++j) {
+      const auto [o, n] = held[static_cast<size_t>(j)];
+      if (j == k || o < 0) continue;
+      EXPECT_TRUE(u.offset + u.n <= o || o + n <= u.offset) << "groups " << k << " and " << j;
+    }
+    held[static_cast<size_t>(k)] = {u.offset, u.n};
+  };
+  auto release = [&](int k, bool grads) {
+    UCP_ASSERT_OK(book.Release(k, grads).status());
+    if (k != 0 && k != emb) held[static_cast<size_t>(k)] = {-1, -1};  // a window, reusable
+  };
+  book.NewStep();
+  for (int mb = 0; mb < 2; ++mb) {
+    acquire(emb, false);
+    release(emb, false);
+    for (int k = L; k >= 1; --k) {
+      acquire(k, false);
+      release(k, false);
+    }
+    acquire(0, true);
+    release(0, true);
+    for (int k = 1; k <= L; ++k) {
+      Result<WeightWindowBook::Use> u = book.Acquire(k, true);
+      ASSERT_TRUE(u.ok());
+      // Forward's last two layers are still in the windows.
+      EXPECT_EQ(u->load_weights, k > 2) << "layer group " << k;
+      EXPECT_EQ(u->grads_from_host, mb == 1) << "layer group " << k;
+      release(k, true);
+    }
+    acquire(emb, true);
+    release(emb, true);
+  }
+  for (int k = 0; k < G; ++k) EXPECT_TRUE(book.grads_on_host(k));
+  book.NewStep();
+  EXPECT_FALSE(book.grads_on_host(0));
+  // Loaded groups stay current until the host's weights change.
+  UCP_ASSERT_OK_AND_ASSIGN(WeightWindowBook::Use e, book.Acquire(emb, false));
+  EXPECT_FALSE(e.load_weights);
+  EXPECT_THAT(book.Acquire(emb, false).status(), StatusIs(StatusCode::kFailedPrecondition, ::testing::_));
+  UCP_ASSERT_OK(book.Release(emb, false).status());
+  EXPECT_THAT(book.Release(emb, false).status(), StatusIs(StatusCode::kFailedPrecondition, ::testing::_));
+  UCP_ASSERT_OK(book.GroupWeightsChanged(emb));
+  UCP_ASSERT_OK_AND_ASSIGN(e, book.Acquire(emb, false));
+  EXPECT_TRUE(e.load_weights);
+  EXPECT_THAT(book.Acquire(G, false).status(), StatusIs(StatusCode::kInvalidArgument, ::testing::_));
+  // Two layers held at once fill both windows; a third has none.
+  UCP_ASSERT_OK(book.Acquire(1, false).status());
+  UCP_ASSERT_OK(book.Acquire(2, false).status());
+  EXPECT_THAT(book.Acquire(3, false).status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("no free layer window")));
+  book.ReleaseAll();
+  UCP_ASSERT_OK(book.Acquire(3, false).status());
+}
+
+// A checkpoint of a streamed run resumes resident, and a resident one streamed: the host state
+// is the same either way, so both continue bitwise as the uninterrupted CPU run.
+TEST(DeviceTwinStreamedCheckpoint, ResumesAcrossPlacements) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer ref, Trainer::Create(c, Opts(tmp.path() / "ref", "cpu", 0)));
+  const Outcome full = Train(ref, 6);
+  RunOptions s = Opts(tmp.path() / "a", "twin", 0, "overlap");
+  s.weights = "streamed";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer streamed, Trainer::Create(c, s));
+  const Outcome first = Train(streamed, 2, /*save_at=*/2);
+  RunOptions r = Opts(tmp.path() / "a", "twin", 2);
+  r.weights = "resident";
+  r.resume = tmp.path() / "a";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer resident, Trainer::Create(c, r));
+  const Outcome mid = Train(resident, 4, /*save_at=*/4);
+  s.resume = tmp.path() / "a";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer back, Trainer::Create(c, s));
+  ASSERT_EQ(back.step(), 4);
+  const Outcome last = Train(back, 6);
+  ExpectContinues(full, {&first, &mid, &last});
+  ExpectSame(Train(back, 6), Train(ref, 6));  // (no steps left: the validation and every state)
+}
+
 // fp16 from a loss scale of 2^60: the overlapped twin skips the overflowing steps (every
 // speculative bucket undone; a bucket with a non-finite gradient never stepped) and halves the
 // scale exactly as the CPU trainer; a skipped first step leaves every state as it was.
@@ -266,12 +428,7 @@ TEST(DeviceTwinOverlapCheckpoint, ResumesAcrossEngines) {
   UCP_ASSERT_OK_AND_ASSIGN(Trainer back, Trainer::Create(c, r3));
   ASSERT_EQ(back.step(), 4);
   const Outcome last = Train(back, 6);
-  std::vector<double> all = first.losses;
-  all.insert(all.end(), mid.losses.begin(), mid.losses.end());
-  all.insert(all.end(), last.losses.begin(), last.losses.end());
-  ASSERT_EQ(all.size(), full.losses.size());
-  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], full.losses[i]) << "step " << i + 1;
-  EXPECT_EQ(last.val, full.val);
+  ExpectContinues(full, {&first, &mid, &last});
 }
 
 // A checkpoint written through the device path (tail pieces on the "device": their state is
@@ -338,6 +495,11 @@ TEST(DeviceOptions, RefusedWhereNotRun) {
   f.dtype = "fp32";
   EXPECT_THAT(Trainer::Create(f, Opts(tmp.path() / "f", "twin", 1)).status(),
               StatusIs(StatusCode::kUnimplemented, HasSubstr("bf16 or fp16")));
+  // Streamed weights hold no device Adam pieces.
+  RunOptions st = Opts(tmp.path() / "h", "twin", 2);
+  st.weights = "streamed";
+  EXPECT_THAT(Trainer::Create(c, st).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("--weights resident")));
   // --gpu-gemm takes auto or fp32, also where no device runs (a typo is not ignored).
   for (const char* device : {"twin", "cpu"}) {
     RunOptions g = Opts(tmp.path() / (std::string("g") + device), device, 0);
