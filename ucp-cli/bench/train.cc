@@ -444,8 +444,8 @@ Command MakeTrainBench() {
                 "--pipeline overlap: no speculative steps (each bucket's Adam after validation; "
                 "no snapshots)")(
                 "weights", po::value<std::string>()->default_value("auto"),
-                "--device twin (cuda: not yet): resident or streamed weights (auto: "
-                "resident); prints the bytes streamed per step")(
+                "--device cuda|twin: resident or streamed weights (auto: resident); "
+                "prints the bytes streamed per step")(
                 "sync-finish", po::bool_switch()->default_value(false),
                 "--pipeline overlap on a device: finish each step before the next begins "
                 "(not under the next step's forward)")(

@@ -145,8 +145,8 @@ int main(int argc, char** argv) {
     ("weights", po::value(&r.weights)->default_value("auto"),
      "with a device: where its weights live: resident, streamed (the embeddings and the head, "
      "and two layer windows through which each layer crosses when forward and backward reach "
-     "it; the CPU twin runs it, the GPU not yet), or auto (the memory plan's choice for "
-     "--device-memory; resident without it). The same bits")
+     "it; checked on the CPU twin, not yet run on a GPU), or auto (the memory plan's choice "
+     "for --device-memory; resident without it). The same bits")
     ("gpu-gemm", po::value(&r.gpu_gemm)->default_value("auto"),
      "--device cuda: what the matrix products read: auto (bf16 training: the bf16 weights and "
      "bf16-rounded activations, fp32 accumulation on the tensor cores; else fp32) or fp32 (the "
