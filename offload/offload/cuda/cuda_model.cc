@@ -187,8 +187,11 @@ struct CudaModel::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
 
+  // win: streamed weights (model.h WeightWindows), whose slots lie in the arena `w` (fp32) and
+  // `w16` (its bf16 twin at the same offsets); `backward` then says whether to run backward.
   Result<double> Run(const float* w, float* g, const Batch& b, float grad_scale,
-                     const BackwardHook* hook, const uint16_t* w16) {
+                     const BackwardHook* hook, const uint16_t* w16,
+                     WeightWindows* win = nullptr, bool backward = false) {
     if ((gemm == GemmInputs::kBf16) != (w16 != nullptr)) {
       return InvalidArgumentError(gemm == GemmInputs::kBf16
                                       ? "CUDA model: bf16 GEMMs need the bf16 weights"
@@ -223,8 +226,9 @@ struct CudaModel::Impl {
                 w, w16, w16 ? scratch16.data() : nullptr,
                 w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size())};
     Result<double> loss = graph::RunGraph<float>(
-        ops, config, layout, acts, w, g, inputs.data(), targets.data(), b.batch, b.seq_len,
-        b.position_offset, grad_scale, static_cast<NoSequenceParallel*>(nullptr), hook);
+        ops, config, layout, acts, win ? nullptr : w, win ? nullptr : g, inputs.data(),
+        targets.data(), b.batch, b.seq_len, b.position_offset, grad_scale,
+        static_cast<NoSequenceParallel*>(nullptr), hook, win, backward);
     const cudaError_t sync = cudaStreamSynchronize(stream);
     UCP_RETURN_IF_ERROR(ops.status);
     if (sync != cudaSuccess) {
@@ -308,6 +312,17 @@ Result<double> CudaModel::ForwardBackward(const float* weights, float* grads, co
                                           const uint16_t* weights16) {
   if (grads == nullptr) return InvalidArgumentError("CUDA model: null gradient buffer");
   return impl_->Run(weights, grads, batch, grad_scale, hook, weights16);
+}
+
+Result<double> CudaModel::Forward(WeightWindows& windows, const Batch& batch, const float* arena,
+                                  const uint16_t* arena16) {
+  return impl_->Run(arena, nullptr, batch, 0.0f, nullptr, arena16, &windows, false);
+}
+
+Result<double> CudaModel::ForwardBackward(WeightWindows& windows, const Batch& batch,
+                                          float grad_scale, const BackwardHook* hook,
+                                          const float* arena, const uint16_t* arena16) {
+  return impl_->Run(arena, nullptr, batch, grad_scale, hook, arena16, &windows, true);
 }
 
 void* CudaModel::stream() const { return impl_->stream; }

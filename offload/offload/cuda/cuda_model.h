@@ -60,6 +60,16 @@ class CudaModel {
   Result<double> ForwardBackward(const float* weights, float* grads, const Batch& batch,
                                  float grad_scale, const BackwardHook* hook = nullptr,
                                  const uint16_t* weights16 = nullptr);
+  /// On streamed weights (model.h WeightWindows): the windows hand out device pointers into
+  /// `arena` (fp32 weights and, at the same offsets in their own arena, gradients) whose bf16
+  /// bits are `arena16` at the same element offsets (kBf16 only; the GEMMs find a slot's bf16
+  /// twin by its offset in the arena). Acquire and Release run on this thread, between the
+  /// kernels they order themselves against on stream(). Errors: as above, and the windows'.
+  Result<double> Forward(WeightWindows& windows, const Batch& batch, const float* arena,
+                         const uint16_t* arena16 = nullptr);
+  Result<double> ForwardBackward(WeightWindows& windows, const Batch& batch, float grad_scale,
+                                 const BackwardHook* hook, const float* arena,
+                                 const uint16_t* arena16 = nullptr);
   /// The stream every kernel of the model runs on (a cudaStream_t).
   void* stream() const;
 

@@ -3,7 +3,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,7 +25,13 @@ namespace {
 
 Status Cuda(cudaError_t err, const std::string& what) { return CudaStatus(err, what); }
 
-class CudaTrainDevice final : public TrainDevice {
+// With TrainDeviceSpec::stream_weights the device's weights, compute copy and gradients are the
+// WeightWindowBook's arena (the head, the embeddings and two layer windows), and the device is
+// the graph's WeightWindows: each crossing is queued on the model's stream where the graph
+// acquires or releases a group, so it is ordered after the kernels that used the window before
+// and before those that use it next (not yet overlapped with them: a prefetch on the copy
+// stream is the next step).
+class CudaTrainDevice final : public TrainDevice, public WeightWindows {
  public:
   CudaTrainDevice(TrainDeviceSpec spec, CudaModel model)
       : spec_(std::move(spec)), model_(std::move(model)) {}
@@ -62,9 +72,21 @@ class CudaTrainDevice final : public TrainDevice {
       UCP_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
                                "CUDA device: grad-group events"));
     }
-    UCP_RETURN_IF_ERROR(Alloc(&d_w32_, n * 4, "fp32 compute weights"));
-    UCP_RETURN_IF_ERROR(Alloc(&d_grads_, n * 4, "gradients"));
-    if (lowp()) UCP_RETURN_IF_ERROR(Alloc(&d_w16_, n * 2, "training-dtype weights"));
+    if (spec_.stream_weights) {
+      if (!spec_.device_pieces.empty()) {
+        return InvalidArgumentError("CUDA device: streamed weights hold no device pieces "
+                                    "(--gpu-tail-buckets needs resident weights)");
+      }
+      book_.emplace(group_ranges_);
+    }
+    // Streamed: the arena; only bf16 crosses as training-dtype bits (fp16 and fp32 as the host's
+    // fp32 compute copy).
+    const int64_t dn = book_ ? book_->elements() : n;
+    UCP_RETURN_IF_ERROR(Alloc(&d_w32_, dn * 4, "fp32 compute weights"));
+    UCP_RETURN_IF_ERROR(Alloc(&d_grads_, dn * 4, "gradients"));
+    if (book_ ? spec_.weights == LowpDType::kBf16 : lowp()) {
+      UCP_RETURN_IF_ERROR(Alloc(&d_w16_, dn * 2, "training-dtype weights"));
+    }
     for (const DevicePiece& pc : spec_.device_pieces) pieces_n_ += pc.n;
     if (pieces_n_ > 0) {
       UCP_RETURN_IF_ERROR(Alloc(&d_master_, pieces_n_ * 4, "device masters"));
@@ -89,10 +111,15 @@ class CudaTrainDevice final : public TrainDevice {
            "state; " + std::to_string(pieces_n_) + " parameters stepped by the device Adam; " +
            std::to_string(registered_.size()) + " of " + std::to_string(to_pin_) +
            " host buffers pinned; " +
-           (model_.gemm() == GemmInputs::kBf16 ? "bf16" : "fp32") + " GEMMs";
+           (model_.gemm() == GemmInputs::kBf16 ? "bf16" : "fp32") + " GEMMs" +
+           (book_ ? "; weights streamed: the embeddings, the head and 2 layer windows" : "");
   }
 
   Status UploadWeights() override {
+    if (book_) {
+      book_->WeightsChanged();  // each group crosses when the graph next acquires it
+      return Status::Ok();
+    }
     const int64_t n = model_.num_params();
     if (spec_.weights == LowpDType::kBf16) {
       // bf16 over the link (2 B/param), widened on the device (exact).
@@ -109,6 +136,10 @@ class CudaTrainDevice final : public TrainDevice {
   }
 
   Status ZeroGrads() override {
+    if (book_) {
+      book_->NewStep();  // each group's gradients are zeroed in its window when backward acquires it
+      return Status::Ok();
+    }
     UCP_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(d_grads_, 0, model_.num_params() * 4, stream_),
                              "zeroing gradients"));
     return Cuda(cudaStreamSynchronize(stream_), "zeroing gradients");
@@ -119,9 +150,7 @@ class CudaTrainDevice final : public TrainDevice {
     // With several processes the overlapped step runs backward on a worker thread, and the
     // current device is per thread.
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
-    if (hook == nullptr) {
-      return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, nullptr, GemmWeights());
-    }
+    if (hook == nullptr) return RunModel(batch, grad_scale, nullptr);
     // Each group's event is recorded before the pipeline hears of the group, so the copy of
     // its bucket waits for exactly the kernels queued so far.
     Status recorded;
@@ -138,17 +167,27 @@ class CudaTrainDevice final : public TrainDevice {
       }
       if (hook->on_group_done) hook->on_group_done(k);
     };
-    Result<double> loss =
-        model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, &h, GemmWeights());
+    Result<double> loss = RunModel(batch, grad_scale, &h);
     UCP_RETURN_IF_ERROR(recorded);
     return loss;
   }
 
   Result<double> Forward(const Batch& batch) override {
+    if (book_) {
+      Result<double> r = model_.Forward(*this, batch, d_w32_, GemmWeights());
+      if (!r.ok()) book_->ReleaseAll();
+      return r;
+    }
     return model_.Forward(d_w32_, batch, GemmWeights());
   }
 
   Status GradsToHost() override {
+    if (book_) {
+      // The released groups' gradients crossed as backward completed them (the model's run
+      // synchronised its stream); a group backward has not reached holds zeros.
+      for (int k = 0; k < book_->groups(); ++k) ZeroUnreleased(k);
+      return Status::Ok();
+    }
     UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data(), d_grads_,
                                              model_.num_params() * 4, cudaMemcpyDeviceToHost,
                                              stream_),
@@ -161,6 +200,13 @@ class CudaTrainDevice final : public TrainDevice {
       return InvalidArgumentError("CUDA device: no grad group " + std::to_string(group));
     }
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
+    if (book_) {
+      // Its event follows the copy the release queued.
+      UCP_RETURN_IF_ERROR(Cuda(cudaEventSynchronize(group_done_[static_cast<size_t>(group)]),
+                               "gradients of grad group " + std::to_string(group) + " to the host"));
+      ZeroUnreleased(group);
+      return Status::Ok();
+    }
     const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
     UCP_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stream_, group_done_[static_cast<size_t>(group)], 0),
                              "ordering the copy of grad group " + std::to_string(group)));
@@ -202,12 +248,26 @@ class CudaTrainDevice final : public TrainDevice {
   }
 
   DevicePipelineView PipelineView() override {
+    // Streamed: the pipeline's "device" buffers are the host's own (its copies are no-ops).
+    if (book_) return {spec_.h_grads, spec_.h_weights16};
     const size_t n = static_cast<size_t>(model_.num_params());
     return {std::span<const float>(d_grads_, n),
             lowp() ? std::span<uint16_t>(d_w16_, n) : std::span<uint16_t>()};
   }
 
   Result<std::unique_ptr<PipelineBackend>> MakePipelineBackend() override {
+    if (book_) {
+      // The gradients are read on the host once their group's event (after the copy the
+      // release queued) has passed.
+      return std::unique_ptr<PipelineBackend>(std::make_unique<HostViewBackend>(
+          [this](int k) -> Status {
+            if (k < 0 || k >= static_cast<int>(group_done_.size())) {
+              return InternalError("pipeline bucket " + std::to_string(k) + " is no grad group");
+            }
+            return Cuda(cudaEventSynchronize(group_done_[static_cast<size_t>(k)]),
+                        "gradients of bucket " + std::to_string(k) + " to the host");
+          }));
+    }
     return CudaPipelineBackend([this](int k, void* copy_stream) -> Status {
       if (k < 0 || k >= static_cast<int>(group_done_.size())) {
         return InternalError("pipeline bucket " + std::to_string(k) + " is no grad group");
@@ -219,6 +279,7 @@ class CudaTrainDevice final : public TrainDevice {
   }
 
   Status WeightsWritten() override {
+    if (book_) return UploadWeights();
     const int64_t n = model_.num_params();
     if (spec_.weights == LowpDType::kBf16) {
       UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_, d_w32_, n, stream_));
@@ -238,6 +299,7 @@ class CudaTrainDevice final : public TrainDevice {
     if (group < 0 || group >= static_cast<int>(group_ranges_.size())) {
       return InvalidArgumentError("CUDA device: no grad group " + std::to_string(group));
     }
+    if (book_) return book_->GroupWeightsChanged(group);
     const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
     if (spec_.weights == LowpDType::kBf16) {
@@ -249,12 +311,103 @@ class CudaTrainDevice final : public TrainDevice {
   }
 
   int64_t device_bytes() const override {
+    if (book_) {
+      return book_->elements() * (8 + (spec_.weights == LowpDType::kBf16 ? 2 : 0));
+    }
     const int64_t n = model_.num_params();
     return n * 8 + (lowp() ? n * 2 : 0) + pieces_n_ * 12;
+  }
+  int64_t streamed_bytes() const override { return moved_; }
+
+  // WeightWindows (streamed): the graph's calls, on the model's thread. Each crossing is queued
+  // on the model's stream, between the kernels before and after it.
+  Result<Slot> Acquire(int group, bool grads) override {
+    UCP_ASSIGN_OR_RETURN(WeightWindowBook::Use u, book_->Acquire(group, grads), "CUDA device");
+    auto ms = static_cast<cudaStream_t>(model_.stream());
+    const std::string what = "grad group " + std::to_string(group) + " to the device";
+    if (u.load_weights) {
+      if (spec_.weights == LowpDType::kBf16) {
+        // bf16 over the link, widened on the device (exact), as UploadWeights.
+        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_ + u.offset,
+                                                 spec_.h_weights16.data() + u.begin, u.n * 2,
+                                                 cudaMemcpyHostToDevice, ms),
+                                 "weights of " + what));
+        UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_ + u.offset, d_w32_ + u.offset, u.n, ms));
+        moved_ += u.n * 2;
+      } else {
+        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w32_ + u.offset,
+                                                 spec_.h_weights32.data() + u.begin, u.n * 4,
+                                                 cudaMemcpyHostToDevice, ms),
+                                 "weights of " + what));
+        moved_ += u.n * 4;
+      }
+    }
+    if (grads && u.grads_from_host) {
+      // An earlier micro-batch's sum: backward adds into it, as into resident gradients.
+      UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_grads_ + u.offset, spec_.h_grads.data() + u.begin,
+                                               u.n * 4, cudaMemcpyHostToDevice, ms),
+                               "gradients of " + what));
+      moved_ += u.n * 4;
+    } else if (grads) {
+      UCP_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(d_grads_ + u.offset, 0, u.n * 4, ms),
+                               "zeroing the gradients of grad group " + std::to_string(group)));
+    }
+    return Slot{d_w32_ + u.offset, grads ? d_grads_ + u.offset : nullptr};
+  }
+
+  Status Release(int group, bool grads) override {
+    UCP_ASSIGN_OR_RETURN(WeightWindowBook::Use u, book_->Release(group, grads), "CUDA device");
+    if (!grads) return Status::Ok();
+    // The group's gradients leave; the hook's event (ForwardBackward) is recorded after this.
+    moved_ += u.n * 4;
+    return Cuda(cudaMemcpyAsync(spec_.h_grads.data() + u.begin, d_grads_ + u.offset, u.n * 4,
+                                cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(model_.stream())),
+                "gradients of grad group " + std::to_string(group) + " to the host");
   }
 
  private:
   bool lowp() const { return spec_.weights != LowpDType::kFp32; }
+
+  // The model on the resident buffers, or on the windows (the arena's bases for the bf16
+  // GEMMs' lookup); a graph stopped early leaves nothing held.
+  Result<double> RunModel(const Batch& batch, float grad_scale, const BackwardHook* hook) {
+    if (!book_) {
+      return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, hook, GemmWeights());
+    }
+    Result<double> r = model_.ForwardBackward(*this, batch, grad_scale, hook, d_w32_,
+                                              GemmWeights());
+    if (!r.ok()) book_->ReleaseAll();
+    return r;
+  }
+
+  // Streamed: a group backward has not reached this step holds the device's zeros.
+  void ZeroUnreleased(int k) {
+    if (book_->grads_on_host(k)) return;
+    const auto [b, e] = book_->range(k);
+    std::fill(spec_.h_grads.begin() + b, spec_.h_grads.begin() + e, 0.0f);
+  }
+
+  // The streamed device's pipeline backend: its spans are host memory (the CPU backend's copies,
+  // which are no-ops there), read once `wait` says the bucket's gradients have landed.
+  class HostViewBackend final : public PipelineBackend {
+   public:
+    explicit HostViewBackend(std::function<Status(int)> wait)
+        : wait_(std::move(wait)), cpu_(CpuPipelineBackend()) {}
+    Result<bool> GradToHost(const Bucket& bucket, std::span<const float> d_grad,
+                            std::span<float> h_grad, std::span<uint16_t> h_grad16,
+                            bool fp16_range) override {
+      UCP_RETURN_IF_ERROR(wait_(bucket.index));
+      return cpu_->GradToHost(bucket, d_grad, h_grad, h_grad16, fp16_range);
+    }
+    Status WeightsToDevice(const Bucket& bucket, std::span<const uint16_t> h_out,
+                           std::span<uint16_t> d_weights) override {
+      return cpu_->WeightsToDevice(bucket, h_out, d_weights);
+    }
+
+   private:
+    std::function<Status(int)> wait_;
+    std::unique_ptr<PipelineBackend> cpu_;
+  };
   // The bf16 weights the model's GEMMs read (GemmInputs::kBf16); null for the fp32 GEMMs.
   const uint16_t* GemmWeights() const {
     return model_.gemm() == GemmInputs::kBf16 ? d_w16_ : nullptr;
@@ -310,6 +463,8 @@ class CudaTrainDevice final : public TrainDevice {
   float* d_m_ = nullptr;
   float* d_v_ = nullptr;
   int64_t pieces_n_ = 0;
+  std::optional<WeightWindowBook> book_;  // streamed weights; empty: resident
+  int64_t moved_ = 0;
   int device_ = 0;
   std::vector<std::pair<int64_t, int64_t>> group_ranges_;
   std::vector<cudaEvent_t> group_done_;

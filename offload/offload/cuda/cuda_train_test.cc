@@ -178,6 +178,53 @@ TEST_P(CudaTailTest, OverlapIsBitwiseTheSyncPath) {
   }
 }
 
+// Streamed weights (--weights streamed: the embeddings, the head and two layer windows on the
+// GPU, each layer crossing when the graph reaches it, its gradients leaving as backward completes
+// it) run the same kernels on the same values at the same alignments (WeightWindowBook::kAlign),
+// so they give the resident device's bits: sync, and (bf16/fp16) overlapped, every loss, norm and
+// state over 4 steps of 2 micro-batches. Prints the device memory and the bytes streamed.
+TEST_P(CudaTrainTest, StreamedWeightsAreBitwiseResident) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config(GetParam().first, GetParam().second, WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer resident, Trainer::Create(c, Opts(tmp.path() / "r", true)));
+  std::vector<std::string> pipelines = {"sync"};
+  if (GetParam().second != "fp32") pipelines.push_back("overlap");
+  std::vector<Trainer> streamed;
+  for (const std::string& p : pipelines) {
+    RunOptions o = Opts(tmp.path() / ("s_" + p), true, 0, p);
+    o.weights = "streamed";
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
+    std::printf("%s\n", t.Describe().c_str());
+    streamed.push_back(std::move(t));
+  }
+  for (int i = 0; i < 4; ++i) {
+    UCP_ASSERT_OK_AND_ASSIGN(StepRecord a, resident.Step());
+    for (size_t k = 0; k < streamed.size(); ++k) {
+      UCP_ASSERT_OK_AND_ASSIGN(StepRecord b, streamed[k].Step());
+      std::printf("step %d: resident loss %.9g norm %.9g (%.1f ms), streamed %s loss %.9g norm "
+                  "%.9g (%.1f ms)\n",
+                  i + 1, a.loss, a.grad_norm, a.seconds * 1e3, pipelines[k].c_str(), b.loss,
+                  b.grad_norm, b.seconds * 1e3);
+      EXPECT_EQ(a.loss, b.loss) << pipelines[k] << " step " << i + 1;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << pipelines[k] << " step " << i + 1;
+    }
+  }
+  const auto sa = resident.StateForTest();
+  for (size_t k = 0; k < streamed.size(); ++k) {
+    const auto sb = streamed[k].StateForTest();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) {
+      EXPECT_TRUE(sa[i].second == sb[i].second) << pipelines[k] << " " << sa[i].first;
+    }
+    std::printf("streamed %s: %lld device bytes (resident %lld), %lld bytes crossed in 4 steps\n",
+                pipelines[k].c_str(), static_cast<long long>(streamed[k].DeviceBytesInUse()),
+                static_cast<long long>(resident.DeviceBytesInUse()),
+                static_cast<long long>(streamed[k].DeviceBytesStreamed()));
+    EXPECT_LT(streamed[k].DeviceBytesInUse(), resident.DeviceBytesInUse());
+    EXPECT_GT(streamed[k].DeviceBytesStreamed(), 0);
+  }
+}
+
 // A checkpoint of the CUDA engine (tail pieces on the device) resumes on the CPU engine at
 // another layout (zero=2), whose next step's loss matches the CUDA engine's own next step;
 // and the CPU's checkpoint resumes on the CUDA engine (zero=0), matching the CPU's next step.
