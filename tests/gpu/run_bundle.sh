@@ -134,6 +134,13 @@ step bench_train_1b_overlap_noclip 80 "${train[@]}" --model "$PWD/tests/gpu/llam
   --steps 2 --pipeline overlap --clip 0
 ok_or_fail
 show bench_train_1b_overlap_noclip 20
+# The same step with the weights streamed per layer (--weights streamed: the embeddings, the head
+# and two layer windows on the GPU, each layer prefetched on the copy stream): the ratio to the
+# line above is streaming's cost; the bench prints the device memory and the bytes per step.
+step bench_train_1b_streamed 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --steps 2 \
+  --pipeline overlap --clip 0 --weights streamed
+ok_or_fail
+show bench_train_1b_streamed 20
 # A 3B model (the llama-3b preset: Llama-3.2-3B's shape), with what time is left: sync, then
 # overlapped without clipping.
 step bench_train_3b 100 "${train[@]}" --model llama-3b --steps 1

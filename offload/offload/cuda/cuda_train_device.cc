@@ -27,10 +27,12 @@ Status Cuda(cudaError_t err, const std::string& what) { return CudaStatus(err, w
 
 // With TrainDeviceSpec::stream_weights the device's weights, compute copy and gradients are the
 // WeightWindowBook's arena (the head, the embeddings and two layer windows), and the device is
-// the graph's WeightWindows: each crossing is queued on the model's stream where the graph
-// acquires or releases a group, so it is ordered after the kernels that used the window before
-// and before those that use it next (not yet overlapped with them: a prefetch on the copy
-// stream is the next step).
+// the graph's WeightWindows. When the graph acquires a layer the next one's weights cross into
+// the other window on the copy stream (after an event recorded where the graph released that
+// window's last layer, so no queued kernel still reads it) and widen there, recording the
+// window's ready event, which the model's stream waits for at that layer's acquire. Everything
+// else (a group not prefetched, the gradients in and out) is queued on the model's stream where
+// the graph acquires or releases, between the kernels before and after it.
 class CudaTrainDevice final : public TrainDevice, public WeightWindows {
  public:
   CudaTrainDevice(TrainDeviceSpec spec, CudaModel model)
@@ -39,6 +41,12 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   ~CudaTrainDevice() override {
     if (stream_) cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : group_done_) {
+      if (e) cudaEventDestroy(e);
+    }
+    for (cudaEvent_t e : window_free_) {
+      if (e) cudaEventDestroy(e);
+    }
+    for (cudaEvent_t e : window_ready_) {
       if (e) cudaEventDestroy(e);
     }
     for (void* p : registered_) cudaHostUnregister(p);
@@ -78,6 +86,12 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
                                     "(--gpu-tail-buckets needs resident weights)");
       }
       book_.emplace(group_ranges_);
+      for (cudaEvent_t* e : {&window_free_[0], &window_free_[1], &window_free_[2],
+                             &window_free_[3], &window_ready_[0], &window_ready_[1],
+                             &window_ready_[2], &window_ready_[3]}) {
+        UCP_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming),
+                                 "CUDA device: weight-window events"));
+      }
     }
     // Streamed: the arena; only bf16 crosses as training-dtype bits (fp16 and fp32 as the host's
     // fp32 compute copy).
@@ -325,22 +339,19 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     UCP_ASSIGN_OR_RETURN(WeightWindowBook::Use u, book_->Acquire(group, grads), "CUDA device");
     auto ms = static_cast<cudaStream_t>(model_.stream());
     const std::string what = "grad group " + std::to_string(group) + " to the device";
-    if (u.load_weights) {
-      if (spec_.weights == LowpDType::kBf16) {
-        // bf16 over the link, widened on the device (exact), as UploadWeights.
-        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_ + u.offset,
-                                                 spec_.h_weights16.data() + u.begin, u.n * 2,
-                                                 cudaMemcpyHostToDevice, ms),
-                                 "weights of " + what));
-        UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_ + u.offset, d_w32_ + u.offset, u.n, ms));
-        moved_ += u.n * 2;
-      } else {
-        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w32_ + u.offset,
-                                                 spec_.h_weights32.data() + u.begin, u.n * 4,
-                                                 cudaMemcpyHostToDevice, ms),
-                                 "weights of " + what));
-        moved_ += u.n * 4;
-      }
+    // A prefetch into this window (of this group, or one it replaced) may still be in flight.
+    UCP_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(ms, window_ready_[u.store], 0),
+                             "ordering the weights of " + what));
+    if (u.load_weights) UCP_RETURN_IF_ERROR(LoadWeights(u, ms));
+    if (std::optional<WeightWindowBook::Use> next = book_->PrefetchAfter(group, grads)) {
+      // The next layer into the other window once the kernels queued before its last release
+      // have run, on the copy stream, while this layer computes.
+      UCP_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stream_, window_free_[next->store], 0),
+                               "ordering the prefetch after grad group " + std::to_string(group)));
+      UCP_RETURN_IF_ERROR(LoadWeights(*next, stream_));
+      UCP_RETURN_IF_ERROR(Cuda(cudaEventRecord(window_ready_[next->store], stream_),
+                               "recording the prefetch after grad group " +
+                                   std::to_string(group)));
     }
     if (grads && u.grads_from_host) {
       // An earlier micro-batch's sum: backward adds into it, as into resident gradients.
@@ -357,12 +368,21 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
 
   Status Release(int group, bool grads) override {
     UCP_ASSIGN_OR_RETURN(WeightWindowBook::Use u, book_->Release(group, grads), "CUDA device");
-    if (!grads) return Status::Ok();
-    // The group's gradients leave; the hook's event (ForwardBackward) is recorded after this.
-    moved_ += u.n * 4;
-    return Cuda(cudaMemcpyAsync(spec_.h_grads.data() + u.begin, d_grads_ + u.offset, u.n * 4,
-                                cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(model_.stream())),
-                "gradients of grad group " + std::to_string(group) + " to the host");
+    auto ms = static_cast<cudaStream_t>(model_.stream());
+    if (grads) {
+      // The group's gradients leave; the hook's event (ForwardBackward) is recorded after this.
+      moved_ += u.n * 4;
+      UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data() + u.begin, d_grads_ + u.offset,
+                                               u.n * 4, cudaMemcpyDeviceToHost, ms),
+                               "gradients of grad group " + std::to_string(group) + " to the host"));
+    }
+    // Every kernel reading the window is queued: a prefetch may overwrite it after this point.
+    return Cuda(cudaEventRecord(window_free_[u.store], ms),
+                "releasing grad group " + std::to_string(group));
+  }
+
+  void WeightsInFlight() override {
+    if (book_) book_->WeightsInFlight();
   }
 
  private:
@@ -378,6 +398,24 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
                                               GemmWeights());
     if (!r.ok()) book_->ReleaseAll();
     return r;
+  }
+
+  // Streamed: a group's weights into its place in the arena on `stream`: bf16 over the link,
+  // widened on the device (exact), as UploadWeights; fp16 and fp32 as the host's fp32 copy.
+  Status LoadWeights(const WeightWindowBook::Use& u, cudaStream_t stream) {
+    const std::string what = "weights of grad group at " + std::to_string(u.begin) +
+                             " to the device";
+    if (spec_.weights == LowpDType::kBf16) {
+      UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_ + u.offset, spec_.h_weights16.data() + u.begin,
+                                               u.n * 2, cudaMemcpyHostToDevice, stream),
+                               what));
+      moved_ += u.n * 2;
+      return CastBf16ToFp32(d_w16_ + u.offset, d_w32_ + u.offset, u.n, stream);
+    }
+    moved_ += u.n * 4;
+    return Cuda(cudaMemcpyAsync(d_w32_ + u.offset, spec_.h_weights32.data() + u.begin, u.n * 4,
+                                cudaMemcpyHostToDevice, stream),
+                what);
   }
 
   // Streamed: a group backward has not reached this step holds the device's zeros.
@@ -464,6 +502,10 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   float* d_v_ = nullptr;
   int64_t pieces_n_ = 0;
   std::optional<WeightWindowBook> book_;  // streamed weights; empty: resident
+  // By arena store (WeightWindowBook::Use::store): recorded where the graph released its group
+  // (model's stream), and after a prefetch into it (copy stream).
+  cudaEvent_t window_free_[4] = {nullptr, nullptr, nullptr, nullptr};
+  cudaEvent_t window_ready_[4] = {nullptr, nullptr, nullptr, nullptr};
   int64_t moved_ = 0;
   int device_ = 0;
   std::vector<std::pair<int64_t, int64_t>> group_ranges_;

@@ -211,6 +211,7 @@ class CpuTwinStreamedDevice final : public TrainDevice, public WeightWindows {
   }
   Status WeightsWritten() override { return UploadWeights(); }
   Status GroupWeightsWritten(int group) override { return book_.GroupWeightsChanged(group); }
+  void WeightsInFlight() override { book_.WeightsInFlight(); }
 
   Status ZeroGrads() override {
     book_.NewStep();
@@ -269,17 +270,11 @@ class CpuTwinStreamedDevice final : public TrainDevice, public WeightWindows {
   Result<Slot> Acquire(int group, bool grads) override {
     UCP_ASSIGN_OR_RETURN(WeightWindowBook::Use u, book_.Acquire(group, grads), "twin device");
     const size_t at = static_cast<size_t>(u.offset), n = static_cast<size_t>(u.n);
-    if (u.load_weights) {
-      // As the resident device's upload: bf16 crosses and is widened on the device; fp16 and
-      // fp32 runs take the host's fp32 compute copy.
-      if (spec_.weights == LowpDType::kBf16) {
-        std::memcpy(w16_.data() + at, spec_.h_weights16.data() + u.begin, n * 2);
-        for (size_t i = 0; i < n; ++i) w32_[at + i] = FloatFromBf16(w16_[at + i]);
-        moved_ += static_cast<int64_t>(n * 2);
-      } else {
-        std::memcpy(w32_.data() + at, spec_.h_weights32.data() + u.begin, n * 4);
-        moved_ += static_cast<int64_t>(n * 4);
-      }
+    if (u.load_weights) LoadWeights(u);
+    // The next layer's weights into the other window (a GPU copies them on its copy stream
+    // while this layer computes; here at once).
+    if (std::optional<WeightWindowBook::Use> next = book_.PrefetchAfter(group, grads)) {
+      LoadWeights(*next);
     }
     if (grads && u.grads_from_host) {
       // An earlier micro-batch's sum: backward adds into it, as into resident gradients.
@@ -303,6 +298,20 @@ class CpuTwinStreamedDevice final : public TrainDevice, public WeightWindows {
   }
 
  private:
+  // As the resident device's upload: bf16 crosses and is widened on the device; fp16 and fp32
+  // runs take the host's fp32 compute copy.
+  void LoadWeights(const WeightWindowBook::Use& u) {
+    const size_t at = static_cast<size_t>(u.offset), n = static_cast<size_t>(u.n);
+    if (spec_.weights == LowpDType::kBf16) {
+      std::memcpy(w16_.data() + at, spec_.h_weights16.data() + u.begin, n * 2);
+      for (size_t i = 0; i < n; ++i) w32_[at + i] = FloatFromBf16(w16_[at + i]);
+      moved_ += static_cast<int64_t>(n * 2);
+    } else {
+      std::memcpy(w32_.data() + at, spec_.h_weights32.data() + u.begin, n * 4);
+      moved_ += static_cast<int64_t>(n * 4);
+    }
+  }
+
   void ZeroUnreleased(int k) {
     if (book_.grads_on_host(k)) return;
     const auto [b, e] = book_.range(k);
@@ -353,6 +362,7 @@ WeightWindowBook::WeightWindowBook(std::vector<std::pair<int64_t, int64_t>> rang
   loaded_.assign(ranges_.size(), 0);
   grads_on_host_.assign(ranges_.size(), 0);
   held_.assign(ranges_.size(), 0);
+  in_flight_.assign(ranges_.size(), 0);
 }
 
 Status WeightWindowBook::Check(int group) const {
@@ -388,11 +398,41 @@ Result<WeightWindowBook::Use> WeightWindowBook::Acquire(int group, bool grads) {
     loaded_[k] = 0;
   }
   if (group != 0 && group != groups() - 1) last_layer_ = group;
+  return Take(group, grads);
+}
+
+// Marks a placed group held (Acquire) and says what must cross.
+WeightWindowBook::Use WeightWindowBook::Take(int group, bool grads) {
+  const size_t k = static_cast<size_t>(group);
   Use u = Place(group);
   u.load_weights = loaded_[k] == 0;
   u.grads_from_host = grads && grads_on_host_[k] != 0;
   loaded_[k] = 1;
   held_[k] = 1;
+  return u;
+}
+
+std::optional<WeightWindowBook::Use> WeightWindowBook::PrefetchAfter(int group, bool grads) {
+  const int layers = groups() - 2;  // layer groups are 1..layers (1 the last layer)
+  if (group < 1 || group > layers) return std::nullopt;
+  const int next = grads ? group + 1 : group - 1;  // backward goes down the layers, forward up
+  if (next < 1 || next > layers) return std::nullopt;
+  const size_t k = static_cast<size_t>(next);
+  if ((where_[k] >= 0 && loaded_[k]) || in_flight_[k]) return std::nullopt;
+  if (where_[k] < 0) {
+    const int s = store_group_[2] == group ? 3 : 2;  // the window `group` is not in
+    if (store_group_[s] >= 0) {
+      const size_t old = static_cast<size_t>(store_group_[s]);
+      if (held_[old]) return std::nullopt;  // (the graph holds one layer at a time)
+      where_[old] = -1;
+      loaded_[old] = 0;
+    }
+    store_group_[s] = next;
+    where_[k] = s;
+  }
+  loaded_[k] = 1;
+  Use u = Place(next);
+  u.load_weights = true;
   return u;
 }
 
@@ -413,18 +453,28 @@ WeightWindowBook::Use WeightWindowBook::Place(int group) const {
   const size_t k = static_cast<size_t>(group);
   Use u;
   const int64_t base = store_offset_[where_[k]];
+  u.store = where_[k];
   u.begin = ranges_[k].first;
   u.n = ranges_[k].second - ranges_[k].first;
   u.offset = base + ((u.begin - base) % kAlign + kAlign) % kAlign;
   return u;
 }
 
-void WeightWindowBook::WeightsChanged() { std::fill(loaded_.begin(), loaded_.end(), 0); }
+void WeightWindowBook::WeightsChanged() {
+  std::fill(loaded_.begin(), loaded_.end(), 0);
+  std::fill(in_flight_.begin(), in_flight_.end(), 0);
+}
 
 Status WeightWindowBook::GroupWeightsChanged(int group) {
   UCP_RETURN_IF_ERROR(Check(group));
   loaded_[static_cast<size_t>(group)] = 0;
+  in_flight_[static_cast<size_t>(group)] = 0;
   return Status::Ok();
+}
+
+void WeightWindowBook::WeightsInFlight() {
+  std::fill(loaded_.begin(), loaded_.end(), 0);
+  std::fill(in_flight_.begin(), in_flight_.end(), 1);
 }
 
 void WeightWindowBook::NewStep() { std::fill(grads_on_host_.begin(), grads_on_host_.end(), 0); }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -129,6 +130,10 @@ class TrainDevice {
   /// StartFinish) calls it once the group's weights have crossed. Errors: kInvalidArgument (no
   /// such group), kDeviceError.
   virtual Status GroupWeightsWritten(int group) = 0;
+  /// The host's training-dtype weights are being rewritten under the next forward (the finish,
+  /// pipeline.h StartFinish): each group's are final once GroupWeightsWritten(group) is called
+  /// for it, so a streamed device must not read them ahead (its prefetch) before then.
+  virtual void WeightsInFlight() {}
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
   /// Bytes moved between host and device by the streamed placement since the device was made
@@ -167,6 +172,7 @@ class WeightWindowBook {
   /// the host's partial sum there when `grads_from_host`, else zero them.
   struct Use {
     int64_t offset = 0, begin = 0, n = 0;
+    int store = 0;  ///< 0 the head's, 1 the embeddings', 2 and 3 the layer windows
     bool load_weights = false, grads_from_host = false;
   };
   /// Errors: kInvalidArgument (no such group), kFailedPrecondition (acquired twice; no window
@@ -175,9 +181,20 @@ class WeightWindowBook {
   /// The group is released; with grads the device copies its gradients at use.offset to the host
   /// and the book marks them there. Errors: kInvalidArgument, kFailedPrecondition (not held).
   Result<Use> Release(int group, bool grads);
+  /// After Acquire(group, grads) of a layer: the layer the graph takes next (forward the one
+  /// above, backward the one below), placed in the other window so its weights can cross while
+  /// the graph computes this one; none when it is the last, or already there and current. The
+  /// device copies its weights at once (on a GPU after the other window's last release, on a
+  /// copy stream); an Acquire then finds them current, unless the host's weights of that group
+  /// changed in between (GroupWeightsChanged: the finish under the next forward), when they
+  /// cross again.
+  std::optional<Use> PrefetchAfter(int group, bool grads);
   /// The host's weights changed (all, or one group's): they cross again at the next Acquire.
   void WeightsChanged();
   Status GroupWeightsChanged(int group);
+  /// The host's weights are being rewritten (TrainDevice::WeightsInFlight): no group is
+  /// prefetched until GroupWeightsChanged says its weights are final.
+  void WeightsInFlight();
   /// A new step: no group's gradients are on the host yet.
   void NewStep();
   bool grads_on_host(int group) const { return grads_on_host_[static_cast<size_t>(group)] != 0; }
@@ -187,6 +204,7 @@ class WeightWindowBook {
  private:
   Status Check(int group) const;
   Use Place(int group) const;
+  Use Take(int group, bool grads);
   std::vector<std::pair<int64_t, int64_t>> ranges_;
   int64_t elements_ = 0;
   int64_t store_offset_[4] = {0, 0, 0, 0};  // the head, the embeddings, the two layer windows
@@ -194,7 +212,7 @@ class WeightWindowBook {
   int last_layer_ = -1;
   std::vector<int> where_;  // by group: its store, -1 none
   // By group (uint8_t, not vector<bool>: another thread may read an element between steps).
-  std::vector<uint8_t> loaded_, grads_on_host_, held_;
+  std::vector<uint8_t> loaded_, grads_on_host_, held_, in_flight_;
 };
 
 using TrainDeviceFactory =

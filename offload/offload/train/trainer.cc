@@ -2016,6 +2016,7 @@ Result<StepRecord> Trainer::Step() {
       UCP_RETURN_IF_ERROR(t.pipeline->StartFinish({false, static_cast<float>(coef)}),
                           "optimizer step");
       t.finish_pending = true;
+      if (t.device != nullptr) t.device->WeightsInFlight();
     } else {
       UCP_RETURN_IF_ERROR(t.pipeline->Finish({false, static_cast<float>(coef)}), "optimizer step");
     }

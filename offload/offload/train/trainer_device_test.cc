@@ -9,6 +9,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -341,6 +342,45 @@ TEST(WeightWindowBook, PlacesGroupsAlignedAndApartInTheGraphsOrder) {
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("no free layer window")));
   book.ReleaseAll();
   UCP_ASSERT_OK(book.Acquire(3, false).status());
+  book.ReleaseAll();
+
+  // Prefetch: after each layer's Acquire the next layer in the graph's order goes to the other
+  // window, so its own Acquire finds it current; a group whose host weights change after its
+  // prefetch crosses again; while the weights are in flight (the finish under forward) nothing
+  // is prefetched until the group is final.
+  book.WeightsChanged();
+  for (int k = L; k >= 1; --k) {  // forward: the layers up
+    UCP_ASSERT_OK_AND_ASSIGN(WeightWindowBook::Use u, book.Acquire(k, false));
+    EXPECT_EQ(u.load_weights, k == L) << "layer group " << k;
+    std::optional<WeightWindowBook::Use> next = book.PrefetchAfter(k, false);
+    ASSERT_EQ(next.has_value(), k > 1) << "layer group " << k;
+    if (next) {
+      EXPECT_EQ(next->begin, ranges[static_cast<size_t>(k - 1)].first);
+      EXPECT_NE(next->store, u.store);
+      EXPECT_EQ((next->offset - next->begin) % WeightWindowBook::kAlign, 0);
+    }
+    UCP_ASSERT_OK(book.Release(k, false).status());
+  }
+  for (int k = 1; k <= L; ++k) {  // backward: the layers down
+    UCP_ASSERT_OK_AND_ASSIGN(WeightWindowBook::Use u, book.Acquire(k, true));
+    EXPECT_FALSE(u.load_weights) << "layer group " << k;
+    if (k == 2) UCP_ASSERT_OK(book.GroupWeightsChanged(3));  // after 3's prefetch
+    (void)book.PrefetchAfter(k, true);
+    if (k == 2) UCP_ASSERT_OK(book.GroupWeightsChanged(3));
+    UCP_ASSERT_OK(book.Release(k, true).status());
+    if (k == 2) {
+      UCP_ASSERT_OK_AND_ASSIGN(WeightWindowBook::Use again, book.Acquire(3, true));
+      EXPECT_TRUE(again.load_weights);  // prefetched, then changed: crosses again
+      UCP_ASSERT_OK(book.Release(3, true).status());
+      break;
+    }
+  }
+  book.WeightsInFlight();
+  UCP_ASSERT_OK_AND_ASSIGN(WeightWindowBook::Use top, book.Acquire(L, false));
+  EXPECT_TRUE(top.load_weights);
+  EXPECT_FALSE(book.PrefetchAfter(L, false).has_value());  // L - 1 not final yet
+  UCP_ASSERT_OK(book.GroupWeightsChanged(L - 1));
+  EXPECT_TRUE(book.PrefetchAfter(L, false).has_value());
 }
 
 // A checkpoint of a streamed run resumes resident, and a resident one streamed: the host state
