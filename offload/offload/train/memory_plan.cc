@@ -210,13 +210,16 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                              ? std::max<int64_t>(0, machine.device_bytes -
                                                         machine.device_reserve_bytes)
                              : 0;
-  // The device's need as --device cuda runs today: it does not stream.
+  // The device's need with the weights resident (the rows so far).
   const int64_t resident_total = sum(&MemoryRow::device_bytes);
   // Streaming helps only where the windows hold less than all the layers (a model of two
   // layers, say, would hold them all and the slack besides).
   const int64_t streamed_total = resident_total - rows[0].device_bytes - rows[1].device_bytes -
                                  rows[2].device_bytes + streamed_elems * ((bf16 ? 2 : 0) + 8);
-  if (machine.device_bytes > 0 && resident_total > usable && streamed_total < resident_total) {
+  const bool stream = in.weights == WeightChoice::kStreamed ||
+                      (in.weights == WeightChoice::kAuto && machine.device_bytes > 0 &&
+                       resident_total > usable && streamed_total < resident_total);
+  if (stream) {
     // Streamed: the embeddings, the head and two layer windows of weights, compute copy and
     // gradients on the device, all weights pinned on the host (each layer's gradients leave as
     // backward completes them).
@@ -239,10 +242,15 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   plan.cast = ChooseCastSide(machine, block);
 
   std::string v;
+  const bool resident = plan.placement == WeightPlacement::kResident;
+  const std::string chosen = in.weights == WeightChoice::kAuto ? "what --weights auto picks"
+                                                               : "as --weights asks";
   if (machine.device_bytes <= 0) {
-    v = "GPU: no device capacity given (--device-memory), weights resident";
+    v = std::string("GPU: no device capacity given (--device-memory), weights ") +
+        (resident ? "resident" : "streamed per layer (" + chosen + ")");
   } else if (!plan.device_fits) {
-    v = "GPU: does not fit: streamed it needs " + Bytes(plan.device_total) + " of the " +
+    v = std::string("GPU: does not fit: ") + (resident ? "resident" : "streamed") + " it needs " +
+        Bytes(plan.device_total) + " of the " +
         Bytes(usable) + " usable (" + Bytes(machine.device_bytes) + " less a " +
         Bytes(machine.device_reserve_bytes) +
         " reserve); lower --micro-batch or --seq-len, or shard the sequence (sp)";
@@ -250,9 +258,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     v = std::string("GPU: fits with weights ") +
         (plan.placement == WeightPlacement::kResident ? "resident" : "streamed per layer") +
         " (" + Bytes(plan.device_total) + " of " + Bytes(usable) + " usable)";
-    if (plan.placement == WeightPlacement::kStreamed) {
-      v += " (what --weights auto picks; resident it needs " + Bytes(resident_total) + ")";
-    }
+    if (!resident) v += " (" + chosen + "; resident it needs " + Bytes(resident_total) + ")";
   }
   if (machine.host_bytes > 0) {
     v += plan.host_fits ? "; host side fits (" + Bytes(plan.host_total) + " of " +
@@ -264,6 +270,13 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   }
   plan.verdict = v;
   return plan;
+}
+
+Result<WeightChoice> ParseWeightChoice(const std::string& text) {
+  if (text == "auto") return WeightChoice::kAuto;
+  if (text == "resident") return WeightChoice::kResident;
+  if (text == "streamed") return WeightChoice::kStreamed;
+  return InvalidArgumentError("--weights " + text + ": must be auto, resident or streamed");
 }
 
 PlanMachine MeasureHost() {

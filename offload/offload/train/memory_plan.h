@@ -37,6 +37,12 @@
 
 namespace ucp::offload {
 
+/// Where a device keeps the weights (RunOptions::weights): the plan's choice for the device's
+/// capacity, or as asked.
+enum class WeightChoice : uint8_t { kAuto, kResident, kStreamed };
+/// "auto", "resident" or "streamed". Errors: kInvalidArgument naming --weights.
+Result<WeightChoice> ParseWeightChoice(const std::string& text);
+
 /// What decides the memory of one process.
 struct PlanInput {
   ModelConfig config;
@@ -53,6 +59,7 @@ struct PlanInput {
   /// Background saves stage a copy of the checkpoint's tensors; --sync-save writes the live
   /// state and stages nothing.
   bool async_save = true;
+  WeightChoice weights = WeightChoice::kAuto;  ///< --weights
 };
 
 /// The machine the plan is for. Zero capacities: unknown (no fit verdict for that side).

@@ -254,7 +254,21 @@ TEST(PlanPlacement, ResidentThenStreamedThenTooSmall) {
   m.device_bytes = 1 << 20;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan small, PlanMemory(Input(8), m));
   EXPECT_FALSE(small.device_fits);
-  EXPECT_THAT(small.verdict, HasSubstr("does not fit"));
+  EXPECT_THAT(small.verdict, HasSubstr("does not fit: streamed"));
+
+  // --weights resident or streamed overrides the capacity's choice (and names itself).
+  PlanInput in = Input(8);
+  in.weights = WeightChoice::kResident;
+  m.device_bytes = big_unbounded.device_total - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan forced_resident, PlanMemory(in, m));
+  EXPECT_EQ(forced_resident.placement, WeightPlacement::kResident);
+  EXPECT_THAT(forced_resident.verdict, HasSubstr("does not fit: resident"));
+  in.weights = WeightChoice::kStreamed;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan forced_streamed, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(forced_streamed.placement, WeightPlacement::kStreamed);
+  EXPECT_EQ(forced_streamed.device_total, streamed.device_total);
+  EXPECT_THAT(forced_streamed.verdict, HasSubstr("streamed per layer (as --weights asks)"));
+  EXPECT_FALSE(ParseWeightChoice("paged").ok());
 }
 
 TEST(PlanCast, FollowsTheLinkAndTheCastRates) {

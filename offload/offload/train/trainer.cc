@@ -1079,7 +1079,14 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   if (opts.gpu_gemm != "auto" && opts.gpu_gemm != "fp32") {
     return InvalidArgumentError("--gpu-gemm " + opts.gpu_gemm + ": must be auto or fp32");
   }
-  if (opts.device == "cpu") return Status::Ok();
+  UCP_ASSIGN_OR_RETURN(const WeightChoice weights, ParseWeightChoice(opts.weights));
+  if (opts.device == "cpu") {
+    if (weights == WeightChoice::kStreamed) {
+      return InvalidArgumentError("--weights streamed: the CPU engine has no device to stream "
+                                  "to (--device cuda or twin)");
+    }
+    return Status::Ok();
+  }
   if (opts.device != "cuda" && opts.device != "twin") {
     return InvalidArgumentError("--device " + opts.device + ": must be cpu, cuda or twin");
   }
@@ -1119,17 +1126,14 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   ds.gemm_bf16 = opts.gpu_gemm == "auto" && dtype == DType::kBf16;
   // Weight placement (memory_plan.h): as asked, or with "auto" the plan's for the device's
   // memory when it is known.
-  if (opts.weights == "streamed") {
+  if (weights == WeightChoice::kStreamed) {
     ds.stream_weights = true;
-  } else if (opts.weights == "auto" && opts.device_memory > 0) {
+  } else if (weights == WeightChoice::kAuto && opts.device_memory > 0) {
     PlanMachine m;
     m.device_bytes = opts.device_memory;
     UCP_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(MakePlanInput(ds.model, layout), m),
                          "--weights auto");
     ds.stream_weights = plan.placement == WeightPlacement::kStreamed;
-  } else if (opts.weights != "auto" && opts.weights != "resident") {
-    return InvalidArgumentError("--weights " + opts.weights + ": must be auto, resident or "
-                                "streamed");
   }
   const int tail = opts.gpu_tail_buckets;
   if (ds.stream_weights && tail != 0) {
@@ -1520,6 +1524,7 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
                               ": the engine runs dp x sp layouts (tp = pp = ep = 1)");
   }
   t.opts = opts;
+  UCP_RETURN_IF_ERROR(ParseWeightChoice(opts.weights).status());
   return PlanMemory(t.MakePlanInput(mc, l), machine);
 }
 
@@ -1538,6 +1543,7 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   in.overlap = opts.pipeline == "overlap";
   in.speculate = opts.speculate;
   in.async_save = opts.async_save;
+  in.weights = ParseWeightChoice(opts.weights).value_or(WeightChoice::kAuto);  // (checked above)
   return in;
 }
 

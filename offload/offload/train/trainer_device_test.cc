@@ -535,6 +535,13 @@ TEST(DeviceOptions, RefusedWhereNotRun) {
   f.dtype = "fp32";
   EXPECT_THAT(Trainer::Create(f, Opts(tmp.path() / "f", "twin", 1)).status(),
               StatusIs(StatusCode::kUnimplemented, HasSubstr("bf16 or fp16")));
+  // Streamed weights need a device; a placement is one of three, also where no device runs.
+  for (const char* w : {"streamed", "paged"}) {
+    RunOptions cw = Opts(tmp.path() / (std::string("cw") + w), "cpu", 0);
+    cw.weights = w;
+    EXPECT_THAT(Trainer::Create(c, cw).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr(std::string("--weights ") + w)));
+  }
   // Streamed weights hold no device Adam pieces.
   RunOptions st = Opts(tmp.path() / "h", "twin", 2);
   st.weights = "streamed";
