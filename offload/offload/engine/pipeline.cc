@@ -691,6 +691,13 @@ Status Pipeline::WaitFinished(int k) {
   return p.finished[k] == 1 ? Status::Ok() : p.fin_error;
 }
 
+bool Pipeline::IsFinished(int k) const {
+  Impl& p = *impl_;
+  if (k < 0 || k >= static_cast<int>(p.buckets.size())) return false;
+  std::lock_guard<std::mutex> lock(p.mu);
+  return !p.finishing || p.finished[k] == 1;
+}
+
 Status Pipeline::WaitFinished() {
   Impl& p = *impl_;
   std::unique_lock<std::mutex> lock(p.mu);

@@ -191,6 +191,10 @@ class Pipeline {
   /// Errors: the first failure of the finish in flight (it then undoes nothing: the step's state
   /// is partly updated, and the run must stop, as after a failed Finish).
   Status WaitFinished(int k);
+  /// Whether WaitFinished(k) would return OK at once (bucket k's final weights are on the
+  /// device, or no finish is in flight); false while it is in flight or if it failed. Never
+  /// blocks: a forward looking one group ahead (a streamed device's prefetch) asks it.
+  bool IsFinished(int k) const;
   /// Waits for every bucket of the finish in flight (a no-op without one).
   Status WaitFinished();
   /// Abandons the step in flight (backward failed): waits for the stages and undoes every

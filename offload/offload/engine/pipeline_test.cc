@@ -306,6 +306,8 @@ TEST(Pipeline, StartFinishFinishesInForwardOrderWithTheSameBits) {
     EXPECT_EQ(final_scale == spec ? s.committed : s.corrected, 3);
     UCP_ASSERT_OK((*p)->WaitFinished(2));  // "embedding": forward's first
     UCP_ASSERT_OK((*p)->WaitFinished(1));  // "layers.0"
+    EXPECT_TRUE((*p)->IsFinished(1));
+    EXPECT_FALSE((*p)->IsFinished(0));  // held back: asking does not wait
     direct.DirectStep(1, 1e-3f, final_scale);
     for (int k : {1, 2}) {
       for (const BucketPiece& pc : w.buckets[static_cast<size_t>(k)].pieces) {
@@ -318,7 +320,10 @@ TEST(Pipeline, StartFinishFinishesInForwardOrderWithTheSameBits) {
         << "layers.1 crossed before its copy was let through";
     g->Open();
     UCP_ASSERT_OK((*p)->WaitFinished(0));
+    EXPECT_TRUE((*p)->IsFinished(0));
     UCP_ASSERT_OK((*p)->WaitFinished());
+    EXPECT_TRUE((*p)->IsFinished(0));  // no finish in flight
+    EXPECT_FALSE((*p)->IsFinished(3));  // no such bucket
     EXPECT_TRUE(w.SameState(direct));
     // The next step through Begin (which waits for any finish) and the synchronous Finish.
     RunStep(**p, 2, 1e-3f, spec, {false, final_scale});
@@ -341,6 +346,7 @@ TEST(Pipeline, AFailedCopyUnderForwardIsTheWaitsError) {
   UCP_EXPECT_OK((*p)->WaitFinished(2));
   EXPECT_THAT((*p)->WaitFinished(1),
               StatusIs(StatusCode::kDeviceError, HasSubstr("bucket layers.0")));
+  EXPECT_FALSE((*p)->IsFinished(1));  // failed
   EXPECT_THAT((*p)->Begin(2, 1e-3f, 1.0f),
               StatusIs(StatusCode::kDeviceError, HasSubstr("previous step's finish")));
   EXPECT_THAT((*p)->WaitFinished(7), StatusIs(StatusCode::kInvalidArgument, HasSubstr("no such bucket")));

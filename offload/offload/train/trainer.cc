@@ -1860,13 +1860,26 @@ Result<StepRecord> Trainer::Step() {
       BackwardHook hook = last ? t.pipeline->Hook() : BackwardHook{};
       Status waited, begun;
       const bool catch_up = pending && first == begin;
+      // Groups whose final weights the device has been told of (each once).
+      std::vector<uint8_t> written(catch_up ? t.pipeline->buckets().size() : 0, 0);
       if (catch_up) {
         hook.on_group_needed = [&](int k) {
           if (!waited.ok()) return;
-          const auto w0 = Clock::now();
-          waited = t.pipeline->WaitFinished(k);
-          rec.phases.finish_wait += Seconds(w0, Clock::now());
-          if (waited.ok()) waited = t.device->GroupWeightsWritten(k);
+          if (!written[static_cast<size_t>(k)]) {
+            const auto w0 = Clock::now();
+            waited = t.pipeline->WaitFinished(k);
+            rec.phases.finish_wait += Seconds(w0, Clock::now());
+            if (waited.ok()) waited = t.device->GroupWeightsWritten(k);
+            written[static_cast<size_t>(k)] = 1;
+          }
+          // The group forward reads next (forward goes down the group numbers), when its finish
+          // is done already: told now, so a streamed device may prefetch it under this group.
+          const int next = k - 1;
+          if (waited.ok() && next >= 0 && !written[static_cast<size_t>(next)] &&
+              t.pipeline->IsFinished(next)) {
+            waited = t.device->GroupWeightsWritten(next);
+            written[static_cast<size_t>(next)] = 1;
+          }
         };
         // Begin before backward hands buckets over; after a failed wait or Begin no bucket is
         // handed over, and that error is the step's (below).
