@@ -364,9 +364,11 @@ TEST(WeightWindowBook, PlacesGroupsAlignedAndApartInTheGraphsOrder) {
   for (int k = 1; k <= L; ++k) {  // backward: the layers down
     UCP_ASSERT_OK_AND_ASSIGN(WeightWindowBook::Use u, book.Acquire(k, true));
     EXPECT_FALSE(u.load_weights) << "layer group " << k;
-    if (k == 2) UCP_ASSERT_OK(book.GroupWeightsChanged(3));  // after 3's prefetch
-    (void)book.PrefetchAfter(k, true);
-    if (k == 2) UCP_ASSERT_OK(book.GroupWeightsChanged(3));
+    const std::optional<WeightWindowBook::Use> next = book.PrefetchAfter(k, true);
+    if (k == 2) {
+      ASSERT_TRUE(next.has_value());  // layer group 3 was evicted in forward
+      UCP_ASSERT_OK(book.GroupWeightsChanged(3));  // after its prefetch
+    }
     UCP_ASSERT_OK(book.Release(k, true).status());
     if (k == 2) {
       UCP_ASSERT_OK_AND_ASSIGN(WeightWindowBook::Use again, book.Acquire(3, true));
