@@ -188,7 +188,11 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.speculate = !vm["no-speculation"].as<bool>();
   r.weights = vm["weights"].as<std::string>();
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
-  if (cuda) r.device_factory = offload::cuda::MakeCudaTrainDevice;
+  if (cuda) {
+    r.device_factory = offload::cuda::MakeCudaTrainDevice;
+    // --weights auto plans for this GPU's memory.
+    UCP_ASSIGN_OR_RETURN(r.device_memory, offload::cuda::CudaDeviceMemory(comm->rank()));
+  }
 #endif
   r.device = device;
   UCP_ASSIGN_OR_RETURN(offload::Trainer t, offload::Trainer::Create(c, r));
@@ -444,7 +448,8 @@ Command MakeTrainBench() {
                 "--pipeline overlap: no speculative steps (each bucket's Adam after validation; "
                 "no snapshots)")(
                 "weights", po::value<std::string>()->default_value("auto"),
-                "--device cuda|twin: resident or streamed weights (auto: resident); "
+                "--device cuda|twin: resident or streamed weights (auto: the memory plan's "
+                "choice for the GPU's memory; resident on the twin); "
                 "prints the bytes streamed per step")(
                 "sync-finish", po::bool_switch()->default_value(false),
                 "--pipeline overlap on a device: finish each step before the next begins "

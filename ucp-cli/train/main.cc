@@ -146,7 +146,8 @@ int main(int argc, char** argv) {
      "with a device: where its weights live: resident, streamed (the embeddings and the head, "
      "and two layer windows through which each layer crosses when forward and backward reach "
      "it; checked on the CPU twin, not yet run on a GPU), or auto (the memory plan's choice "
-     "for --device-memory; resident without it). The same bits")
+     "for --device-memory, by default a --device cuda run's GPU; resident when unknown). The "
+     "same bits")
     ("gpu-gemm", po::value(&r.gpu_gemm)->default_value("auto"),
      "--device cuda: what the matrix products read: auto (bf16 training: the bf16 weights and "
      "bf16-rounded activations, fp32 accumulation on the tensor cores; else fp32) or fp32 (the "
@@ -165,7 +166,7 @@ int main(int argc, char** argv) {
      "optimizer offloaded) and exit, allocating nothing")
     ("device-memory", po::value(&device_memory),
      "the GPU's memory (e.g. 141G, 80GiB) for --plan and --weights auto: decides resident or "
-     "streamed weights")
+     "streamed weights (a --device cuda run: the GPU's own by default)")
     ("host-memory", po::value(&host_memory),
      "--plan: host memory for the plan (default: this machine's MemAvailable)")
     ("tokenize", po::value(&tokenize),
@@ -319,6 +320,12 @@ int main(int argc, char** argv) {
   if (r.device == "cuda") {
     if (ucp::Status s = ucp::offload::cuda::CheckCudaDevice(); !s.ok()) return fail(s);
     r.device_factory = ucp::offload::cuda::MakeCudaTrainDevice;
+    if (r.device_memory == 0) {
+      // --weights auto plans for this GPU's memory (resident or streamed).
+      auto bytes = ucp::offload::cuda::CudaDeviceMemory(comm.rank());
+      if (!bytes.ok()) return fail(bytes.status());
+      r.device_memory = *bytes;
+    }
   }
 #endif
   auto trainer = Trainer::Create(c, r);

@@ -527,6 +527,15 @@ Status CheckCudaDevice() {
                                                cudaGetErrorString(err) + ")"));
 }
 
+Result<int64_t> CudaDeviceMemory(int rank) {
+  const int count = DeviceCount();
+  if (count == 0) return DeviceError("CUDA device: no CUDA device");
+  cudaDeviceProp prop{};
+  UCP_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, rank % count),
+                           "CUDA device: the properties of GPU " + std::to_string(rank % count)));
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& spec) {
   const int count = DeviceCount();
   if (count == 0) return DeviceError("CUDA device: no CUDA device");

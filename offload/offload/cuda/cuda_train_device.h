@@ -25,4 +25,8 @@ Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& 
 /// that time and memory before hearing no. Errors: kDeviceError.
 Status CheckCudaDevice();
 
+/// The memory of the GPU a process of rank `rank` uses (rank % device count), bytes: what
+/// --weights auto plans for when no --device-memory is given. Errors: kDeviceError.
+Result<int64_t> CudaDeviceMemory(int rank);
+
 }  // namespace ucp::offload::cuda
