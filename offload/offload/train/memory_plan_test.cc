@@ -198,6 +198,15 @@ TEST_P(GpuPlanStreamedMatchesTwinTrainer, AutoPicksStreamedAndTheDeviceHoldsItsR
   EXPECT_GT(t.DeviceBytesStreamed(), 0);
   EXPECT_THAT(t.Describe(), HasSubstr("weights streamed"));
 
+  // With device-Adam tail buckets auto keeps the weights resident (streaming holds none).
+  if (o.pipeline == "overlap" && dtype != "fp32") {
+    RunOptions tail = o;
+    tail.gpu_tail_buckets = 1;
+    tail.out = tmp.path() / "tail";
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer tt, Trainer::Create(c, tail));
+    EXPECT_EQ(tt.DeviceBytesStreamed(), 0);
+    EXPECT_THAT(tt.Describe(), ::testing::Not(HasSubstr("weights streamed")));
+  }
   // "resident" overrides the plan; an unknown placement is refused.
   o.weights = "resident";
   o.out = tmp.path() / "resident";

@@ -1128,7 +1128,8 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   // memory when it is known.
   if (weights == WeightChoice::kStreamed) {
     ds.stream_weights = true;
-  } else if (weights == WeightChoice::kAuto && opts.device_memory > 0) {
+  } else if (weights == WeightChoice::kAuto && opts.device_memory > 0 &&
+             opts.gpu_tail_buckets == 0) {  // (the device Adam's pieces need resident weights)
     PlanMachine m;
     m.device_bytes = opts.device_memory;
     UCP_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(MakePlanInput(ds.model, layout), m),
