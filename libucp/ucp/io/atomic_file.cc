@@ -108,10 +108,13 @@ Status WriteFileAtomic(const fs::path& path, std::span<const std::byte> bytes) {
   const fs::path dir = ParentOf(path);
   std::string templ =
       (dir / ("." + path.filename().string() + std::string(kTempMarker) + "XXXXXX")).string();
-  int raw = ::mkstemp(templ.data());
-  if (raw < 0) return ErrnoError("create a temporary file for " + path.string(), errno);
   // Removed on SIGINT/SIGTERM until it is renamed into place (interrupt.h).
-  RegisterTempPath(templ);
+  int raw = -1;
+  const int err = CreateRegisteredTempPath(templ, [&raw](std::string& t) {
+    raw = ::mkstemp(t.data());
+    return raw < 0 ? errno : 0;
+  });
+  if (err != 0) return ErrnoError("create a temporary file for " + path.string(), err);
   Fd fd(raw);
   Status st = ChmodToUmask(fd.get(), templ, /*is_dir=*/false);
   if (st.ok()) st = WriteAll(fd.get(), bytes, templ);
@@ -202,11 +205,10 @@ Result<fs::path> MakeTempSiblingDir(const fs::path& dst_in) {
                          " does not exist");
   }
   std::string templ = dst.string() + std::string(kTempMarker) + "XXXXXX";
-  if (::mkdtemp(templ.data()) == nullptr) {
-    return ErrnoError("create a temporary folder next to " + dst.string(), errno);
-  }
   // Removed on SIGINT/SIGTERM until it is committed or removed (interrupt.h).
-  RegisterTempPath(templ);
+  const int err = CreateRegisteredTempPath(
+      templ, [](std::string& t) { return ::mkdtemp(t.data()) == nullptr ? errno : 0; });
+  if (err != 0) return ErrnoError("create a temporary folder next to " + dst.string(), err);
   const int raw = ::open(templ.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   Status st = raw < 0 ? ErrnoError("open " + templ, errno) : Status::Ok();
   if (raw >= 0) {

@@ -141,6 +141,13 @@ void RegisterTempPath(const fs::path& path) {
   Reg().paths.insert(path.string());
 }
 
+int CreateRegisteredTempPath(std::string& templ, const std::function<int(std::string&)>& create) {
+  std::lock_guard<std::mutex> lock(Reg().mu);
+  const int err = create(templ);
+  if (err == 0) Reg().paths.insert(templ);
+  return err;
+}
+
 void UnregisterTempPath(const fs::path& path) {
   std::lock_guard<std::mutex> lock(Reg().mu);
   Reg().paths.erase(path.string());

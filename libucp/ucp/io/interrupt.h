@@ -13,6 +13,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 namespace ucp::io {
@@ -22,6 +23,14 @@ namespace ucp::io {
 /// created (the non-root processes of an MPI run) records it too, so that whichever process is
 /// signalled first removes it.
 void RegisterTempPath(const std::filesystem::path& path);
+
+/// Creates a temporary path and records it as one step for the watcher: `create` (mkdtemp or
+/// mkstemp on `templ`) runs under the registry's lock, so a signal's cleanup runs wholly before
+/// it (the process then exits before the path exists) or after it (and removes it); creating
+/// first and recording after would leave a window in which a signal finds nothing to remove and
+/// the new path stays behind. `create` returns 0, or the errno of its failure (then nothing is
+/// recorded), which this returns.
+int CreateRegisteredTempPath(std::string& templ, const std::function<int(std::string&)>& create);
 
 /// Forgets `path` (it was committed or removed). Unknown paths are ignored.
 void UnregisterTempPath(const std::filesystem::path& path);

@@ -6,8 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/testutil/status_matchers.h"
@@ -197,6 +202,36 @@ TEST(Interrupt, RemovesLiveTemporariesOnlyAndTheirContent) {
   EXPECT_THAT(left, ::testing::UnorderedElementsAre("done"));
   EXPECT_EQ(InterruptExitCode(2), 130);
   EXPECT_EQ(InterruptExitCode(15), 143);
+}
+
+// A temporary is created and recorded in one step: a cleanup that starts while it is being
+// created waits for it and removes it (no window in which a signal finds nothing to remove and
+// the new folder stays behind); a failed creation records nothing.
+TEST(Interrupt, CreationAndRecordingAreOneStep) {
+  RemoveRegisteredTempPathsForTest();
+  TempDir tmp;
+  std::atomic<bool> cleaned{false};
+  std::thread cleanup;
+  std::string templ = (tmp / "out").string() + ".tmp-XXXXXX";
+  const int err = CreateRegisteredTempPath(templ, [&](std::string& t) {
+    cleanup = std::thread([&] {
+      RemoveRegisteredTempPathsForTest();
+      cleaned = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(cleaned.load()) << "the cleanup ran while the folder was being created";
+    return ::mkdtemp(t.data()) == nullptr ? errno : 0;
+  });
+  cleanup.join();
+  EXPECT_EQ(err, 0);
+  EXPECT_TRUE(cleaned.load());
+  EXPECT_FALSE(fs::exists(templ)) << "created, then left behind by the cleanup";
+  std::string bad = (tmp / "missing" / "x").string() + ".tmp-XXXXXX";
+  EXPECT_EQ(CreateRegisteredTempPath(bad, [](std::string& t) {
+              return ::mkdtemp(t.data()) == nullptr ? errno : 0;
+            }),
+            ENOENT);
+  EXPECT_EQ(RemoveRegisteredTempPathsForTest(), 0);
 }
 
 TEST(OpenFileLimit, RaisesTheSoftLimitUpToTheHardOne) {
