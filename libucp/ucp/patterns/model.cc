@@ -160,6 +160,58 @@ Result<std::vector<std::string>> GetStrings(const json& obj, const char* key,
 // std::regex compiles and matches recursively: a pattern's length bounds the stack it needs
 // (the rule sets' longest is under 100 characters), so a bad rule file cannot overflow it.
 constexpr size_t kMaxRegexChars = 256;
+// And it matches by backtracking, whose time grows as the name's length to the power of the
+// quantifiers that can retry: nested repetition (a quantifier on a quantifier or on a group)
+// makes it exponential, and backreferences are not regular. Rule patterns need none of these
+// and few quantifiers (the rule sets use at most 3), so a bad rule file cannot hang a run.
+constexpr int kMaxRegexQuantifiers = 4;
+
+Status CheckRegexShape(const std::string& p, const std::string& where) {
+  enum Prev { kNone, kAtom, kGroup, kQuant } prev = kNone;
+  int quantifiers = 0;
+  bool lazy = false;  // the last quantifier already took its lazy '?'
+  auto refuse = [&](const std::string& why) {
+    return InvalidArgumentError(where + ": regular expression " + Q(p) + ": " + why);
+  };
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\') {
+      if (i + 1 < p.size() && p[i + 1] >= '1' && p[i + 1] <= '9') return refuse("a backreference");
+      ++i;
+      prev = kAtom;
+    } else if (c == '[') {  // a class: one atom; ']' first (or after '^') is a literal
+      size_t j = i + 1;
+      if (j < p.size() && p[j] == '^') ++j;
+      if (j < p.size() && p[j] == ']') ++j;
+      while (j < p.size() && p[j] != ']') j += p[j] == '\\' ? 2 : 1;
+      i = j;
+      prev = kAtom;
+    } else if (c == '*' || c == '+' || c == '?' ||
+               (c == '{' && i + 1 < p.size() && p[i + 1] >= '0' && p[i + 1] <= '9')) {
+      if (c == '?' && prev == kQuant && !lazy) {
+        lazy = true;  // *? +? ?? {n}?: the lazy form of the quantifier before
+        continue;
+      }
+      if (prev == kQuant) return refuse("a quantifier on a quantifier (nested repetition)");
+      if (prev == kGroup) return refuse("a quantified group (nested repetition)");
+      if (++quantifiers > kMaxRegexQuantifiers) {
+        return refuse("more than " + std::to_string(kMaxRegexQuantifiers) + " quantifiers");
+      }
+      if (c == '{') {
+        while (i < p.size() && p[i] != '}') ++i;
+      }
+      prev = kQuant;
+      lazy = false;
+    } else if (c == ')') {
+      prev = kGroup;
+    } else if (c == '(' || c == '|' || c == '^' || c == '$') {
+      prev = kNone;
+    } else {
+      prev = kAtom;
+    }
+  }
+  return Status::Ok();
+}
 
 Result<std::shared_ptr<const std::regex>> CompileRegex(const std::string& pattern,
                                                        const std::string& where) {
@@ -168,6 +220,7 @@ Result<std::shared_ptr<const std::regex>> CompileRegex(const std::string& patter
                                 std::to_string(pattern.size()) + " characters (at most " +
                                 std::to_string(kMaxRegexChars) + ")");
   }
+  UCP_RETURN_IF_ERROR(CheckRegexShape(pattern, where));
   try {
     return std::make_shared<const std::regex>(pattern, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {

@@ -269,6 +269,22 @@ TEST(ParseRuleSet, StructuralErrorsNameTheField) {
   };
   EXPECT_THAT(parse(R"({"match": "(", "kind": "replicate", "source": "t"})"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("bad regular expression \"(\"")));
+  // Patterns whose backtracking could take exponential time are refused before any match (the
+  // rules_fuzz input that hung: a literal star then a run of stars), as are backreferences and
+  // more than 4 quantifiers; lazy quantifiers and classes with quantifier characters are fine.
+  for (const char* bad : {R"(layers\\.\\*****d+)", R"((a+)+)", R"((\\d)\\1)", R"(a*b*c*d*e*)",
+                          R"(x{2}*)", R"((ab)*)"}) {
+    EXPECT_THAT(parse(std::string(R"({"match": ")") + bad + R"(", "kind": "replicate", "source": "t"})"),
+                StatusIs(StatusCode::kInvalidArgument,
+                         ::testing::AnyOf(HasSubstr("nested repetition"),
+                                          HasSubstr("a backreference"),
+                                          HasSubstr("more than 4 quantifiers"))))
+        << bad;
+  }
+  EXPECT_THAT(parse(R"({"match": "a+?b", "kind": "replicate", "source": "t"})"),
+              ::ucp::testing::IsOk());
+  EXPECT_THAT(parse(R"j({"match": "[*+?]x{2}\\.(a|b)", "kind": "replicate", "source": "t"})j"),
+              ::ucp::testing::IsOk());
   EXPECT_THAT(parse(R"({"match": "a", "kind": "split", "source": "t"})"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("unknown kind \"split\"")));
   EXPECT_THAT(parse(R"({"match": "a", "kind": "shard", "source": "t"})"),
