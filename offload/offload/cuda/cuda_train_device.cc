@@ -199,7 +199,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     if (book_) {
       // The released groups' gradients crossed as backward completed them (the model's run
       // synchronised its stream); a group backward has not reached holds zeros.
-      for (int k = 0; k < book_->groups(); ++k) ZeroUnreleased(k);
+      for (int k = 0; k < book_->groups(); ++k) book_->ZeroGradsNotOnHost(k, spec_.h_grads);
       return Status::Ok();
     }
     UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data(), d_grads_,
@@ -218,7 +218,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       // Its event follows the copy the release queued.
       UCP_RETURN_IF_ERROR(Cuda(cudaEventSynchronize(group_done_[static_cast<size_t>(group)]),
                                "gradients of grad group " + std::to_string(group) + " to the host"));
-      ZeroUnreleased(group);
+      book_->ZeroGradsNotOnHost(group, spec_.h_grads);
       return Status::Ok();
     }
     const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
@@ -416,13 +416,6 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     return Cuda(cudaMemcpyAsync(d_w32_ + u.offset, spec_.h_weights32.data() + u.begin, u.n * 4,
                                 cudaMemcpyHostToDevice, stream),
                 what);
-  }
-
-  // Streamed: a group backward has not reached this step holds the device's zeros.
-  void ZeroUnreleased(int k) {
-    if (book_->grads_on_host(k)) return;
-    const auto [b, e] = book_->range(k);
-    std::fill(spec_.h_grads.begin() + b, spec_.h_grads.begin() + e, 0.0f);
   }
 
   // The streamed device's pipeline backend: its spans are host memory (the CPU backend's copies,

@@ -233,14 +233,14 @@ class CpuTwinStreamedDevice final : public TrainDevice, public WeightWindows {
   // The released groups' gradients are on the host already; a group backward has not reached
   // this step holds the device's zeros.
   Status GradsToHost() override {
-    for (int k = 0; k < book_.groups(); ++k) ZeroUnreleased(k);
+    for (int k = 0; k < book_.groups(); ++k) book_.ZeroGradsNotOnHost(k, spec_.h_grads);
     return Status::Ok();
   }
   Status GroupGradsToHost(int group) override {
     if (group < 0 || group >= book_.groups()) {
       return InvalidArgumentError("twin device: no grad group " + std::to_string(group));
     }
-    ZeroUnreleased(group);
+    book_.ZeroGradsNotOnHost(group, spec_.h_grads);
     return Status::Ok();
   }
 
@@ -310,12 +310,6 @@ class CpuTwinStreamedDevice final : public TrainDevice, public WeightWindows {
       std::memcpy(w32_.data() + at, spec_.h_weights32.data() + u.begin, n * 4);
       moved_ += static_cast<int64_t>(n * 4);
     }
-  }
-
-  void ZeroUnreleased(int k) {
-    if (book_.grads_on_host(k)) return;
-    const auto [b, e] = book_.range(k);
-    std::fill(spec_.h_grads.begin() + b, spec_.h_grads.begin() + e, 0.0f);
   }
 
   TrainDeviceSpec spec_;
@@ -475,6 +469,12 @@ Status WeightWindowBook::GroupWeightsChanged(int group) {
 void WeightWindowBook::WeightsInFlight() {
   std::fill(loaded_.begin(), loaded_.end(), 0);
   std::fill(in_flight_.begin(), in_flight_.end(), 1);
+}
+
+void WeightWindowBook::ZeroGradsNotOnHost(int group, std::span<float> h_grads) const {
+  if (grads_on_host(group)) return;
+  const auto [b, e] = range(group);
+  std::fill(h_grads.begin() + b, h_grads.begin() + e, 0.0f);
 }
 
 void WeightWindowBook::NewStep() { std::fill(grads_on_host_.begin(), grads_on_host_.end(), 0); }

@@ -198,6 +198,9 @@ class WeightWindowBook {
   /// A new step: no group's gradients are on the host yet.
   void NewStep();
   bool grads_on_host(int group) const { return grads_on_host_[static_cast<size_t>(group)] != 0; }
+  /// The host's gradients of `group` are zeroed unless this step's are there: a group backward
+  /// has not reached holds the device's zeros (GradsToHost and GroupGradsToHost).
+  void ZeroGradsNotOnHost(int group, std::span<float> h_grads) const;
   /// After a graph that stopped early: nothing is held.
   void ReleaseAll();
 
