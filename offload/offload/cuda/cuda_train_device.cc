@@ -46,6 +46,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     for (cudaEvent_t e : window_free_) {
       if (e) cudaEventDestroy(e);
     }
+    if (model_done_) cudaEventDestroy(model_done_);
     for (cudaEvent_t e : window_ready_) {
       if (e) cudaEventDestroy(e);
     }
@@ -63,7 +64,11 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     const int64_t n = model_.num_params();
     // bf16 training needs no host fp32 weights (the device widens its own): may be empty.
     const auto w32 = static_cast<int64_t>(spec_.h_weights32.size());
-    if (static_cast<int64_t>(spec_.h_grads.size()) != n ||
+    // Staged host buffers: windows of host_window elements, not the whole model.
+    const int64_t hn = spec_.host_window > 0 ? std::min(spec_.host_window, n) : n;
+    if (spec_.host_window != 0) {
+      UCP_RETURN_IF_ERROR(CheckStagedSpec(spec_, n, "CUDA device"));
+    } else if (static_cast<int64_t>(spec_.h_grads.size()) != n ||
         (w32 != n && !(w32 == 0 && spec_.weights == LowpDType::kBf16)) ||
         (lowp() && static_cast<int64_t>(spec_.h_weights16.size()) != n)) {
       return InvalidArgumentError("CUDA device: host buffers do not hold the model's " +
@@ -80,6 +85,8 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       UCP_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
                                "CUDA device: grad-group events"));
     }
+    UCP_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&model_done_, cudaEventDisableTiming),
+                             "CUDA device: the model stream's event"));
     if (spec_.stream_weights) {
       if (!spec_.device_pieces.empty()) {
         return InvalidArgumentError("CUDA device: streamed weights hold no device pieces "
@@ -108,9 +115,9 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       UCP_RETURN_IF_ERROR(Alloc(&d_v_, pieces_n_ * 4, "device exp_avg_sq"));
     }
     // Pinned host memory: the copies run at the link's rate and need no bounce buffer.
-    UCP_RETURN_IF_ERROR(Register(spec_.h_grads.data(), n * 4, "host gradients"));
+    UCP_RETURN_IF_ERROR(Register(spec_.h_grads.data(), hn * 4, "host gradients"));
     UCP_RETURN_IF_ERROR(Register(spec_.h_weights32.data(), w32 * 4, "host fp32 weights"));
-    if (lowp()) UCP_RETURN_IF_ERROR(Register(spec_.h_weights16.data(), n * 2, "host weights"));
+    if (lowp()) UCP_RETURN_IF_ERROR(Register(spec_.h_weights16.data(), hn * 2, "host weights"));
     return Status::Ok();
   }
 
@@ -130,6 +137,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   }
 
   Status UploadWeights() override {
+    UCP_RETURN_IF_ERROR(NotStaged("UploadWeights"));
     if (book_) {
       book_->WeightsChanged();  // each group crosses when the graph next acquires it
       return Status::Ok();
@@ -195,7 +203,42 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     return model_.Forward(d_w32_, batch, GemmWeights());
   }
 
+  // Staged host buffers: each range crosses through the pinned window on the copy stream,
+  // ordered after the model's stream (whose kernels wrote the gradients or read the weights).
+  Status GradsRangeToHost(int64_t begin, int64_t n) override {
+    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "CUDA device"));
+    UCP_RETURN_IF_ERROR(AfterModel());
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data(), d_grads_ + begin,
+                                             static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost,
+                                             stream_),
+                             "gradients to the host window"));
+    return Cuda(cudaStreamSynchronize(stream_), "gradients to the host window");
+  }
+
+  Status WeightsRangeToDevice(int64_t begin, int64_t n) override {
+    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "CUDA device"));
+    UCP_RETURN_IF_ERROR(AfterModel());
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_ + begin, spec_.h_weights16.data(),
+                                             static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice,
+                                             stream_),
+                             "weights from the host window"));
+    UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_ + begin, d_w32_ + begin, n, stream_));
+    // The window is refilled as soon as this returns.
+    return Cuda(cudaStreamSynchronize(stream_), "weights from the host window");
+  }
+
+  Status WeightsRangeToHost(int64_t begin, int64_t n) override {
+    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "CUDA device"));
+    UCP_RETURN_IF_ERROR(AfterModel());
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_weights16.data(), d_w16_ + begin,
+                                             static_cast<size_t>(n) * 2, cudaMemcpyDeviceToHost,
+                                             stream_),
+                             "weights to the host window"));
+    return Cuda(cudaStreamSynchronize(stream_), "weights to the host window");
+  }
+
   Status GradsToHost() override {
+    UCP_RETURN_IF_ERROR(NotStaged("GradsToHost"));
     if (book_) {
       // The released groups' gradients crossed as backward completed them (the model's run
       // synchronised its stream); a group backward has not reached holds zeros.
@@ -210,6 +253,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   }
 
   Status GroupGradsToHost(int group) override {
+    UCP_RETURN_IF_ERROR(NotStaged("GroupGradsToHost"));
     if (group < 0 || group >= static_cast<int>(group_ranges_.size())) {
       return InvalidArgumentError("CUDA device: no grad group " + std::to_string(group));
     }
@@ -270,6 +314,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   }
 
   Result<std::unique_ptr<PipelineBackend>> MakePipelineBackend() override {
+    UCP_RETURN_IF_ERROR(NotStaged("the overlapped pipeline"));
     if (book_) {
       // The gradients are read on the host once their group's event (after the copy the
       // release queued) has passed.
@@ -439,6 +484,18 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     std::function<Status(int)> wait_;
     std::unique_ptr<PipelineBackend> cpu_;
   };
+  Status NotStaged(const char* what) const {
+    if (spec_.host_window == 0) return Status::Ok();
+    return FailedPreconditionError(std::string("CUDA device: ") + what + " needs whole host "
+                                   "buffers (these are staged: --host-buffers staged)");
+  }
+  // The copy stream waits for what the model's stream has queued so far.
+  Status AfterModel() {
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
+    UCP_RETURN_IF_ERROR(Cuda(cudaEventRecord(model_done_, static_cast<cudaStream_t>(model_.stream())),
+                             "ordering after the model's stream"));
+    return Cuda(cudaStreamWaitEvent(stream_, model_done_, 0), "ordering after the model's stream");
+  }
   // The bf16 weights the model's GEMMs read (GemmInputs::kBf16); null for the fp32 GEMMs.
   const uint16_t* GemmWeights() const {
     return model_.gemm() == GemmInputs::kBf16 ? d_w16_ : nullptr;
@@ -503,6 +560,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   int device_ = 0;
   std::vector<std::pair<int64_t, int64_t>> group_ranges_;
   std::vector<cudaEvent_t> group_done_;
+  cudaEvent_t model_done_ = nullptr;  // AfterModel's
   std::vector<void*> registered_;
   int to_pin_ = 0;
 };

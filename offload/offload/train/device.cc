@@ -49,6 +49,7 @@ class CpuTwinDevice final : public TrainDevice {
   }
 
   Status UploadWeights() override {
+    UCP_RETURN_IF_ERROR(NotStaged("UploadWeights"));
     // As the CUDA device: bf16 "over the link", widened on the "device".
     if (spec_.weights == LowpDType::kBf16) {
       std::memcpy(w16_.data(), spec_.h_weights16.data(), w16_.size() * 2);
@@ -71,11 +72,32 @@ class CpuTwinDevice final : public TrainDevice {
   Result<double> Forward(const Batch& batch) override { return model_.Forward(w32_, batch); }
 
   Status GradsToHost() override {
+    UCP_RETURN_IF_ERROR(NotStaged("GradsToHost"));
     std::memcpy(spec_.h_grads.data(), grads_.data(), grads_.size() * 4);
     return Status::Ok();
   }
 
+  Status GradsRangeToHost(int64_t begin, int64_t n) override {
+    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "twin device"));
+    std::memcpy(spec_.h_grads.data(), grads_.data() + begin, static_cast<size_t>(n) * 4);
+    return Status::Ok();
+  }
+
+  Status WeightsRangeToDevice(int64_t begin, int64_t n) override {
+    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "twin device"));
+    std::memcpy(w16_.data() + begin, spec_.h_weights16.data(), static_cast<size_t>(n) * 2);
+    WidenRange(begin, begin + n);
+    return Status::Ok();
+  }
+
+  Status WeightsRangeToHost(int64_t begin, int64_t n) override {
+    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "twin device"));
+    std::memcpy(spec_.h_weights16.data(), w16_.data() + begin, static_cast<size_t>(n) * 2);
+    return Status::Ok();
+  }
+
   Status GroupGradsToHost(int group) override {
+    UCP_RETURN_IF_ERROR(NotStaged("GroupGradsToHost"));
     if (group < 0 || group >= static_cast<int>(group_ranges_.size())) {
       return InvalidArgumentError("twin device: no grad group " + std::to_string(group));
     }
@@ -142,10 +164,12 @@ class CpuTwinDevice final : public TrainDevice {
   // Backward runs on the caller's thread and the hook follows each group's last write, so plain
   // copies are ordered after it.
   Result<std::unique_ptr<PipelineBackend>> MakePipelineBackend() override {
+    UCP_RETURN_IF_ERROR(NotStaged("the overlapped pipeline"));
     return CpuPipelineBackend();
   }
 
   Status WeightsWritten() override {
+    UCP_RETURN_IF_ERROR(NotStaged("WeightsWritten"));
     WidenRange(0, static_cast<int64_t>(w32_.size()));
     return Status::Ok();
   }
@@ -165,6 +189,12 @@ class CpuTwinDevice final : public TrainDevice {
 
  private:
   bool lowp() const { return spec_.weights != LowpDType::kFp32; }
+  // The whole-model host copies do not exist with staged host buffers.
+  Status NotStaged(const char* what) const {
+    if (spec_.host_window == 0) return Status::Ok();
+    return FailedPreconditionError(std::string("twin device: ") + what + " needs whole host "
+                                   "buffers (these are staged: --host-buffers staged)");
+  }
   // The compute copy of elements [b, e) from the device's weights: bf16 widened on the
   // "device"; fp16 and fp32 runs take the host's fp32 compute copy.
   void WidenRange(int64_t b, int64_t e) {
@@ -481,10 +511,54 @@ void WeightWindowBook::NewStep() { std::fill(grads_on_host_.begin(), grads_on_ho
 
 void WeightWindowBook::ReleaseAll() { std::fill(held_.begin(), held_.end(), 0); }
 
+Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
+                        const char* who) {
+  if (spec.host_window == 0) {
+    return FailedPreconditionError(std::string(who) + ": no staged host buffers "
+                                   "(--host-buffers staged)");
+  }
+  if (begin < 0 || n < 0 || n > spec.host_window || begin > numel - n) {
+    return InvalidArgumentError(std::string(who) + ": staged range [" + std::to_string(begin) +
+                                ", +" + std::to_string(n) + ") outside the model's " +
+                                std::to_string(numel) + " elements or longer than the window of " +
+                                std::to_string(spec.host_window));
+  }
+  return Status::Ok();
+}
+
+Status CheckStagedSpec(const TrainDeviceSpec& spec, int64_t numel, const char* who) {
+  const std::string w = std::string(who) + ": staged host buffers (--host-buffers staged)";
+  if (spec.host_window < 0) return InvalidArgumentError(w + ": a negative window");
+  if (spec.weights != LowpDType::kBf16) {
+    return UnimplementedError(w + " need bf16 training (fp16 and fp32 upload the host's fp32 "
+                              "compute copy)");
+  }
+  if (spec.stream_weights) {
+    return UnimplementedError(w + " with streamed weights: streaming reads the host's whole "
+                              "weights (--weights resident)");
+  }
+  if (!spec.device_pieces.empty()) {
+    return UnimplementedError(w + " with device pieces (--gpu-tail-buckets)");
+  }
+  const int64_t win = std::min(spec.host_window, numel);
+  if (static_cast<int64_t>(spec.h_grads.size()) < win ||
+      static_cast<int64_t>(spec.h_weights16.size()) < win || !spec.h_weights32.empty()) {
+    return InvalidArgumentError(w + ": the host windows hold fewer than " + std::to_string(win) +
+                                " elements");
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& spec) {
   UCP_ASSIGN_OR_RETURN(Model model, Model::Create(spec.model, spec.max_batch, spec.seq_len,
                                                   spec.threads));
   const int64_t n = model.num_params();
+  if (spec.host_window != 0) {
+    UCP_RETURN_IF_ERROR(CheckStagedSpec(spec, n, "twin device"));
+    UCP_ASSIGN_OR_RETURN(auto ranges, GradGroupRanges(spec.model));
+    return std::unique_ptr<TrainDevice>(
+        std::make_unique<CpuTwinDevice>(spec, std::move(model), std::move(ranges)));
+  }
   // As the CUDA device: bf16 training needs no host fp32 weights (may be empty).
   const auto w32 = static_cast<int64_t>(spec.h_weights32.size());
   if (static_cast<int64_t>(spec.h_grads.size()) != n ||

@@ -69,6 +69,14 @@ struct TrainDeviceSpec {
   /// GroupGradsToHost move nothing, and the pipeline's "device" buffers are the host's own.
   /// No device pieces.
   bool stream_weights = false;
+  /// Staged host buffers (RunOptions::host_buffers "staged"; docs/offload.md, "Staged host
+  /// buffers"): 0, the host buffers above hold the whole model; else h_grads and h_weights16 are
+  /// windows of host_window elements through which the trainer moves any range of the model
+  /// (GradsRangeToHost, WeightsRangeToDevice, WeightsRangeToHost), so the host keeps no whole
+  /// copy of the gradients or weights: 6 B/parameter less host memory. bf16 training with
+  /// resident weights only (h_weights32 empty, no streaming, no device pieces); UploadWeights,
+  /// GradsToHost, GroupGradsToHost and the pipeline are then refused.
+  int64_t host_window = 0;
 };
 
 /// What the overlapped pipeline (--pipeline overlap, offload/engine/pipeline.h) moves on the
@@ -134,6 +142,24 @@ class TrainDevice {
   /// pipeline.h StartFinish): each group's are final once GroupWeightsWritten(group) is called
   /// for it, so a streamed device must not read them ahead (its prefetch) before then.
   virtual void WeightsInFlight() {}
+  /// Staged host buffers (TrainDeviceSpec::host_window): the device gradients of model elements
+  /// [begin, begin + n) into h_grads[0, n); the n training-dtype weights in h_weights16[0, n) to
+  /// model elements [begin, begin + n) on the device, widened into the compute copy there; and
+  /// the device's weights of [begin, begin + n) into h_weights16[0, n) (saves). Each returns
+  /// once the copy is done. Errors: kFailedPrecondition (not staged), kInvalidArgument (a range
+  /// outside the model or longer than the window), kDeviceError.
+  virtual Status GradsRangeToHost(int64_t begin, int64_t n) {
+    (void)begin, (void)n;
+    return FailedPreconditionError("this device has no staged host buffers");
+  }
+  virtual Status WeightsRangeToDevice(int64_t begin, int64_t n) {
+    (void)begin, (void)n;
+    return FailedPreconditionError("this device has no staged host buffers");
+  }
+  virtual Status WeightsRangeToHost(int64_t begin, int64_t n) {
+    (void)begin, (void)n;
+    return FailedPreconditionError("this device has no staged host buffers");
+  }
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
   /// Bytes moved between host and device by the streamed placement since the device was made
@@ -143,6 +169,13 @@ class TrainDevice {
 
 /// Each grad group's elements of the flat buffers, [begin, end), in ModelParamTable's order.
 Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConfig& config);
+
+/// Checks a staged range (TrainDevice::GradsRangeToHost and the others) against the model's
+/// `numel` elements and the spec's window; `who` names the device in the error.
+Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
+                        const char* who);
+/// Checks a spec with staged host buffers (host_window > 0) for what they run with.
+Status CheckStagedSpec(const TrainDeviceSpec& spec, int64_t numel, const char* who);
 
 /// The bookkeeping of streamed weights (TrainDeviceSpec::stream_weights), the same for the CPU
 /// twin and the CUDA device: an arena of elements() values per buffer (weights, compute copy,
