@@ -124,11 +124,13 @@ fi
 expect_exit 11 "$train" "${common[@]}" --out "$work/ref"
 expect_exit 3 "$train" --resume "$work/ref" --lr 0.5
 
-# --weights streamed on the twin device (each layer crossing as the graph reaches it) trains the
-# CPU engine's bits: every logged loss and norm of 5 steps of 2 micro-batches.
-for run in cpu streamed; do
+# --weights streamed on the twin device (each layer crossing as the graph reaches it), and
+# --host-buffers staged (the host keeping windows of the weights and gradients, not copies),
+# train the CPU engine's bits: every logged loss and norm of 5 steps of 2 micro-batches.
+for run in cpu streamed staged; do
   extra=()
   [ "$run" = streamed ] && extra=(--device twin --weights streamed --pipeline overlap)
+  [ "$run" = staged ] && extra=(--device twin --host-buffers staged)
   "$train" --model gpt-tiny --data "$work/text.txt" --seq-len 32 --global-batch 8 --micro-batch 4 \
     --steps 5 --threads 2 --val-every 0 --sync-save "${extra[@]}" --out "$work/w_$run" > "$work/w_$run.txt"
 done
@@ -137,10 +139,17 @@ python3 - "$work" <<'PY' || fail "--weights streamed: not the CPU engine's losse
 import json, os, sys
 def steps(run):
     return [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(os.path.join(sys.argv[1], run, "log.jsonl"))) if "grad_norm" in j]
-a, b = steps("w_cpu"), steps("w_streamed")
-assert len(a) == 5 and a == b, (a, b)
+a = steps("w_cpu")
+for run in ("w_streamed", "w_staged"):
+    b = steps(run)
+    assert len(a) == 5 and a == b, (run, a, b)
 PY
 expect_exit 3 "$train" "${common[@]}" --device twin --weights paged --out "$work/paged"
+expect_exit 3 "$train" "${common[@]}" --device twin --host-buffers none --out "$work/hb"
+grep -q -- "--host-buffers none" "$work/err.txt" || fail "--host-buffers none: $(cat "$work/err.txt")"
+expect_exit 7 "$train" "${common[@]}" --device twin --host-buffers staged --pipeline overlap \
+  --out "$work/hb2"
+grep -q -- "--pipeline sync" "$work/err.txt" || fail "staged with overlap: $(cat "$work/err.txt")"
 
 # --init from a Hugging Face folder trains from exactly the weights of the checkpoint it was
 # exported from (the same first-step loss as --init from that checkpoint).

@@ -187,6 +187,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.finish_under_forward = !vm["sync-finish"].as<bool>();
   r.speculate = !vm["no-speculation"].as<bool>();
   r.weights = vm["weights"].as<std::string>();
+  r.host_buffers = vm["host-buffers"].as<std::string>();
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
   if (cuda) {
     r.device_factory = offload::cuda::MakeCudaTrainDevice;
@@ -451,6 +452,9 @@ Command MakeTrainBench() {
                 "--device cuda|twin: resident or streamed weights (auto: the memory plan's "
                 "choice for the GPU's memory; resident on the twin); "
                 "prints the bytes streamed per step")(
+                "host-buffers", po::value<std::string>()->default_value("whole"),
+                "--device cuda|twin: whole or staged host copies of the weights and gradients "
+                "(staged: only windows; bf16, --pipeline sync)")(
                 "sync-finish", po::bool_switch()->default_value(false),
                 "--pipeline overlap on a device: finish each step before the next begins "
                 "(not under the next step's forward)")(

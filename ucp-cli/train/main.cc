@@ -148,6 +148,11 @@ int main(int argc, char** argv) {
      "it; checked on the CPU twin, not yet run on a GPU), or auto (the memory plan's choice "
      "for --device-memory, by default a --device cuda run's GPU; resident when unknown). The "
      "same bits")
+    ("host-buffers", po::value(&r.host_buffers)->default_value("whole"),
+     "with a device: what host memory keeps of its weights and gradients: whole (a pinned copy "
+     "of each) or staged (384 MiB of pinned windows: the host holds only the optimizer state, "
+     "6 B/parameter less in bf16; the gradients cross twice, for the norm and for Adam; bf16, "
+     "one process, --pipeline sync, resident weights). The same bits")
     ("gpu-gemm", po::value(&r.gpu_gemm)->default_value("auto"),
      "--device cuda: what the matrix products read: auto (bf16 training: the bf16 weights and "
      "bf16-rounded activations, fp32 accumulation on the tensor cores; else fp32) or fp32 (the "

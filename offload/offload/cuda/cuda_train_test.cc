@@ -225,6 +225,42 @@ TEST_P(CudaTrainTest, StreamedWeightsAreBitwiseResident) {
   }
 }
 
+// Staged host buffers (--host-buffers staged: windows of 64 Ki elements, several per tiny model)
+// run the same kernels on the same device buffers; only the host's copies are windows, so every
+// loss, norm and state is the whole buffers' over 4 steps, and a save from the device resumes
+// whole. bf16 only.
+TEST_P(CudaTrainTest, StagedHostBuffersAreBitwiseWhole) {
+  if (GetParam().second != "bf16") GTEST_SKIP() << "staged host buffers train bf16 only";
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config(GetParam().first, GetParam().second, WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer whole, Trainer::Create(c, Opts(tmp.path() / "w", true)));
+  RunOptions o = Opts(tmp.path() / "s", true);
+  o.host_buffers = "staged";
+  o.host_window = int64_t{1} << 16;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer staged, Trainer::Create(c, o));
+  std::printf("%s\n", staged.Describe().c_str());
+  for (int i = 0; i < 4; ++i) {
+    UCP_ASSERT_OK_AND_ASSIGN(StepRecord a, whole.Step());
+    UCP_ASSERT_OK_AND_ASSIGN(StepRecord b, staged.Step());
+    std::printf("step %d: whole loss %.9g norm %.9g (%.1f ms), staged loss %.9g norm %.9g "
+                "(%.1f ms)\n", i + 1, a.loss, a.grad_norm, a.seconds * 1e3, b.loss, b.grad_norm,
+                b.seconds * 1e3);
+    EXPECT_EQ(a.loss, b.loss) << "step " << i + 1;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << i + 1;
+  }
+  const auto sa = whole.StateForTest();
+  const auto sb = staged.StateForTest();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) EXPECT_TRUE(sa[i].second == sb[i].second) << sa[i].first;
+  ASSERT_TRUE(staged.Save().ok());
+  RunOptions r = Opts(tmp.path() / "s", true);
+  r.resume = tmp.path() / "s";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer resumed, Trainer::Create(c, r));
+  const auto sr = resumed.StateForTest();
+  ASSERT_EQ(sr.size(), sb.size());
+  for (size_t i = 0; i < sr.size(); ++i) EXPECT_TRUE(sr[i].second == sb[i].second) << sr[i].first;
+}
+
 // A checkpoint of the CUDA engine (tail pieces on the device) resumes on the CPU engine at
 // another layout (zero=2), whose next step's loss matches the CUDA engine's own next step;
 // and the CPU's checkpoint resumes on the CUDA engine (zero=0), matching the CPU's next step.

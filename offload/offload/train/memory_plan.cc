@@ -165,6 +165,15 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                          : "widened from the weights (GPU: and on the host, which uploads it)"});
   rows.push_back({MemClass::kGradients, "gradients (fp32)", n * 4, n * 4, n * 4,
                   "accumulated over micro-batches (GPU: and their host copy)"});
+  // Staged host buffers keep windows instead of the host's copies (bf16: no host compute copy).
+  const int64_t hw = std::min(in.host_window, n);
+  if (hw > 0) {
+    rows[0].host_bytes = hw * 2;
+    rows[0].note = "the training copy (GPU: on the device; the host stages a window of it)";
+    rows[2].host_bytes = hw * 4;
+    rows[2].note = "accumulated over micro-batches (GPU: on the device; the host stages a "
+                   "window, crossing twice: the norm, then Adam)";
+  }
   rows.push_back({MemClass::kOptimizer, "master + exp_avg + exp_avg_sq (fp32)", 3 * block * 4, 0, 3 * block * 4,
                   "this rank's ZeRO block of " + Str(block) + " elements" +
                       (blocks > 1 ? " (1/" + Str(blocks) + ")" : "")});
@@ -217,7 +226,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   const int64_t streamed_total = resident_total - rows[0].device_bytes - rows[1].device_bytes -
                                  rows[2].device_bytes + streamed_elems * ((bf16 ? 2 : 0) + 8);
   const bool stream = in.weights == WeightChoice::kStreamed ||
-                      (in.weights == WeightChoice::kAuto && machine.device_bytes > 0 &&
+                      (in.weights == WeightChoice::kAuto && hw == 0 && machine.device_bytes > 0 &&
                        resident_total > usable && streamed_total < resident_total);
   if (stream) {
     // Streamed: the embeddings, the head and two layer windows of weights, compute copy and
@@ -265,6 +274,16 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                               Bytes(machine.host_bytes) + ")"
                         : "; host side does NOT fit (" + Bytes(plan.host_total) + " of " +
                               Bytes(machine.host_bytes) + ")";
+    // What staging the host buffers would save (bf16 on a device: their copies are 6
+    // B/parameter), where the host side does not fit whole.
+    const int64_t staged_window = std::min(kDefaultHostWindow, n);
+    const int64_t staged_total =
+        plan.host_total - rows[0].host_bytes - rows[2].host_bytes + staged_window * 6;
+    if (!plan.host_fits && hw == 0 && bf16 && world == 1 && !in.overlap) {
+      v += staged_total <= machine.host_bytes
+               ? " (with --host-buffers staged: " + Bytes(staged_total) + ", fits)"
+               : " (with --host-buffers staged: " + Bytes(staged_total) + ", does not fit either)";
+    }
     v += plan.cpu_fits ? "; the CPU engine fits (" + Bytes(plan.cpu_total) + ")"
                        : "; the CPU engine does NOT fit (" + Bytes(plan.cpu_total) + ")";
   }

@@ -43,6 +43,10 @@ enum class WeightChoice : uint8_t { kAuto, kResident, kStreamed };
 /// "auto", "resident" or "streamed". Errors: kInvalidArgument naming --weights.
 Result<WeightChoice> ParseWeightChoice(const std::string& text);
 
+/// The staged host buffers' window when RunOptions::host_window is 0: 64 Mi elements (256 MiB of
+/// gradients and 128 MiB of bf16 weights), a multiple of the gradient norm's 64 Ki chunks.
+inline constexpr int64_t kDefaultHostWindow = int64_t{1} << 26;
+
 /// What decides the memory of one process.
 struct PlanInput {
   ModelConfig config;
@@ -60,6 +64,10 @@ struct PlanInput {
   /// state and stages nothing.
   bool async_save = true;
   WeightChoice weights = WeightChoice::kAuto;  ///< --weights
+  /// Staged host buffers (RunOptions::host_buffers): the host's weights and gradients are
+  /// windows of this many elements (at most the model); 0: whole copies. The weights then stay
+  /// resident (the streamed placement reads the host's whole weights).
+  int64_t host_window = 0;
 };
 
 /// The machine the plan is for. Zero capacities: unknown (no fit verdict for that side).

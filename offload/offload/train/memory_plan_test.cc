@@ -75,9 +75,16 @@ std::pair<TrainConfig, RunOptions> TinyRun(const fs::path& dir, const std::strin
   RunOptions o;
   o.out = dir / "run";
   o.threads = 2;
-  // "overlap-nospec": the overlapped pipeline without speculation (no snapshots).
-  o.pipeline = pipeline == "overlap-nospec" ? "overlap" : pipeline;
+  // "overlap-nospec": the overlapped pipeline without speculation (no snapshots); "staged" and
+  // "staged-one": --pipeline sync with staged host buffers, windows of 64 Ki elements or one
+  // window of the whole model.
+  o.pipeline = pipeline == "overlap-nospec" ? "overlap"
+               : pipeline.rfind("staged", 0) == 0 ? "sync" : pipeline;
   o.speculate = pipeline != "overlap-nospec";
+  if (pipeline.rfind("staged", 0) == 0) {
+    o.host_buffers = "staged";
+    o.host_window = pipeline == "staged" ? int64_t{1} << 16 : 0;
+  }
   return {c, o};
 }
 
@@ -166,6 +173,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, GpuPlanMatchesTwinTrainer,
                                            std::make_tuple("llama-tiny", "fp16", "overlap"),
                                            std::make_tuple("llama-tiny", "bf16", "overlap"),
                                            std::make_tuple("llama-tiny", "bf16", "overlap-nospec"),
+                                           std::make_tuple("llama-tiny", "bf16", "staged"),
+                                           std::make_tuple("gpt-tiny", "bf16", "staged-one"),
                                            std::make_tuple("gpt-tiny", "fp32", "sync")));
 
 // --weights auto on a device with a byte less than the resident weights need: the plan picks
@@ -278,6 +287,59 @@ TEST(PlanPlacement, ResidentThenStreamedThenTooSmall) {
   EXPECT_EQ(forced_streamed.device_total, streamed.device_total);
   EXPECT_THAT(forced_streamed.verdict, HasSubstr("streamed per layer (as --weights asks)"));
   EXPECT_FALSE(ParseWeightChoice("paged").ok());
+}
+
+// Staged host buffers: the host's weights and gradients shrink to a window each, the weights
+// stay resident, and where whole buffers do not fit the host the verdict says whether staged
+// ones would.
+TEST(PlanHostBuffers, StagedKeepsWindowsAndTheVerdictSaysWhenItFits) {
+  PlanInput in = Input(1);
+  in.config.hidden = 2048;  // 1.1B parameters: more than one default window
+  in.config.layers = 22;
+  in.config.heads = 32;
+  in.config.kv_heads = 4;
+  in.config.head_dim = 64;
+  in.config.ffn_hidden = 5632;
+  in.config.vocab = 32000;
+  in.config.padded_vocab = 32000;
+  UCP_ASSERT_OK_AND_ASSIGN(ParamTable table, ModelParamTable(in.config));
+  in.optimizer_group.clear();
+  for (const ParamInfo& p : table.params) in.optimizer_group.push_back(p.shape.size() >= 2 ? 0 : 1);
+  in.async_save = false;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan whole, PlanMemory(in, PlanMachine{}));
+  const int64_t n = whole.params;
+  ASSERT_GT(n, kDefaultHostWindow);
+  EXPECT_EQ(whole.rows[0].host_bytes, n * 2);
+  EXPECT_EQ(whole.rows[2].host_bytes, n * 4);
+  in.host_window = kDefaultHostWindow;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan staged, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(staged.rows[0].host_bytes, kDefaultHostWindow * 2);
+  EXPECT_EQ(staged.rows[2].host_bytes, kDefaultHostWindow * 4);
+  EXPECT_EQ(whole.host_total - staged.host_total, (n - kDefaultHostWindow) * 6);
+  EXPECT_EQ(staged.device_total, whole.device_total);  // the device holds the same
+
+  PlanMachine m;
+  in.host_window = 0;
+  m.host_bytes = whole.host_total - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tight, PlanMemory(in, m));
+  EXPECT_FALSE(tight.host_fits);
+  EXPECT_THAT(tight.verdict, HasSubstr("with --host-buffers staged: "));
+  EXPECT_THAT(tight.verdict, HasSubstr(", fits)"));
+  m.host_bytes = staged.host_total - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tighter, PlanMemory(in, m));
+  EXPECT_THAT(tighter.verdict, HasSubstr("does not fit either"));
+  in.host_window = kDefaultHostWindow;
+  m.host_bytes = staged.host_total;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan fits, PlanMemory(in, m));
+  EXPECT_TRUE(fits.host_fits);
+  EXPECT_THAT(fits.verdict, ::testing::Not(HasSubstr("--host-buffers")));
+
+  // Staged buffers keep the weights resident: --weights auto does not stream them.
+  m.device_bytes = whole.device_total / 2;
+  m.device_reserve_bytes = 0;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan small, PlanMemory(in, m));
+  EXPECT_EQ(small.placement, WeightPlacement::kResident);
+  EXPECT_FALSE(small.device_fits);
 }
 
 TEST(PlanCast, FollowsTheLinkAndTheCastRates) {

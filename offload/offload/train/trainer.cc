@@ -299,10 +299,14 @@ struct Trainer::Impl {
   // Model memory (canonical order): the training-dtype weights (bf16/fp16 bits; fp32 uses w32
   // itself), the fp32 compute copy and the fp32 gradients.
   // Page-owning (page_vector.h): the CUDA device pins these three in place.
+  // With staged host buffers (RunOptions::host_buffers) w_lp and grads are windows of
+  // host_window elements that every range of the model crosses through; the device holds the
+  // whole weights and gradients.
   PageVector<uint16_t> w_lp;
   PageVector<float> w32;  // empty when !host_compute_copy()
   PageVector<float> grads;
   int64_t n_params = 0;
+  int64_t host_window = 0;  // 0: whole host buffers
   // The processes (dp x sp) and this one's place among them.
   Communicator* comm = nullptr;
   std::unique_ptr<Communicator> own_comm;           // when the caller gave none
@@ -383,6 +387,26 @@ struct Trainer::Impl {
 
   bool lowp() const { return dtype != DType::kFp32; }
   int64_t numel() const { return n_params; }
+  bool staged() const { return host_window > 0; }
+  Status SetUpHostBuffers();
+  // Staged host buffers: `n` training-dtype weights to model offset `at` on the device, or
+  // from it, through the window; `from` fp32 values rounded (nearest even) on the way.
+  Status PushWeights(const uint16_t* bits, int64_t at, int64_t n);
+  Status PullWeights(uint16_t* bits, int64_t at, int64_t n);
+  Status PushRounded(const float* from, int64_t at, int64_t n);
+  // The model slices of this rank's checkpoint tensors (staged: saved and restored through a
+  // buffer of one parameter, from and to the device).
+  struct SliceInfo {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    int64_t offset = 0, n = 0;
+  };
+  std::vector<SliceInfo> ModelSlices() const;
+  Status SaveSlicesFromDevice();
+  // The staged step's gradient norm chunk sums and its Adam, window by window.
+  Status StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs);
+  Status StagedAdam(float multiplier);
   // Whether the host keeps the fp32 compute copy (w32): not when a device trains in bf16, which
   // takes the bf16 weights and widens them itself (4 B/parameter less host memory).
   bool host_compute_copy() const { return !(opts.device != "cpu" && dtype == DType::kBf16); }
@@ -396,7 +420,7 @@ struct Trainer::Impl {
 
   Status SetUpLayout();
   Status SetUpData();
-  void InitWeights();
+  Status InitWeights();
   Status Restore(const api::CheckpointSource& src, const fs::path& ckpt, bool full);
   void WidenWeights();
   std::vector<std::pair<std::string, TensorView>> Views(bool weights, bool master_only,
@@ -616,7 +640,7 @@ Status Trainer::Impl::SetUpData() {
   return Status::Ok();
 }
 
-void Trainer::Impl::InitWeights() {
+Status Trainer::Impl::InitWeights() {
   const auto& params = net->params();
   const ModelConfig& mc = net->config();
   const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(mc.layers));
@@ -660,10 +684,15 @@ void Trainer::Impl::InitWeights() {
                   static_cast<size_t>(hi - lo) * 4);
     }
     // The training-dtype weights are the master rounded to nearest even.
-    if (lowp()) RoundIntoWeights(dst, p.offset, p.numel);
+    if (staged()) {
+      UCP_RETURN_IF_ERROR(PushRounded(dst, p.offset, p.numel), "initialising " + p.name);
+    } else if (lowp()) {
+      RoundIntoWeights(dst, p.offset, p.numel);
+    }
   }
   // The compute copy is widened back from them.
   WidenWeights();
+  return Status::Ok();
 }
 
 void Trainer::Impl::EarlyNormBegin() {
@@ -768,7 +797,8 @@ std::vector<std::pair<std::string, TensorView>> Trainer::Impl::Views(bool weight
   for (const convert::TensorInfo& t : *infos) {
     const int64_t n = NumElementsOrDie(t.shape);
     if (t.kind == convert::TensorKind::kModelSlice) {
-      if (!weights || master_only) continue;
+      // (Staged host buffers: the live weights are on the device; ModelSlices.)
+      if (!weights || master_only || (staged() && from == nullptr)) continue;
       const ParamInfo& p = params[by_name.at(t.param)];
       views.emplace_back(t.name, TensorView{t.dtype, t.shape,
                                             {wbytes + p.offset * esize, size_t(n) * esize}});
@@ -786,6 +816,13 @@ std::vector<std::pair<std::string, TensorView>> Trainer::Impl::Views(bool weight
 // training-dtype copy is the masters rounded to nearest even, as Adam's fused copy-out writes
 // it, and the compute copy is widened from that. With several blocks, the masters are gathered.
 Status Trainer::Impl::RefreshWeights() {
+  if (staged()) {
+    // One block (SetUpHostBuffers): its pieces cover the model.
+    for (const Piece& pc : block_pieces[0]) {
+      UCP_RETURN_IF_ERROR(PushRounded(master.data() + pc.foff, pc.coff, pc.n));
+    }
+    return Status::Ok();
+  }
   const float* src = master.data();
   if (blocks > 1) {
     UCP_RETURN_IF_ERROR(comm->AllGather(master, flat), "gathering the updated weights");
@@ -802,6 +839,176 @@ Status Trainer::Impl::RefreshWeights() {
     }
   }
   WidenWeights();
+  return Status::Ok();
+}
+
+// --- staged host buffers (RunOptions::host_buffers) -----------------------------------------
+
+Status Trainer::Impl::SetUpHostBuffers() {
+  const int64_t n = numel();
+  if (opts.host_buffers == "whole") return Status::Ok();
+  if (opts.host_buffers != "staged") {
+    return InvalidArgumentError("--host-buffers " + opts.host_buffers + ": must be whole or staged");
+  }
+  const std::string what = "--host-buffers staged";
+  if (opts.device == "cpu") {
+    return InvalidArgumentError(what + ": the CPU engine's model reads the host buffers "
+                                "(--device cuda or twin)");
+  }
+  if (dtype != DType::kBf16) {
+    return UnimplementedError(what + ": bf16 training only (fp16 and fp32 upload the host's "
+                              "fp32 compute copy)");
+  }
+  if (world != 1) return UnimplementedError(what + ": one process only (dp x sp = 1)");
+  if (opts.pipeline != "sync") {
+    return UnimplementedError(what + " with --pipeline " + opts.pipeline +
+                              ": the pipeline reads whole host buffers (--pipeline sync)");
+  }
+  if (opts.gpu_tail_buckets != 0) {
+    return UnimplementedError(what + " with --gpu-tail-buckets: the device Adam's pieces "
+                              "write the host's whole weights");
+  }
+  if (opts.weights == "streamed") {
+    return UnimplementedError(what + " with --weights streamed: streaming reads the host's "
+                              "whole weights (--weights resident)");
+  }
+  const int64_t w = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
+  if (w < 0 || w % kReduceChunk != 0) {
+    return InvalidArgumentError(what + ": the window (" + std::to_string(w) + " elements) must "
+                                "be a positive multiple of " + std::to_string(kReduceChunk) +
+                                " (the gradient norm's chunk)");
+  }
+  // The pieces of the one block (in the optimizer's order: ZeRO's groups) must tile the model:
+  // each window's Adam writes every weight in it before the window crosses back.
+  std::vector<std::pair<int64_t, int64_t>> tiles;
+  for (const Piece& pc : block_pieces[0]) tiles.emplace_back(pc.coff, pc.n);
+  std::sort(tiles.begin(), tiles.end());
+  int64_t next = 0;
+  for (const auto& [coff, pn] : tiles) {
+    if (coff != next) {
+      return InternalError(what + ": the optimizer's pieces leave model elements [" +
+                           std::to_string(next) + ", " + std::to_string(coff) + ") out");
+    }
+    next += pn;
+  }
+  if (next != n) {
+    return InternalError(what + ": the optimizer's pieces cover " + std::to_string(next) + " of " +
+                         std::to_string(n) + " model elements");
+  }
+  host_window = std::min(w, std::max<int64_t>(n, 1));
+  return Status::Ok();
+}
+
+Status Trainer::Impl::PushWeights(const uint16_t* bits, int64_t at, int64_t n) {
+  for (int64_t d = 0; d < n; d += host_window) {
+    const int64_t m = std::min(host_window, n - d);
+    std::memcpy(w_lp.data(), bits + d, static_cast<size_t>(m) * 2);
+    UCP_RETURN_IF_ERROR(device->WeightsRangeToDevice(at + d, m));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Impl::PullWeights(uint16_t* bits, int64_t at, int64_t n) {
+  for (int64_t d = 0; d < n; d += host_window) {
+    const int64_t m = std::min(host_window, n - d);
+    UCP_RETURN_IF_ERROR(device->WeightsRangeToHost(at + d, m));
+    std::memcpy(bits + d, w_lp.data(), static_cast<size_t>(m) * 2);
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Impl::PushRounded(const float* from, int64_t at, int64_t n) {
+  for (int64_t d = 0; d < n; d += host_window) {
+    const int64_t m = std::min(host_window, n - d);
+    uint16_t* out = w_lp.data();
+    arena->execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, m, kReduceChunk),
+                        [&](const tbb::blocked_range<int64_t>& r) {
+                          for (int64_t e = r.begin(); e < r.end(); ++e) {
+                            out[e] = Bf16FromFloat(from[d + e]);
+                          }
+                        });
+    });
+    UCP_RETURN_IF_ERROR(device->WeightsRangeToDevice(at + d, m));
+  }
+  return Status::Ok();
+}
+
+std::vector<Trainer::Impl::SliceInfo> Trainer::Impl::ModelSlices() const {
+  std::vector<SliceInfo> out;
+  auto infos = api::RankTensors(model, layout, rank, convert::PlanOptions{});
+  UCP_CHECK(infos.ok());  // the layout was checked at set-up
+  const auto& params = net->params();
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < params.size(); ++i) by_name[params[i].name] = i;
+  for (const convert::TensorInfo& t : *infos) {
+    if (t.kind != convert::TensorKind::kModelSlice) continue;
+    out.push_back({t.name, t.dtype, t.shape, params[by_name.at(t.param)].offset,
+                   NumElementsOrDie(t.shape)});
+  }
+  return out;
+}
+
+Status Trainer::Impl::SaveSlicesFromDevice() {
+  std::vector<uint16_t> buf;
+  for (const SliceInfo& sl : ModelSlices()) {
+    buf.resize(static_cast<size_t>(sl.n));
+    UCP_RETURN_IF_ERROR(PullWeights(buf.data(), sl.offset, sl.n), sl.name);
+    const std::pair<std::string, ConstTensorView> one[] = {
+        {sl.name, ConstTensorView{sl.dtype, sl.shape,
+                                  {reinterpret_cast<const std::byte*>(buf.data()), buf.size() * 2}}}};
+    UCP_RETURN_IF_ERROR(pending->SaveRank(rank, one));
+  }
+  return Status::Ok();
+}
+
+// The chunks are the whole-buffer path's (a window is a whole number of them), summed by the
+// same function, so the norm has the same bits.
+Status Trainer::Impl::StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs) {
+  const int64_t n = numel();
+  const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+  partial.assign(static_cast<size_t>(chunks), 0.0);
+  maxabs.assign(static_cast<size_t>(chunks), 0.0f);
+  for (int64_t lo = 0; lo < n; lo += host_window) {
+    const int64_t m = std::min(host_window, n - lo);
+    UCP_RETURN_IF_ERROR(device->GradsRangeToHost(lo, m), "gradients to the host");
+    const int64_t c0 = lo / kReduceChunk, cn = (m + kReduceChunk - 1) / kReduceChunk;
+    arena->execute([&] {
+      tbb::parallel_for(int64_t{0}, cn, [&](int64_t j) {
+        const int64_t b = j * kReduceChunk, e = std::min(m, b + kReduceChunk);
+        SumSquaresAndMax(std::span<const float>(grads).subspan(b, e - b),
+                         &partial[static_cast<size_t>(c0 + j)], &maxabs[static_cast<size_t>(c0 + j)]);
+      });
+    });
+  }
+  return Status::Ok();
+}
+
+// Each window's gradients cross again; Adam steps the pieces in it (elementwise, so a piece cut
+// at a window's edge has the same bits) and its bf16 copy-out fills the weights' window, which
+// crosses back.
+Status Trainer::Impl::StagedAdam(float multiplier) {
+  const int64_t n = numel();
+  std::vector<AdamSpans> bucket;
+  for (int64_t lo = 0; lo < n; lo += host_window) {
+    const int64_t m = std::min(host_window, n - lo), hi = lo + m;
+    UCP_RETURN_IF_ERROR(device->GradsRangeToHost(lo, m), "gradients to the host");
+    bucket.clear();
+    for (const Piece& pc : block_pieces[0]) {
+      const int64_t a = std::max(lo, pc.coff), b = std::min(hi, pc.coff + pc.n);
+      if (a >= b) continue;
+      AdamSpans s;
+      s.param = std::span(master).subspan(pc.foff + (a - pc.coff), b - a);
+      s.grad = GradSpan::Fp32(std::span<const float>(grads).subspan(a - lo, b - a));
+      s.exp_avg = std::span(exp_avg).subspan(pc.foff + (a - pc.coff), b - a);
+      s.exp_avg_sq = std::span(exp_avg_sq).subspan(pc.foff + (a - pc.coff), b - a);
+      s.out = LowpOutSpan::Bf16(std::span(w_lp).subspan(a - lo, b - a));
+      bucket.push_back(s);
+    }
+    UCP_RETURN_IF_ERROR(adam->StepBucketFused(optimizer_steps, bucket, {},
+                                              CpuAdam::SnapshotUse::kNone, multiplier));
+    UCP_RETURN_IF_ERROR(device->WeightsRangeToDevice(lo, m), "weights to the device");
+  }
   return Status::Ok();
 }
 
@@ -974,6 +1181,20 @@ Status Trainer::Impl::Restore(const api::CheckpointSource& src, const fs::path& 
     auto views = Views(/*weights=*/true, /*master_only=*/false, nullptr);
     UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, views),
                         "restoring " + ckpt.string());
+    if (staged()) {
+      // The weights, a parameter at a time, to the device as the checkpoint holds them.
+      std::vector<uint16_t> buf;
+      for (const SliceInfo& sl : ModelSlices()) {
+        buf.resize(static_cast<size_t>(sl.n));
+        const std::pair<std::string, TensorView> one[] = {
+            {sl.name, TensorView{sl.dtype, sl.shape,
+                                 {reinterpret_cast<std::byte*>(buf.data()), buf.size() * 2}}}};
+        UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, one),
+                            "restoring " + ckpt.string());
+        UCP_RETURN_IF_ERROR(PushWeights(buf.data(), sl.offset, sl.n),
+                            "restoring " + ckpt.string() + ": " + sl.name);
+      }
+    }
     WidenWeights();  // fp32 training restored its weights into the compute copy itself
     return Status::Ok();
   }
@@ -1026,6 +1247,8 @@ Status Trainer::Impl::StartSave() {
     cviews.reserve(views.size());
     for (auto& [n, v] : views) cviews.emplace_back(n, v);
     save_status = pending->SaveRank(rank, cviews);
+    // Staged host buffers, a foreground save: the weights from the device, a parameter at a time.
+    if (save_status.ok() && staged() && !opts.async_save) save_status = SaveSlicesFromDevice();
     saver_done = true;
   };
   if (opts.async_save) {
@@ -1122,6 +1345,7 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   ds.h_grads = grads;
   ds.h_weights16 = w_lp;
   ds.h_weights32 = w32;
+  ds.host_window = host_window;
   ds.adam = ac;
   ds.gemm_bf16 = opts.gpu_gemm == "auto" && dtype == DType::kBf16;
   // Weight placement (memory_plan.h): as asked, or with "auto" the plan's for the device's
@@ -1129,7 +1353,8 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   if (weights == WeightChoice::kStreamed) {
     ds.stream_weights = true;
   } else if (weights == WeightChoice::kAuto && opts.device_memory > 0 &&
-             opts.gpu_tail_buckets == 0) {  // (the device Adam's pieces need resident weights)
+             opts.gpu_tail_buckets == 0 && !staged()) {
+    // (The device Adam's pieces and staged host buffers need resident weights.)
     PlanMachine m;
     m.device_bytes = opts.device_memory;
     UCP_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(MakePlanInput(ds.model, layout), m),
@@ -1526,6 +1751,9 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   }
   t.opts = opts;
   UCP_RETURN_IF_ERROR(ParseWeightChoice(opts.weights).status());
+  if (opts.host_buffers != "whole" && opts.host_buffers != "staged") {
+    return InvalidArgumentError("--host-buffers " + opts.host_buffers + ": must be whole or staged");
+  }
   return PlanMemory(t.MakePlanInput(mc, l), machine);
 }
 
@@ -1545,6 +1773,9 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   in.speculate = opts.speculate;
   in.async_save = opts.async_save;
   in.weights = ParseWeightChoice(opts.weights).value_or(WeightChoice::kAuto);  // (checked above)
+  if (opts.host_buffers == "staged") {
+    in.host_window = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
+  }
   return in;
 }
 
@@ -1667,9 +1898,11 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   UCP_RETURN_IF_ERROR(t.SetUpLayout());
   const size_t n = static_cast<size_t>(t.net->num_params());
   t.n_params = static_cast<int64_t>(n);
+  UCP_RETURN_IF_ERROR(t.SetUpHostBuffers());
+  const size_t hn = t.staged() ? static_cast<size_t>(t.host_window) : n;
   t.w32.assign(t.host_compute_copy() ? n : 0, 0.0f);
-  t.grads.assign(n, 0.0f);
-  if (t.lowp()) t.w_lp.assign(n, 0);
+  t.grads.assign(hn, 0.0f);
+  if (t.lowp()) t.w_lp.assign(hn, 0);
 
   std::error_code ec;
   fs::create_directories(opts.out, ec);
@@ -1743,7 +1976,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
     if (!opts.init.empty()) {
       UCP_RETURN_IF_ERROR(t.Restore(*start_src, start_ckpt, /*full=*/false), "--init");
     } else {
-      t.InitWeights();
+      UCP_RETURN_IF_ERROR(t.InitWeights());
     }
     if (t.root()) UCP_RETURN_IF_ERROR(io::WriteFileAtomic(t.log_path, ""));
     if (t.root()) t.AppendLog({{"event", "start"},
@@ -1757,7 +1990,8 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
     // The initial or restored state goes to the device (the masters of its pieces, the weights).
     UCP_RETURN_IF_ERROR(t.device->PushState(t.master, t.exp_avg, t.exp_avg_sq),
                         "--device " + opts.device);
-    UCP_RETURN_IF_ERROR(t.device->UploadWeights(), "--device " + opts.device);
+    // (Staged host buffers: the weights went window by window as they were made.)
+    if (!t.staged()) UCP_RETURN_IF_ERROR(t.device->UploadWeights(), "--device " + opts.device);
   }
   return Trainer(std::move(impl));
 }
@@ -1927,8 +2161,8 @@ Result<StepRecord> Trainer::Step() {
       loss_sum += l;
     }
     // The device's gradients come to the host (pinned), where the rest of the step is the
-    // CPU engine's.
-    if (t.device != nullptr) {
+    // CPU engine's (staged host buffers: window by window, below).
+    if (t.device != nullptr && !t.staged()) {
       UCP_RETURN_IF_ERROR(t.device->GradsToHost(), "step " + std::to_string(rec.step));
     }
   }
@@ -1976,13 +2210,18 @@ Result<StepRecord> Trainer::Step() {
   // Global gradient norm, in double over fixed chunks summed in order (thread-count free), then
   // over the ranks' blocks in rank order; the largest magnitude for fp16's overflow test (a NaN
   // gradient makes the sum NaN, which the test below catches).
-  const int64_t nn = static_cast<int64_t>(norm_of.size());
+  // (Staged host buffers: the gradient is the device's, norm_of only its window.)
+  const int64_t nn = t.staged() ? t.numel() : static_cast<int64_t>(norm_of.size());
   const int64_t chunks = (nn + kReduceChunk - 1) / kReduceChunk;
   std::vector<double> own_partial;
   std::vector<float> own_maxabs;
   std::span<const double> partial;
   std::span<const float> maxabs;
-  if (t.early_norm != nullptr && !det && norm_of.data() == t.grads.data()) {
+  if (t.staged()) {
+    UCP_RETURN_IF_ERROR(t.StagedNorm(own_partial, own_maxabs), "step " + std::to_string(rec.step));
+    partial = own_partial;
+    maxabs = own_maxabs;
+  } else if (t.early_norm != nullptr && !det && norm_of.data() == t.grads.data()) {
     // Summed while the buckets crossed.
     UCP_RETURN_IF_ERROR(t.EarlyNormWait(chunks), "step " + std::to_string(rec.step));
     partial = t.early_norm->partial;
@@ -2068,7 +2307,9 @@ Result<StepRecord> Trainer::Step() {
     const float cf = static_cast<float>(coef);
     UCP_RETURN_IF_ERROR(t.adam->set_lr(static_cast<float>(rec.lr)));
     t.optimizer_steps += 1;
-    if (t.blocks == 1) {
+    if (t.staged()) {
+      UCP_RETURN_IF_ERROR(t.StagedAdam(cf), "optimizer step");
+    } else if (t.blocks == 1) {
       // One block (every rank holds the whole state): Adam's fused copy-out writes the
       // training-dtype weights piece by piece.
       std::vector<AdamSpans> bucket;
@@ -2125,7 +2366,7 @@ Result<StepRecord> Trainer::Step() {
   if (t.device != nullptr && !rec.skipped) {
     // The overlapped pipeline of one process already moved the weights bucket by bucket (or
     // moves them under the next forward, which widens each group as it reaches it).
-    if (!t.finish_pending) {
+    if (!t.finish_pending && !t.staged()) {  // (staged: they crossed with Adam's windows)
       UCP_RETURN_IF_ERROR(t.pipeline != nullptr && t.world == 1 ? t.device->WeightsWritten()
                                                                 : t.device->UploadWeights(),
                           "step " + std::to_string(rec.step));
@@ -2197,10 +2438,18 @@ Status Trainer::Save() {
   }
   if (t.opts.async_save) {
     // Stage: one copy of what the checkpoint holds, so training goes on while it is written.
-    const size_t wbytes = t.lowp() ? t.w_lp.size() * 2 : t.w32.size() * 4;
-    t.staging.weights.resize(wbytes);
-    std::memcpy(t.staging.weights.data(),
-                t.lowp() ? static_cast<const void*>(t.w_lp.data()) : t.w32.data(), wbytes);
+    if (t.staged()) {
+      // The weights are the device's: copied out through the window.
+      t.staging.weights.resize(static_cast<size_t>(t.numel()) * 2);
+      UCP_RETURN_IF_ERROR(t.PullWeights(reinterpret_cast<uint16_t*>(t.staging.weights.data()), 0,
+                                        t.numel()),
+                          "saving step " + std::to_string(t.step));
+    } else {
+      const size_t wbytes = t.lowp() ? t.w_lp.size() * 2 : t.w32.size() * 4;
+      t.staging.weights.resize(wbytes);
+      std::memcpy(t.staging.weights.data(),
+                  t.lowp() ? static_cast<const void*>(t.w_lp.data()) : t.w32.data(), wbytes);
+    }
     t.staging.master = t.master;
     t.staging.exp_avg = t.exp_avg;
     t.staging.exp_avg_sq = t.exp_avg_sq;
@@ -2251,6 +2500,13 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> Trainer::StateForTes
   for (auto& [name, v] : t.Views(true, false, nullptr)) {
     if (v.bytes.empty()) continue;
     out.emplace_back(name, std::vector<std::byte>(v.bytes.begin(), v.bytes.end()));
+  }
+  if (t.staged()) {
+    for (const Impl::SliceInfo& sl : t.ModelSlices()) {
+      std::vector<std::byte> bytes(static_cast<size_t>(sl.n) * 2);
+      UCP_CHECK(t.PullWeights(reinterpret_cast<uint16_t*>(bytes.data()), sl.offset, sl.n).ok());
+      out.emplace_back(sl.name, std::move(bytes));
+    }
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;

@@ -119,6 +119,17 @@ struct RunOptions {
   /// device memory, resident when that is 0 (unknown). The same bits either way; not recorded.
   std::string weights = "auto";
   int64_t device_memory = 0;
+  /// What the host keeps of a device's weights and gradients (TrainDeviceSpec::host_window;
+  /// docs/offload.md, "Staged host buffers"): "whole" (a pinned copy of each, 6 B/parameter in
+  /// bf16) or "staged" (only pinned windows of host_window elements: after backward the
+  /// gradients cross window by window twice, once for the norm and once for Adam, whose bf16
+  /// copy-out crosses back from its window; the host then holds the optimizer state alone).
+  /// The same bits either way; not recorded. "staged": --device cuda|twin, bf16, one process,
+  /// --pipeline sync, resident weights, no --gpu-tail-buckets.
+  std::string host_buffers = "whole";
+  /// The staged window in elements, a multiple of the norm's 64 Ki-element chunks (0: 64 Mi
+  /// elements, 384 MiB of windows).
+  int64_t host_window = 0;
 };
 
 /// One optimizer step's record (also a line of log.jsonl).

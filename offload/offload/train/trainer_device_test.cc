@@ -513,6 +513,123 @@ TEST(DeviceTwinCheckpoint, ResumesAcrossEnginesAndLayouts) {
   EXPECT_EQ(last.val, full.val);
 }
 
+// Staged host buffers: the host keeps only the optimizer state and two windows (gradients in,
+// weights out), through which the gradients cross twice (the norm, then Adam) and the weights
+// once. Bitwise the CPU trainer over 5 steps of 2 micro-batches, clipped and not, with windows
+// smaller than the model (pieces cut at a window's edge; tied embeddings) and one window of it
+// all.
+class DeviceTwinStaged : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {};
+
+TEST_P(DeviceTwinStaged, BitwiseTheCpuTrainer) {
+  const auto& [model, window] = GetParam();
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config(model, "bf16", WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  RunOptions o = Opts(tmp.path() / "twin", "twin", 0);
+  o.host_buffers = "staged";
+  o.host_window = window;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer twin, Trainer::Create(c, o));
+  const int64_t n = twin.num_params();
+  const int64_t w = window == 0 ? n : std::min(window, n);
+  if (window != 0) ASSERT_GT(n, 2 * window) << "the model should span several windows";
+  const auto mem = twin.MemoryInUse();
+  EXPECT_EQ(mem[static_cast<size_t>(MemClass::kWeights)], w * 2);
+  EXPECT_EQ(mem[static_cast<size_t>(MemClass::kGradients)], w * 4);
+  EXPECT_EQ(mem[static_cast<size_t>(MemClass::kComputeCopy)], 0);
+  EXPECT_THAT(twin.Describe(), HasSubstr("2 of 2 host buffers pinnable"));
+  const Outcome a = Train(cpu, 5);
+  const Outcome b = Train(twin, 5);
+  ExpectSame(a, b);
+  // Clipping decided some steps and not others (the multiplier reaches every window).
+  int clipped = 0;
+  for (double g : a.norms) clipped += g > c.clip_grad ? 1 : 0;
+  EXPECT_GT(clipped, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeviceTwinStaged,
+                         ::testing::Values(std::make_tuple("llama-tiny", int64_t{1} << 16),
+                                           std::make_tuple("gpt-tiny", int64_t{1} << 16),
+                                           std::make_tuple("llama-tiny-tied", int64_t{1} << 16),
+                                           std::make_tuple("llama-tiny", int64_t{0})));
+
+// A staged run's checkpoint (its weights saved from the device) resumes on the CPU engine at
+// another ZeRO stage, whose checkpoint resumes staged with a background save (the weights
+// staged from the device); both continue bitwise as the uninterrupted CPU run. --init from it
+// (masters rounded on the way to the device) is the CPU engine's --init.
+TEST(DeviceTwinStagedCheckpoint, ResumesAcrossEnginesAndLayouts) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer ref, Trainer::Create(c, Opts(tmp.path() / "ref", "cpu", 0)));
+  const Outcome full = Train(ref, 6);
+  RunOptions s = Opts(tmp.path() / "a", "twin", 0);
+  s.host_buffers = "staged";
+  s.host_window = int64_t{1} << 16;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer staged, Trainer::Create(c, s));
+  const Outcome first = Train(staged, 2, /*save_at=*/2);
+  TrainConfig c2 = c;
+  c2.layout = "tp=1,pp=1,dp=1,zero=2";
+  RunOptions r2 = Opts(tmp.path() / "a", "cpu", 0);
+  r2.resume = tmp.path() / "a";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c2, r2));
+  const Outcome mid = Train(cpu, 4, /*save_at=*/4);
+  RunOptions r3 = s;
+  r3.resume = tmp.path() / "a";
+  r3.async_save = true;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer back, Trainer::Create(c, r3));
+  ASSERT_EQ(back.step(), 4);
+  const Outcome last = Train(back, 6, /*save_at=*/6);
+  ASSERT_TRUE(back.Wait().ok());
+  ExpectContinues(full, {&first, &mid, &last});
+  // The background save holds what the live state does: resumed on the CPU, the same state.
+  RunOptions r4 = Opts(tmp.path() / "a", "cpu", 0);
+  r4.resume = tmp.path() / "a";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu6, Trainer::Create(c, r4));
+  ASSERT_EQ(cpu6.step(), 6);
+  ExpectSame(Train(cpu6, 6), Train(ref, 6));
+
+  RunOptions i1 = Opts(tmp.path() / "i1", "cpu", 0);
+  i1.init = tmp.path() / "a" / "step_00000002";
+  RunOptions i2 = s;
+  i2.out = tmp.path() / "i2";
+  i2.init = i1.init;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer ci, Trainer::Create(c, i1));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer si, Trainer::Create(c, i2));
+  ExpectSame(Train(ci, 2), Train(si, 2));
+}
+
+TEST(DeviceOptions, StagedHostBuffersRefusedWhereNotRun) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  auto staged = [&](const std::string& name, const std::string& device, int tail = 0,
+                    const std::string& pipeline = "sync") {
+    RunOptions o = Opts(tmp.path() / name, device, tail, pipeline);
+    o.host_buffers = "staged";
+    return o;
+  };
+  RunOptions bad = staged("a", "twin");
+  bad.host_buffers = "none";
+  EXPECT_THAT(Trainer::Create(c, bad).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--host-buffers none")));
+  EXPECT_THAT(Trainer::Create(c, staged("b", "cpu")).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--device cuda or twin")));
+  TrainConfig f16 = c;
+  f16.dtype = "fp16";
+  EXPECT_THAT(Trainer::Create(f16, staged("c", "twin")).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("bf16 training only")));
+  EXPECT_THAT(Trainer::Create(c, staged("d", "twin", 0, "overlap")).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("--pipeline sync")));
+  EXPECT_THAT(Trainer::Create(c, staged("e", "twin", 1)).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("--gpu-tail-buckets")));
+  RunOptions st = staged("f", "twin");
+  st.weights = "streamed";
+  EXPECT_THAT(Trainer::Create(c, st).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("--weights resident")));
+  RunOptions odd = staged("g", "twin");
+  odd.host_window = 1000;
+  EXPECT_THAT(Trainer::Create(c, odd).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("multiple of 65536")));
+}
+
 TEST(DeviceOptions, RefusedWhereNotRun) {
   ucp::testing::TempDir tmp;
   const fs::path text = WriteText(tmp.path());
