@@ -1806,6 +1806,20 @@ int64_t Trainer::DeviceBytesStreamed() const {
 }
 
 Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opts) {
+  // A run refused after its --out folder was made (an option checked with the device, a corpus
+  // that will not tokenize) leaves nothing behind: the folder goes if this call made it.
+  struct RemoveOnFailure {
+    fs::path dir;
+    bool armed = false;
+    ~RemoveOnFailure() {
+      if (armed) io::RemoveTreeBestEffort(dir);
+    }
+  } made_out;
+  {
+    std::error_code exists_ec;
+    made_out.dir = opts.out;
+    made_out.armed = !opts.out.empty() && !fs::exists(opts.out, exists_ec) && !exists_ec;
+  }
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
   t.cfg = config;
@@ -1993,6 +2007,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
     // (Staged host buffers: the weights went window by window as they were made.)
     if (!t.staged()) UCP_RETURN_IF_ERROR(t.device->UploadWeights(), "--device " + opts.device);
   }
+  made_out.armed = false;
   return Trainer(std::move(impl));
 }
 

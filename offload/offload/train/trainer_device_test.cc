@@ -672,7 +672,15 @@ TEST(DeviceOptions, RefusedWhereNotRun) {
     g.gpu_gemm = "bf16";
     EXPECT_THAT(Trainer::Create(c, g).status(),
                 StatusIs(StatusCode::kInvalidArgument, HasSubstr("--gpu-gemm bf16"))) << device;
+    // Refused after the run folder (and its tokenized data) was made: the folder is gone.
+    EXPECT_FALSE(fs::exists(g.out)) << device;
   }
+  // A folder that was there before is kept.
+  RunOptions kept = Opts(tmp.path() / "kept", "twin", 0);
+  kept.gpu_gemm = "bf16";
+  fs::create_directories(kept.out / "mine");
+  EXPECT_FALSE(Trainer::Create(c, kept).ok());
+  EXPECT_TRUE(fs::exists(kept.out / "mine"));
 }
 
 }  // namespace
