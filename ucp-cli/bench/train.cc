@@ -452,9 +452,10 @@ Command MakeTrainBench() {
                 "--device cuda|twin: resident or streamed weights (auto: the memory plan's "
                 "choice for the GPU's memory; resident on the twin); "
                 "prints the bytes streamed per step")(
-                "host-buffers", po::value<std::string>()->default_value("whole"),
+                "host-buffers", po::value<std::string>()->default_value("auto"),
                 "--device cuda|twin: whole or staged host copies of the weights and gradients "
-                "(staged: only windows; bf16, --pipeline sync)")(
+                "(staged: only windows; bf16, --pipeline sync), or auto (staged only where "
+                "whole ones would not fit this host)")(
                 "sync-finish", po::bool_switch()->default_value(false),
                 "--pipeline overlap on a device: finish each step before the next begins "
                 "(not under the next step's forward)")(

@@ -148,11 +148,12 @@ int main(int argc, char** argv) {
      "it; checked on the CPU twin, not yet run on a GPU), or auto (the memory plan's choice "
      "for --device-memory, by default a --device cuda run's GPU; resident when unknown). The "
      "same bits")
-    ("host-buffers", po::value(&r.host_buffers)->default_value("whole"),
+    ("host-buffers", po::value(&r.host_buffers)->default_value("auto"),
      "with a device: what host memory keeps of its weights and gradients: whole (a pinned copy "
-     "of each) or staged (384 MiB of pinned windows: the host holds only the optimizer state, "
+     "of each), staged (384 MiB of pinned windows: the host holds only the optimizer state, "
      "6 B/parameter less in bf16; the gradients cross twice, for the norm and for Adam; bf16, "
-     "one process, --pipeline sync, resident weights). The same bits")
+     "one process, --pipeline sync, resident weights), or auto (staged where it runs and only "
+     "staged fits --host-memory, by default this machine's available memory). The same bits")
     ("gpu-gemm", po::value(&r.gpu_gemm)->default_value("auto"),
      "--device cuda: what the matrix products read: auto (bf16 training: the bf16 weights and "
      "bf16-rounded activations, fp32 accumulation on the tensor cores; else fp32) or fp32 (the "
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
      "the GPU's memory (e.g. 141G, 80GiB) for --plan and --weights auto: decides resident or "
      "streamed weights (a --device cuda run: the GPU's own by default)")
     ("host-memory", po::value(&host_memory),
-     "--plan: host memory for the plan (default: this machine's MemAvailable)")
+     "host memory for --plan and --host-buffers auto (default: this machine's MemAvailable)")
     ("tokenize", po::value(&tokenize),
      "only turn this UTF-8 text file into a token file (bytes as tokens, llm.c's format) at "
      "--tokens-out, and exit")
@@ -294,6 +295,13 @@ int main(int argc, char** argv) {
                                              "--device-memory: " +
                                                  std::string(bytes.status().message())));
     r.device_memory = *bytes;
+  }
+  if (!host_memory.empty()) {
+    auto bytes = ucp::exec::ParseByteSize(host_memory);
+    if (!bytes.ok()) return fail(ucp::Status(bytes.status().code(),
+                                             "--host-memory: " +
+                                                 std::string(bytes.status().message())));
+    r.host_memory = *bytes;
   }
   if (plan) {
     // The plan of one process, from the same resolution as a run (a resumed run's recorded

@@ -63,7 +63,7 @@ Result<int64_t> BlockElements(const ParamTable& table, const std::vector<int>& g
   return block;
 }
 
-int64_t MemAvailable() {
+int64_t MemAvailableOfProc() {
   std::ifstream f("/proc/meminfo");
   std::string key;
   int64_t kb = 0;
@@ -298,9 +298,11 @@ Result<WeightChoice> ParseWeightChoice(const std::string& text) {
   return InvalidArgumentError("--weights " + text + ": must be auto, resident or streamed");
 }
 
+int64_t MeasureHostMemory() { return MemAvailableOfProc(); }
+
 PlanMachine MeasureHost() {
   PlanMachine m;
-  m.host_bytes = MemAvailable();
+  m.host_bytes = MeasureHostMemory();
   m.device_bytes = 0;
   m.device_reserve_bytes = 0;
   constexpr size_t kN = size_t{8} << 20;  // 32 MiB of fp32: beyond the caches

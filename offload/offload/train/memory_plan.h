@@ -141,6 +141,8 @@ CastChoice ChooseCastSide(const PlanMachine& machine, int64_t elements);
 /// cast the same (the CPU twin's device is the host). Capacity: MemAvailable of /proc/meminfo.
 PlanMachine MeasureHost();
 
+/// This host's available memory (MemAvailable of /proc/meminfo), bytes; 0 when unknown.
+int64_t MeasureHostMemory();
 /// The plan as an aligned table with totals, the verdict and the cast choice.
 std::string FormatPlan(const MemoryPlan& plan);
 

@@ -389,6 +389,10 @@ struct Trainer::Impl {
   int64_t numel() const { return n_params; }
   bool staged() const { return host_window > 0; }
   Status SetUpHostBuffers();
+  // --host-buffers auto: whether staged buffers run (a device, bf16, one process of `world`,
+  // --pipeline sync, no device pieces, weights not streamed) and the plan's host side fits
+  // `m.host_bytes` staged but not whole.
+  Result<bool> AutoStages(PlanInput in, int processes, const PlanMachine& m) const;
   // Staged host buffers: `n` training-dtype weights to model offset `at` on the device, or
   // from it, through the window; `from` fp32 values rounded (nearest even) on the way.
   Status PushWeights(const uint16_t* bits, int64_t at, int64_t n);
@@ -847,8 +851,18 @@ Status Trainer::Impl::RefreshWeights() {
 Status Trainer::Impl::SetUpHostBuffers() {
   const int64_t n = numel();
   if (opts.host_buffers == "whole") return Status::Ok();
-  if (opts.host_buffers != "staged") {
-    return InvalidArgumentError("--host-buffers " + opts.host_buffers + ": must be whole or staged");
+  if (opts.host_buffers != "staged" && opts.host_buffers != "auto") {
+    return InvalidArgumentError("--host-buffers " + opts.host_buffers +
+                                ": must be auto, whole or staged");
+  }
+  if (opts.host_buffers == "auto") {
+    // Staged where it runs and only where whole buffers would not fit the host: it costs a
+    // second crossing of the gradients.
+    PlanMachine m;
+    m.host_bytes = opts.host_memory > 0 ? opts.host_memory : MeasureHostMemory();
+    UCP_ASSIGN_OR_RETURN(const bool pick,
+                         AutoStages(MakePlanInput(net->config(), layout), world, m));
+    if (!pick) return Status::Ok();
   }
   const std::string what = "--host-buffers staged";
   if (opts.device == "cpu") {
@@ -897,6 +911,20 @@ Status Trainer::Impl::SetUpHostBuffers() {
   }
   host_window = std::min(w, std::max<int64_t>(n, 1));
   return Status::Ok();
+}
+
+Result<bool> Trainer::Impl::AutoStages(PlanInput in, int processes, const PlanMachine& m) const {
+  if (opts.device == "cpu" || dtype != DType::kBf16 || processes != 1 ||
+      opts.pipeline != "sync" || opts.gpu_tail_buckets != 0 || opts.weights == "streamed" ||
+      m.host_bytes <= 0) {
+    return false;
+  }
+  in.host_window = 0;
+  UCP_ASSIGN_OR_RETURN(MemoryPlan whole, PlanMemory(in, m), "--host-buffers auto");
+  if (whole.host_fits) return false;
+  in.host_window = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
+  UCP_ASSIGN_OR_RETURN(MemoryPlan staged, PlanMemory(in, m), "--host-buffers auto");
+  return staged.host_fits;  // neither fits: whole, the default's
 }
 
 Status Trainer::Impl::PushWeights(const uint16_t* bits, int64_t at, int64_t n) {
@@ -1751,10 +1779,23 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   }
   t.opts = opts;
   UCP_RETURN_IF_ERROR(ParseWeightChoice(opts.weights).status());
-  if (opts.host_buffers != "whole" && opts.host_buffers != "staged") {
-    return InvalidArgumentError("--host-buffers " + opts.host_buffers + ": must be whole or staged");
+  if (opts.host_buffers != "whole" && opts.host_buffers != "staged" &&
+      opts.host_buffers != "auto") {
+    return InvalidArgumentError("--host-buffers " + opts.host_buffers +
+                                ": must be auto, whole or staged");
   }
-  return PlanMemory(t.MakePlanInput(mc, l), machine);
+  PlanInput in = t.MakePlanInput(mc, l);
+  if (opts.host_buffers == "auto") {
+    // As a run decides it (SetUpHostBuffers), for the plan's host memory.
+    UCP_ASSIGN_OR_RETURN(const bool pick, t.AutoStages(in, l.dp * l.sp, machine));
+    if (pick) {
+      in.host_window = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
+      UCP_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(in, machine));
+      plan.verdict += " (host buffers staged: what --host-buffers auto picks)";
+      return plan;
+    }
+  }
+  return PlanMemory(in, machine);
 }
 
 PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layout& l) const {
@@ -1773,8 +1814,10 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   in.speculate = opts.speculate;
   in.async_save = opts.async_save;
   in.weights = ParseWeightChoice(opts.weights).value_or(WeightChoice::kAuto);  // (checked above)
-  if (opts.host_buffers == "staged") {
-    in.host_window = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
+  if (opts.host_buffers == "staged" || host_window > 0) {  // (host_window: auto chose staged)
+    in.host_window = host_window > 0            ? host_window
+                     : opts.host_window == 0 ? kDefaultHostWindow
+                                             : opts.host_window;
   }
   return in;
 }
@@ -2021,6 +2064,9 @@ std::string Trainer::Describe() const {
      << mc.padded_vocab << "), training dtype " << DTypeName(t.dtype) << ", layout "
      << layout::ToString(t.layout) << ", " << t.threads << " threads\n"
      << (t.device != nullptr ? "device " + t.device->Describe() + "\n" : std::string())
+     << (t.staged() ? "host buffers staged: windows of " + std::to_string(t.host_window) +
+                          " elements (the host holds the optimizer state)\n"
+                    : std::string())
      << "data " << t.cfg.data << ": " << t.train_tokens.size() << " training tokens ("
      << t.sampler->num_samples() << " samples of " << t.seq_len << "), " << t.val_tokens.size()
      << " held-out tokens" << (t.val_tokens.size() > static_cast<size_t>(t.seq_len)

@@ -125,8 +125,11 @@ struct RunOptions {
   /// gradients cross window by window twice, once for the norm and once for Adam, whose bf16
   /// copy-out crosses back from its window; the host then holds the optimizer state alone).
   /// The same bits either way; not recorded. "staged": --device cuda|twin, bf16, one process,
-  /// --pipeline sync, resident weights, no --gpu-tail-buckets.
-  std::string host_buffers = "whole";
+  /// --pipeline sync, resident weights, no --gpu-tail-buckets. "auto": staged where it runs
+  /// and the memory plan's host side fits `host_memory` staged but not whole; else whole.
+  std::string host_buffers = "auto";
+  /// Host memory for host_buffers "auto", bytes; 0: this machine's MemAvailable at start-up.
+  int64_t host_memory = 0;
   /// The staged window in elements, a multiple of the norm's 64 Ki-element chunks (0: 64 Mi
   /// elements, 384 MiB of windows).
   int64_t host_window = 0;

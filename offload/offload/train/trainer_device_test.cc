@@ -597,6 +597,48 @@ TEST(DeviceTwinStagedCheckpoint, ResumesAcrossEnginesAndLayouts) {
   ExpectSame(Train(ci, 2), Train(si, 2));
 }
 
+// --host-buffers auto (the default) stages only where whole buffers would not fit the host
+// memory it is given (RunOptions::host_memory; the plan's host column, which is exact), and the
+// plan shows the same choice.
+TEST(DeviceTwinStaged, AutoStagesOnlyWhereWholeBuffersDoNotFit) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  RunOptions o = Opts(tmp.path() / "whole", "twin", 0);
+  o.host_buffers = "whole";
+  o.host_window = int64_t{1} << 16;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan whole, Trainer::Plan(c, o, PlanMachine{}));
+  o.host_buffers = "auto";
+  o.host_memory = whole.host_total;  // fits whole
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer roomy, Trainer::Create(c, o));
+  EXPECT_EQ(roomy.MemoryInUse()[static_cast<size_t>(MemClass::kWeights)], roomy.num_params() * 2);
+  EXPECT_THAT(roomy.Describe(), ::testing::Not(HasSubstr("host buffers staged")));
+
+  o.out = tmp.path() / "tight";
+  o.host_memory = whole.host_total - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer tight, Trainer::Create(c, o));
+  EXPECT_EQ(tight.MemoryInUse()[static_cast<size_t>(MemClass::kWeights)], (int64_t{1} << 16) * 2);
+  EXPECT_THAT(tight.Describe(), HasSubstr("host buffers staged: windows of 65536 elements"));
+  PlanMachine m;
+  m.host_bytes = o.host_memory;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, Trainer::Plan(c, o, m));
+  EXPECT_TRUE(plan.host_fits);
+  EXPECT_EQ(plan.rows[static_cast<size_t>(MemClass::kWeights)].host_bytes, (int64_t{1} << 16) * 2);
+  EXPECT_THAT(plan.verdict, HasSubstr("what --host-buffers auto picks"));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  ExpectSame(Train(cpu, 3), Train(tight, 3));
+
+  // Where staged buffers do not run (the overlapped pipeline), or do not fit either, whole.
+  o.out = tmp.path() / "overlap";
+  o.pipeline = "overlap";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer overlap, Trainer::Create(c, o));
+  EXPECT_THAT(overlap.Describe(), ::testing::Not(HasSubstr("host buffers staged")));
+  o.out = tmp.path() / "tiny";
+  o.pipeline = "sync";
+  o.host_memory = 1 << 20;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer tiny, Trainer::Create(c, o));
+  EXPECT_THAT(tiny.Describe(), ::testing::Not(HasSubstr("host buffers staged")));
+}
+
 TEST(DeviceOptions, StagedHostBuffersRefusedWhereNotRun) {
   ucp::testing::TempDir tmp;
   const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
@@ -609,7 +651,7 @@ TEST(DeviceOptions, StagedHostBuffersRefusedWhereNotRun) {
   RunOptions bad = staged("a", "twin");
   bad.host_buffers = "none";
   EXPECT_THAT(Trainer::Create(c, bad).status(),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--host-buffers none")));
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--host-buffers none: must be auto")));
   EXPECT_THAT(Trainer::Create(c, staged("b", "cpu")).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("--device cuda or twin")));
   TrainConfig f16 = c;
