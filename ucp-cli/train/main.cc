@@ -289,34 +289,23 @@ int main(int argc, char** argv) {
                 : resume;
     }
   }
-  if (!device_memory.empty()) {
-    auto bytes = ucp::exec::ParseByteSize(device_memory);
+  // Sizes for the plan and for a run's automatic choices (--weights, --host-buffers).
+  for (const auto& [text, field, name] :
+       {std::tuple{&device_memory, &r.device_memory, "--device-memory"},
+        std::tuple{&host_memory, &r.host_memory, "--host-memory"}}) {
+    if (text->empty()) continue;
+    auto bytes = ucp::exec::ParseByteSize(*text);
     if (!bytes.ok()) return fail(ucp::Status(bytes.status().code(),
-                                             "--device-memory: " +
+                                             std::string(name) + ": " +
                                                  std::string(bytes.status().message())));
-    r.device_memory = *bytes;
-  }
-  if (!host_memory.empty()) {
-    auto bytes = ucp::exec::ParseByteSize(host_memory);
-    if (!bytes.ok()) return fail(ucp::Status(bytes.status().code(),
-                                             "--host-memory: " +
-                                                 std::string(bytes.status().message())));
-    r.host_memory = *bytes;
+    *field = *bytes;
   }
   if (plan) {
     // The plan of one process, from the same resolution as a run (a resumed run's recorded
     // config included), before anything is allocated.
     ucp::offload::PlanMachine machine = ucp::offload::MeasureHost();
-    for (const auto& [text, field, name] :
-         {std::tuple{&device_memory, &machine.device_bytes, "--device-memory"},
-          std::tuple{&host_memory, &machine.host_bytes, "--host-memory"}}) {
-      if (text->empty()) continue;
-      auto bytes = ucp::exec::ParseByteSize(*text);
-      if (!bytes.ok()) return fail(ucp::Status(bytes.status().code(),
-                                               std::string(name) + ": " +
-                                                   std::string(bytes.status().message())));
-      *field = *bytes;
-    }
+    if (r.device_memory > 0) machine.device_bytes = r.device_memory;
+    if (r.host_memory > 0) machine.host_bytes = r.host_memory;
     if (machine.device_bytes > 0) machine.device_reserve_bytes = int64_t{2} << 30;
     auto p = Trainer::Plan(c, r, machine);
     if (!p.ok()) return fail(p.status());
