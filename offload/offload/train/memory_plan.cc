@@ -270,10 +270,14 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     if (!resident) v += " (" + chosen + "; resident it needs " + Bytes(resident_total) + ")";
   }
   if (machine.host_bytes > 0) {
+    const std::string staged_note =
+        hw == 0                ? ""
+        : in.host_window_auto ? ", buffers staged: what --host-buffers auto picks"
+                              : ", buffers staged as --host-buffers asks";
     v += plan.host_fits ? "; host side fits (" + Bytes(plan.host_total) + " of " +
-                              Bytes(machine.host_bytes) + ")"
+                              Bytes(machine.host_bytes) + staged_note + ")"
                         : "; host side does NOT fit (" + Bytes(plan.host_total) + " of " +
-                              Bytes(machine.host_bytes) + ")";
+                              Bytes(machine.host_bytes) + staged_note + ")";
     // What staging the host buffers would save (bf16 on a device: their copies are 6
     // B/parameter), where the host side does not fit whole.
     const int64_t staged_window = std::min(kDefaultHostWindow, n);

@@ -68,6 +68,7 @@ struct PlanInput {
   /// windows of this many elements (at most the model); 0: whole copies. The weights then stay
   /// resident (the streamed placement reads the host's whole weights).
   int64_t host_window = 0;
+  bool host_window_auto = false;  ///< host_window is --host-buffers auto's choice (the verdict)
 };
 
 /// The machine the plan is for. Zero capacities: unknown (no fit verdict for that side).

@@ -1790,9 +1790,7 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
     UCP_ASSIGN_OR_RETURN(const bool pick, t.AutoStages(in, l.dp * l.sp, machine));
     if (pick) {
       in.host_window = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
-      UCP_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(in, machine));
-      plan.verdict += " (host buffers staged: what --host-buffers auto picks)";
-      return plan;
+      in.host_window_auto = true;
     }
   }
   return PlanMemory(in, machine);

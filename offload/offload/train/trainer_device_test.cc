@@ -623,7 +623,7 @@ TEST(DeviceTwinStaged, AutoStagesOnlyWhereWholeBuffersDoNotFit) {
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, Trainer::Plan(c, o, m));
   EXPECT_TRUE(plan.host_fits);
   EXPECT_EQ(plan.rows[static_cast<size_t>(MemClass::kWeights)].host_bytes, (int64_t{1} << 16) * 2);
-  EXPECT_THAT(plan.verdict, HasSubstr("what --host-buffers auto picks"));
+  EXPECT_THAT(plan.verdict, HasSubstr("buffers staged: what --host-buffers auto picks"));
   UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
   ExpectSame(Train(cpu, 3), Train(tight, 3));
 
