@@ -701,6 +701,26 @@ static std::vector<GradGroup> BuildGradGroups(const ModelConfig& c, const Layout
   return g;
 }
 
+// The grad groups by parameter name (BuildGradGroups) must be the groups the graph finds by
+// offset (graph::GroupBegin / GroupOf, which the streamed weights' lookups use): each group's
+// first element where GroupBegin puts it, and every element of it in it.
+static Status CheckGradGroups(const ModelConfig& c, const Layout& lay,
+                              const std::vector<GradGroup>& groups) {
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const GradGroup& g = groups[k];
+    if (g.first_param >= g.end_param) continue;
+    const int64_t begin = lay.params[static_cast<size_t>(g.first_param)].offset;
+    const ParamInfo& last = lay.params[static_cast<size_t>(g.end_param - 1)];
+    const int64_t kk = static_cast<int64_t>(k);
+    if (begin != graph::GroupBegin(c, lay, kk) || graph::GroupOf(c, lay, begin) != kk ||
+        graph::GroupOf(c, lay, last.offset + last.numel - 1) != kk) {
+      return InternalError("grad group " + g.name + " (parameters " + Str(g.first_param) + " to " +
+                           Str(g.end_param) + ") is not the graph's group " + Str(kk));
+    }
+  }
+  return Status::Ok();
+}
+
 // The floats of the ops' shared scratch (Parallel::Reserve) for `rows` tokens.
 static size_t ScratchFloats(const ModelConfig& c, int64_t rows, int64_t max_seq_len,
                             int num_threads) {
@@ -715,6 +735,7 @@ Result<ParamTable> ModelParamTable(const ModelConfig& config) {
   UCP_ASSIGN_OR_RETURN(Layout lay, BuildLayout(config));
   ParamTable t;
   t.groups = BuildGradGroups(config, lay);
+  UCP_RETURN_IF_ERROR(CheckGradGroups(config, lay, t.groups));
   t.params = std::move(lay.params);
   t.total = lay.total;
   return t;
@@ -792,6 +813,7 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
   impl->max_seq_len = max_seq_len;
   impl->num_threads = num_threads;
   impl->groups = BuildGradGroups(config, impl->layout);
+  UCP_RETURN_IF_ERROR(CheckGradGroups(config, impl->layout, impl->groups));
   impl->par = Parallel(num_threads);
   // Under SP the activations hold this rank's shard of every sequence.
   const int64_t rows = max_batch * (max_seq_len / sp);
