@@ -47,6 +47,14 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       if (e) cudaEventDestroy(e);
     }
     if (model_done_) cudaEventDestroy(model_done_);
+    if (h2d_stream_) cudaStreamSynchronize(h2d_stream_);
+    for (cudaEvent_t e : staged_grads_) {
+      if (e) cudaEventDestroy(e);
+    }
+    for (cudaEvent_t e : staged_weights_) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (h2d_stream_) cudaStreamDestroy(h2d_stream_);
     for (cudaEvent_t e : window_ready_) {
       if (e) cudaEventDestroy(e);
     }
@@ -65,7 +73,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     // bf16 training needs no host fp32 weights (the device widens its own): may be empty.
     const auto w32 = static_cast<int64_t>(spec_.h_weights32.size());
     // Staged host buffers: windows of host_window elements, not the whole model.
-    const int64_t hn = spec_.host_window > 0 ? std::min(spec_.host_window, n) : n;
+    const int64_t hn = spec_.host_window > 0 ? kStagedSlots * spec_.host_window : n;
     if (spec_.host_window != 0) {
       UCP_RETURN_IF_ERROR(CheckStagedSpec(spec_, n, "CUDA device"));
     } else if (static_cast<int64_t>(spec_.h_grads.size()) != n ||
@@ -87,6 +95,16 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     }
     UCP_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&model_done_, cudaEventDisableTiming),
                              "CUDA device: the model stream's event"));
+    if (spec_.host_window > 0) {
+      UCP_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&h2d_stream_, cudaStreamNonBlocking),
+                               "CUDA device: the staged weights' stream"));
+      for (int k = 0; k < kStagedSlots; ++k) {
+        for (cudaEvent_t* e : {&staged_grads_[k], &staged_weights_[k]}) {
+          UCP_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming),
+                                   "CUDA device: the staged windows' events"));
+        }
+      }
+    }
     if (spec_.stream_weights) {
       if (!spec_.device_pieces.empty()) {
         return InvalidArgumentError("CUDA device: streamed weights hold no device pieces "
@@ -172,6 +190,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     // With several processes the overlapped step runs backward on a worker thread, and the
     // current device is per thread.
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
+    UCP_RETURN_IF_ERROR(AfterStagedWeights());
     if (hook == nullptr) return RunModel(batch, grad_scale, nullptr);
     // Each group's event is recorded before the pipeline hears of the group, so the copy of
     // its bucket waits for exactly the kernels queued so far.
@@ -195,6 +214,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   }
 
   Result<double> Forward(const Batch& batch) override {
+    UCP_RETURN_IF_ERROR(AfterStagedWeights());
     if (book_) {
       Result<double> r = model_.Forward(*this, batch, d_w32_, GemmWeights());
       if (!r.ok()) book_->ReleaseAll();
@@ -203,33 +223,48 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     return model_.Forward(d_w32_, batch, GemmWeights());
   }
 
-  // Staged host buffers: each range crosses through the pinned window on the copy stream,
-  // ordered after the model's stream (whose kernels wrote the gradients or read the weights).
-  Status GradsRangeToHost(int64_t begin, int64_t n) override {
-    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "CUDA device"));
-    UCP_RETURN_IF_ERROR(AfterModel());
-    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data(), d_grads_ + begin,
-                                             static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost,
-                                             stream_),
+  // Staged host buffers: gradients cross host-ward on the copy stream, weights device-ward on
+  // their own stream (the link is full duplex), each after the kernels queued on the model's
+  // stream so far; each slot's last copies record an event WaitStaged waits for.
+  Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot) override {
+    UCP_RETURN_IF_ERROR(
+        CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "CUDA device"));
+    UCP_RETURN_IF_ERROR(AfterModel(stream_));
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data() + slot * spec_.host_window,
+                                             d_grads_ + begin, static_cast<size_t>(n) * 4,
+                                             cudaMemcpyDeviceToHost, stream_),
                              "gradients to the host window"));
-    return Cuda(cudaStreamSynchronize(stream_), "gradients to the host window");
+    return Cuda(cudaEventRecord(staged_grads_[slot], stream_), "gradients to the host window");
   }
 
-  Status WeightsRangeToDevice(int64_t begin, int64_t n) override {
-    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "CUDA device"));
-    UCP_RETURN_IF_ERROR(AfterModel());
-    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_ + begin, spec_.h_weights16.data(),
+  Status WeightsRangeToDeviceAsync(int64_t begin, int64_t n, int slot) override {
+    UCP_RETURN_IF_ERROR(
+        CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "CUDA device"));
+    UCP_RETURN_IF_ERROR(AfterModel(h2d_stream_));
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_ + begin,
+                                             spec_.h_weights16.data() + slot * spec_.host_window,
                                              static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice,
-                                             stream_),
+                                             h2d_stream_),
                              "weights from the host window"));
-    UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_ + begin, d_w32_ + begin, n, stream_));
-    // The window is refilled as soon as this returns.
-    return Cuda(cudaStreamSynchronize(stream_), "weights from the host window");
+    UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_ + begin, d_w32_ + begin, n, h2d_stream_));
+    return Cuda(cudaEventRecord(staged_weights_[slot], h2d_stream_),
+                "weights from the host window");
+  }
+
+  Status WaitStaged(int slot) override {
+    if (slot < 0 || slot >= kStagedSlots) {
+      return InvalidArgumentError("CUDA device: no staged slot " + std::to_string(slot));
+    }
+    UCP_RETURN_IF_ERROR(Cuda(cudaEventSynchronize(staged_grads_[slot]), "the host window"));
+    return Cuda(cudaEventSynchronize(staged_weights_[slot]), "the host window");
   }
 
   Status WeightsRangeToHost(int64_t begin, int64_t n) override {
-    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "CUDA device"));
-    UCP_RETURN_IF_ERROR(AfterModel());
+    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, 0, "CUDA device"));
+    UCP_RETURN_IF_ERROR(AfterModel(stream_));
+    for (cudaEvent_t e : staged_weights_) {  // after the weights queued device-ward
+      UCP_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stream_, e, 0), "weights to the host window"));
+    }
     UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_weights16.data(), d_w16_ + begin,
                                              static_cast<size_t>(n) * 2, cudaMemcpyDeviceToHost,
                                              stream_),
@@ -489,12 +524,21 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     return FailedPreconditionError(std::string("CUDA device: ") + what + " needs whole host "
                                    "buffers (these are staged: --host-buffers staged)");
   }
-  // The copy stream waits for what the model's stream has queued so far.
-  Status AfterModel() {
+  // `stream` waits for what the model's stream has queued so far.
+  Status AfterModel(cudaStream_t stream) {
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
     UCP_RETURN_IF_ERROR(Cuda(cudaEventRecord(model_done_, static_cast<cudaStream_t>(model_.stream())),
                              "ordering after the model's stream"));
-    return Cuda(cudaStreamWaitEvent(stream_, model_done_, 0), "ordering after the model's stream");
+    return Cuda(cudaStreamWaitEvent(stream, model_done_, 0), "ordering after the model's stream");
+  }
+  // Staged: the model's next kernels run after the weights queued device-ward.
+  Status AfterStagedWeights() {
+    if (spec_.host_window == 0) return Status::Ok();
+    for (cudaEvent_t e : staged_weights_) {
+      UCP_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(model_.stream()), e, 0),
+                               "ordering the model after the staged weights"));
+    }
+    return Status::Ok();
   }
   // The bf16 weights the model's GEMMs read (GemmInputs::kBf16); null for the fp32 GEMMs.
   const uint16_t* GemmWeights() const {
@@ -561,6 +605,9 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   std::vector<std::pair<int64_t, int64_t>> group_ranges_;
   std::vector<cudaEvent_t> group_done_;
   cudaEvent_t model_done_ = nullptr;  // AfterModel's
+  cudaStream_t h2d_stream_ = nullptr;  // staged: the weights device-ward
+  cudaEvent_t staged_grads_[kStagedSlots] = {nullptr, nullptr};
+  cudaEvent_t staged_weights_[kStagedSlots] = {nullptr, nullptr};
   std::vector<void*> registered_;
   int to_pin_ = 0;
 };

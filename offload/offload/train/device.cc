@@ -2,7 +2,12 @@
 #include "offload/train/device.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,6 +20,59 @@
 
 namespace ucp::offload {
 namespace {
+
+// The twin's copy stream for staged host buffers: one thread running the queued copies in
+// order; Wait(slot) returns once every copy queued for the slot has run.
+class CopyQueue {
+ public:
+  CopyQueue() = default;
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+  ~CopyQueue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void Queue(int slot, std::function<void()> copy) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    tasks_.push_back({slot, std::move(copy)});
+    ++pending_[slot];
+    cv_.notify_all();
+  }
+  void Wait(int slot) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return pending_[slot] == 0; });
+  }
+  void WaitAll() {
+    for (int s = 0; s < kStagedSlots; ++s) Wait(s);
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, nothing left
+      auto [slot, copy] = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      copy();
+      lock.lock();
+      --pending_[slot];
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<int, std::function<void()>>> tasks_;
+  int pending_[kStagedSlots] = {};
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 class CpuTwinDevice final : public TrainDevice {
  public:
@@ -59,17 +117,22 @@ class CpuTwinDevice final : public TrainDevice {
   }
 
   Status ZeroGrads() override {
+    copies_.WaitAll();  // (a queued gradient copy reads them)
     std::fill(grads_.begin(), grads_.end(), 0.0f);
     return Status::Ok();
   }
 
   Result<double> ForwardBackward(const Batch& batch, float grad_scale,
                                  const BackwardHook* hook) override {
+    copies_.WaitAll();  // (as a GPU's kernels queued after the copies)
     return hook != nullptr ? model_.ForwardBackward(w32_, grads_, batch, grad_scale, *hook)
                            : model_.ForwardBackward(w32_, grads_, batch, grad_scale);
   }
 
-  Result<double> Forward(const Batch& batch) override { return model_.Forward(w32_, batch); }
+  Result<double> Forward(const Batch& batch) override {
+    copies_.WaitAll();
+    return model_.Forward(w32_, batch);
+  }
 
   Status GradsToHost() override {
     UCP_RETURN_IF_ERROR(NotStaged("GradsToHost"));
@@ -77,21 +140,40 @@ class CpuTwinDevice final : public TrainDevice {
     return Status::Ok();
   }
 
-  Status GradsRangeToHost(int64_t begin, int64_t n) override {
-    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "twin device"));
-    std::memcpy(spec_.h_grads.data(), grads_.data() + begin, static_cast<size_t>(n) * 4);
+  // Staged: the copies run on the twin's copy thread in the order queued, as on a GPU's copy
+  // stream, so a trainer that reads a window before WaitStaged reads it mid-copy here too.
+  Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot) override {
+    UCP_RETURN_IF_ERROR(
+        CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "twin device"));
+    float* dst = spec_.h_grads.data() + slot * spec_.host_window;
+    copies_.Queue(slot, [this, dst, begin, n] {
+      std::memcpy(dst, grads_.data() + begin, static_cast<size_t>(n) * 4);
+    });
     return Status::Ok();
   }
 
-  Status WeightsRangeToDevice(int64_t begin, int64_t n) override {
-    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "twin device"));
-    std::memcpy(w16_.data() + begin, spec_.h_weights16.data(), static_cast<size_t>(n) * 2);
-    WidenRange(begin, begin + n);
+  Status WeightsRangeToDeviceAsync(int64_t begin, int64_t n, int slot) override {
+    UCP_RETURN_IF_ERROR(
+        CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "twin device"));
+    const uint16_t* src = spec_.h_weights16.data() + slot * spec_.host_window;
+    copies_.Queue(slot, [this, src, begin, n] {
+      std::memcpy(w16_.data() + begin, src, static_cast<size_t>(n) * 2);
+      WidenRange(begin, begin + n);
+    });
+    return Status::Ok();
+  }
+
+  Status WaitStaged(int slot) override {
+    if (slot < 0 || slot >= kStagedSlots) {
+      return InvalidArgumentError("twin device: no staged slot " + std::to_string(slot));
+    }
+    copies_.Wait(slot);
     return Status::Ok();
   }
 
   Status WeightsRangeToHost(int64_t begin, int64_t n) override {
-    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, "twin device"));
+    UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, 0, "twin device"));
+    copies_.WaitAll();  // (the device's weights as queued)
     std::memcpy(spec_.h_weights16.data(), w16_.data() + begin, static_cast<size_t>(n) * 2);
     return Status::Ok();
   }
@@ -211,6 +293,7 @@ class CpuTwinDevice final : public TrainDevice {
   std::vector<float> w32_, grads_, master_, m_, v_;
   std::vector<uint16_t> w16_;
   int64_t pieces_n_ = 0;
+  CopyQueue copies_;  // last: joined first, while the buffers its copies touch are alive
 };
 
 // The twin with streamed weights (TrainDeviceSpec::stream_weights): its "device" memory is the
@@ -512,10 +595,13 @@ void WeightWindowBook::NewStep() { std::fill(grads_on_host_.begin(), grads_on_ho
 void WeightWindowBook::ReleaseAll() { std::fill(held_.begin(), held_.end(), 0); }
 
 Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
-                        const char* who) {
+                        int slot, const char* who) {
   if (spec.host_window == 0) {
     return FailedPreconditionError(std::string(who) + ": no staged host buffers "
                                    "(--host-buffers staged)");
+  }
+  if (slot < 0 || slot >= kStagedSlots) {
+    return InvalidArgumentError(std::string(who) + ": no staged slot " + std::to_string(slot));
   }
   if (begin < 0 || n < 0 || n > spec.host_window || begin > numel - n) {
     return InvalidArgumentError(std::string(who) + ": staged range [" + std::to_string(begin) +
@@ -540,11 +626,13 @@ Status CheckStagedSpec(const TrainDeviceSpec& spec, int64_t numel, const char* w
   if (!spec.device_pieces.empty()) {
     return UnimplementedError(w + " with device pieces (--gpu-tail-buckets)");
   }
-  const int64_t win = std::min(spec.host_window, numel);
-  if (static_cast<int64_t>(spec.h_grads.size()) < win ||
-      static_cast<int64_t>(spec.h_weights16.size()) < win || !spec.h_weights32.empty()) {
-    return InvalidArgumentError(w + ": the host windows hold fewer than " + std::to_string(win) +
-                                " elements");
+  const int64_t need = kStagedSlots * spec.host_window;
+  if (spec.host_window > numel || static_cast<int64_t>(spec.h_grads.size()) < need ||
+      static_cast<int64_t>(spec.h_weights16.size()) < need || !spec.h_weights32.empty()) {
+    return InvalidArgumentError(w + ": the host buffers hold fewer than " +
+                                std::to_string(kStagedSlots) + " windows of " +
+                                std::to_string(spec.host_window) + " elements (at most the " +
+                                std::to_string(numel) + " of the model)");
   }
   return Status::Ok();
 }

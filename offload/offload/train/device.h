@@ -70,12 +70,14 @@ struct TrainDeviceSpec {
   /// No device pieces.
   bool stream_weights = false;
   /// Staged host buffers (RunOptions::host_buffers "staged"; docs/offload.md, "Staged host
-  /// buffers"): 0, the host buffers above hold the whole model; else h_grads and h_weights16 are
-  /// windows of host_window elements through which the trainer moves any range of the model
-  /// (GradsRangeToHost, WeightsRangeToDevice, WeightsRangeToHost), so the host keeps no whole
-  /// copy of the gradients or weights: 6 B/parameter less host memory. bf16 training with
-  /// resident weights only (h_weights32 empty, no streaming, no device pieces); UploadWeights,
-  /// GradsToHost, GroupGradsToHost and the pipeline are then refused.
+  /// buffers"): 0, the host buffers above hold the whole model; else h_grads and h_weights16
+  /// each hold kStagedSlots windows of host_window elements (slot s at s * host_window) through
+  /// which the trainer moves any range of the model (GradsRangeToHostAsync,
+  /// WeightsRangeToDeviceAsync, WaitStaged; WeightsRangeToHost), one window crossing while the
+  /// host works on the other, so the host keeps no whole copy of the gradients or weights: 6
+  /// B/parameter less host memory. bf16 training with resident weights only (h_weights32 empty,
+  /// no streaming, no device pieces); UploadWeights, GradsToHost, GroupGradsToHost and the
+  /// pipeline are then refused.
   int64_t host_window = 0;
 };
 
@@ -142,23 +144,39 @@ class TrainDevice {
   /// pipeline.h StartFinish): each group's are final once GroupWeightsWritten(group) is called
   /// for it, so a streamed device must not read them ahead (its prefetch) before then.
   virtual void WeightsInFlight() {}
-  /// Staged host buffers (TrainDeviceSpec::host_window): the device gradients of model elements
-  /// [begin, begin + n) into h_grads[0, n); the n training-dtype weights in h_weights16[0, n) to
-  /// model elements [begin, begin + n) on the device, widened into the compute copy there; and
-  /// the device's weights of [begin, begin + n) into h_weights16[0, n) (saves). Each returns
-  /// once the copy is done. Errors: kFailedPrecondition (not staged), kInvalidArgument (a range
-  /// outside the model or longer than the window), kDeviceError.
-  virtual Status GradsRangeToHost(int64_t begin, int64_t n) {
-    (void)begin, (void)n;
+  /// Staged host buffers (TrainDeviceSpec::host_window), window `slot` (h at slot * window):
+  /// queue the device gradients of model elements [begin, begin + n) into h_grads' window (after
+  /// the kernels queued so far), or the n training-dtype weights in h_weights16's window to
+  /// model elements [begin, begin + n) on the device, widened into the compute copy there (the
+  /// device's next kernels run after it). WaitStaged(slot): every copy queued for the slot is
+  /// done (its windows may be read or rewritten). WeightsRangeToHost: the device's weights of
+  /// [begin, begin + n) into window 0 of h_weights16, done on return (saves).
+  /// Errors: kFailedPrecondition (not staged), kInvalidArgument (a range outside the model or
+  /// longer than the window, no such slot), kDeviceError.
+  virtual Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot) {
+    (void)begin, (void)n, (void)slot;
     return FailedPreconditionError("this device has no staged host buffers");
   }
-  virtual Status WeightsRangeToDevice(int64_t begin, int64_t n) {
-    (void)begin, (void)n;
+  virtual Status WeightsRangeToDeviceAsync(int64_t begin, int64_t n, int slot) {
+    (void)begin, (void)n, (void)slot;
+    return FailedPreconditionError("this device has no staged host buffers");
+  }
+  virtual Status WaitStaged(int slot) {
+    (void)slot;
     return FailedPreconditionError("this device has no staged host buffers");
   }
   virtual Status WeightsRangeToHost(int64_t begin, int64_t n) {
     (void)begin, (void)n;
     return FailedPreconditionError("this device has no staged host buffers");
+  }
+  /// The queued copies above, waited for: window 0.
+  Status GradsRangeToHost(int64_t begin, int64_t n) {
+    if (Status st = GradsRangeToHostAsync(begin, n, 0); !st.ok()) return st;
+    return WaitStaged(0);
+  }
+  Status WeightsRangeToDevice(int64_t begin, int64_t n) {
+    if (Status st = WeightsRangeToDeviceAsync(begin, n, 0); !st.ok()) return st;
+    return WaitStaged(0);
   }
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
@@ -170,10 +188,13 @@ class TrainDevice {
 /// Each grad group's elements of the flat buffers, [begin, end), in ModelParamTable's order.
 Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConfig& config);
 
-/// Checks a staged range (TrainDevice::GradsRangeToHost and the others) against the model's
-/// `numel` elements and the spec's window; `who` names the device in the error.
+/// The windows per staged host buffer (TrainDeviceSpec::host_window).
+inline constexpr int kStagedSlots = 2;
+
+/// Checks a staged range (TrainDevice::GradsRangeToHostAsync and the others) against the
+/// model's `numel` elements, the spec's window and the slots; `who` names the device.
 Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
-                        const char* who);
+                        int slot, const char* who);
 /// Checks a spec with staged host buffers (host_window > 0) for what they run with.
 Status CheckStagedSpec(const TrainDeviceSpec& spec, int64_t numel, const char* who);
 

@@ -168,9 +168,9 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   // Staged host buffers keep windows instead of the host's copies (bf16: no host compute copy).
   const int64_t hw = std::min(in.host_window, n);
   if (hw > 0) {
-    rows[0].host_bytes = hw * 2;
+    rows[0].host_bytes = kStagedSlots * hw * 2;
     rows[0].note = "the training copy (GPU: on the device; the host stages a window of it)";
-    rows[2].host_bytes = hw * 4;
+    rows[2].host_bytes = kStagedSlots * hw * 4;
     rows[2].note = "accumulated over micro-batches (GPU: on the device; the host stages a "
                    "window, crossing twice: the norm, then Adam)";
   }
@@ -282,7 +282,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     // B/parameter), where the host side does not fit whole.
     const int64_t staged_window = std::min(kDefaultHostWindow, n);
     const int64_t staged_total =
-        plan.host_total - rows[0].host_bytes - rows[2].host_bytes + staged_window * 6;
+        plan.host_total - rows[0].host_bytes - rows[2].host_bytes + kStagedSlots * staged_window * 6;
     if (!plan.host_fits && hw == 0 && bf16 && world == 1 && !in.overlap) {
       v += staged_total <= machine.host_bytes
                ? " (with --host-buffers staged: " + Bytes(staged_total) + ", fits)"

@@ -43,9 +43,10 @@ enum class WeightChoice : uint8_t { kAuto, kResident, kStreamed };
 /// "auto", "resident" or "streamed". Errors: kInvalidArgument naming --weights.
 Result<WeightChoice> ParseWeightChoice(const std::string& text);
 
-/// The staged host buffers' window when RunOptions::host_window is 0: 64 Mi elements (256 MiB of
-/// gradients and 128 MiB of bf16 weights), a multiple of the gradient norm's 64 Ki chunks.
-inline constexpr int64_t kDefaultHostWindow = int64_t{1} << 26;
+/// The staged host buffers' window when RunOptions::host_window is 0: 32 Mi elements, a
+/// multiple of the gradient norm's 64 Ki chunks. Two of each buffer (one crossing while the host
+/// works on the other): 256 MiB of gradients and 128 MiB of bf16 weights.
+inline constexpr int64_t kDefaultHostWindow = int64_t{1} << 25;
 
 /// What decides the memory of one process.
 struct PlanInput {
@@ -64,8 +65,8 @@ struct PlanInput {
   /// state and stages nothing.
   bool async_save = true;
   WeightChoice weights = WeightChoice::kAuto;  ///< --weights
-  /// Staged host buffers (RunOptions::host_buffers): the host's weights and gradients are
-  /// windows of this many elements (at most the model); 0: whole copies. The weights then stay
+  /// Staged host buffers (RunOptions::host_buffers): the host's weights and gradients are two
+  /// windows each of this many elements (at most the model); 0: whole copies. The weights then stay
   /// resident (the streamed placement reads the host's whole weights).
   int64_t host_window = 0;
   bool host_window_auto = false;  ///< host_window is --host-buffers auto's choice (the verdict)

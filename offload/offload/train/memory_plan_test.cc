@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "offload/train/device.h"
 #include "offload/train/trainer.h"
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
@@ -308,14 +309,14 @@ TEST(PlanHostBuffers, StagedKeepsWindowsAndTheVerdictSaysWhenItFits) {
   in.async_save = false;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan whole, PlanMemory(in, PlanMachine{}));
   const int64_t n = whole.params;
-  ASSERT_GT(n, kDefaultHostWindow);
+  ASSERT_GT(n, kStagedSlots * kDefaultHostWindow);
   EXPECT_EQ(whole.rows[0].host_bytes, n * 2);
   EXPECT_EQ(whole.rows[2].host_bytes, n * 4);
   in.host_window = kDefaultHostWindow;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan staged, PlanMemory(in, PlanMachine{}));
-  EXPECT_EQ(staged.rows[0].host_bytes, kDefaultHostWindow * 2);
-  EXPECT_EQ(staged.rows[2].host_bytes, kDefaultHostWindow * 4);
-  EXPECT_EQ(whole.host_total - staged.host_total, (n - kDefaultHostWindow) * 6);
+  EXPECT_EQ(staged.rows[0].host_bytes, kStagedSlots * kDefaultHostWindow * 2);
+  EXPECT_EQ(staged.rows[2].host_bytes, kStagedSlots * kDefaultHostWindow * 4);
+  EXPECT_EQ(whole.host_total - staged.host_total, (n - kStagedSlots * kDefaultHostWindow) * 6);
   EXPECT_EQ(staged.device_total, whole.device_total);  // the device holds the same
 
   PlanMachine m;

@@ -991,20 +991,30 @@ Status Trainer::Impl::SaveSlicesFromDevice() {
 }
 
 // The chunks are the whole-buffer path's (a window is a whole number of them), summed by the
-// same function, so the norm has the same bits.
+// same function, so the norm has the same bits. Window i crosses into slot i % 2 while the host
+// sums window i - 1.
 Status Trainer::Impl::StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs) {
-  const int64_t n = numel();
+  const int64_t n = numel(), W = host_window;
   const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+  const int64_t windows = (n + W - 1) / W;
   partial.assign(static_cast<size_t>(chunks), 0.0);
   maxabs.assign(static_cast<size_t>(chunks), 0.0f);
-  for (int64_t lo = 0; lo < n; lo += host_window) {
-    const int64_t m = std::min(host_window, n - lo);
-    UCP_RETURN_IF_ERROR(device->GradsRangeToHost(lo, m), "gradients to the host");
+  auto fetch = [&](int64_t i) {
+    return device->GradsRangeToHostAsync(i * W, std::min(W, n - i * W), static_cast<int>(i % 2));
+  };
+  if (windows > 0) UCP_RETURN_IF_ERROR(fetch(0), "gradients to the host");
+  for (int64_t i = 0; i < windows; ++i) {
+    const int slot = static_cast<int>(i % 2);
+    // (Slot 1 - slot held window i - 1, summed already.)
+    if (i + 1 < windows) UCP_RETURN_IF_ERROR(fetch(i + 1), "gradients to the host");
+    UCP_RETURN_IF_ERROR(device->WaitStaged(slot), "gradients to the host");
+    const int64_t lo = i * W, m = std::min(W, n - lo);
+    const float* win = grads.data() + slot * W;
     const int64_t c0 = lo / kReduceChunk, cn = (m + kReduceChunk - 1) / kReduceChunk;
     arena->execute([&] {
       tbb::parallel_for(int64_t{0}, cn, [&](int64_t j) {
         const int64_t b = j * kReduceChunk, e = std::min(m, b + kReduceChunk);
-        SumSquaresAndMax(std::span<const float>(grads).subspan(b, e - b),
+        SumSquaresAndMax(std::span<const float>(win + b, static_cast<size_t>(e - b)),
                          &partial[static_cast<size_t>(c0 + j)], &maxabs[static_cast<size_t>(c0 + j)]);
       });
     });
@@ -1014,28 +1024,43 @@ Status Trainer::Impl::StagedNorm(std::vector<double>& partial, std::vector<float
 
 // Each window's gradients cross again; Adam steps the pieces in it (elementwise, so a piece cut
 // at a window's edge has the same bits) and its bf16 copy-out fills the weights' window, which
-// crosses back.
+// crosses back. Window i uses slot i % 2: its gradients cross while Adam steps window i - 1, and
+// its weights go while Adam steps window i + 1 (whose wait also covers window i - 1's weights,
+// the slot's previous ones, before Adam rewrites them).
 Status Trainer::Impl::StagedAdam(float multiplier) {
-  const int64_t n = numel();
+  const int64_t n = numel(), W = host_window;
+  const int64_t windows = (n + W - 1) / W;
+  auto fetch = [&](int64_t i) {
+    return device->GradsRangeToHostAsync(i * W, std::min(W, n - i * W), static_cast<int>(i % 2));
+  };
   std::vector<AdamSpans> bucket;
-  for (int64_t lo = 0; lo < n; lo += host_window) {
-    const int64_t m = std::min(host_window, n - lo), hi = lo + m;
-    UCP_RETURN_IF_ERROR(device->GradsRangeToHost(lo, m), "gradients to the host");
+  if (windows > 0) UCP_RETURN_IF_ERROR(fetch(0), "gradients to the host");
+  for (int64_t i = 0; i < windows; ++i) {
+    const int slot = static_cast<int>(i % 2);
+    const int64_t lo = i * W, m = std::min(W, n - lo), hi = lo + m;
+    if (i + 1 < windows) UCP_RETURN_IF_ERROR(fetch(i + 1), "gradients to the host");
+    UCP_RETURN_IF_ERROR(device->WaitStaged(slot), "gradients to the host");
+    const auto g = std::span<const float>(grads).subspan(static_cast<size_t>(slot * W),
+                                                         static_cast<size_t>(m));
+    const auto out = std::span(w_lp).subspan(static_cast<size_t>(slot * W), static_cast<size_t>(m));
     bucket.clear();
     for (const Piece& pc : block_pieces[0]) {
       const int64_t a = std::max(lo, pc.coff), b = std::min(hi, pc.coff + pc.n);
       if (a >= b) continue;
-      AdamSpans s;
-      s.param = std::span(master).subspan(pc.foff + (a - pc.coff), b - a);
-      s.grad = GradSpan::Fp32(std::span<const float>(grads).subspan(a - lo, b - a));
-      s.exp_avg = std::span(exp_avg).subspan(pc.foff + (a - pc.coff), b - a);
-      s.exp_avg_sq = std::span(exp_avg_sq).subspan(pc.foff + (a - pc.coff), b - a);
-      s.out = LowpOutSpan::Bf16(std::span(w_lp).subspan(a - lo, b - a));
-      bucket.push_back(s);
+      AdamSpans piece;
+      piece.param = std::span(master).subspan(pc.foff + (a - pc.coff), b - a);
+      piece.grad = GradSpan::Fp32(g.subspan(a - lo, b - a));
+      piece.exp_avg = std::span(exp_avg).subspan(pc.foff + (a - pc.coff), b - a);
+      piece.exp_avg_sq = std::span(exp_avg_sq).subspan(pc.foff + (a - pc.coff), b - a);
+      piece.out = LowpOutSpan::Bf16(out.subspan(a - lo, b - a));
+      bucket.push_back(piece);
     }
     UCP_RETURN_IF_ERROR(adam->StepBucketFused(optimizer_steps, bucket, {},
                                               CpuAdam::SnapshotUse::kNone, multiplier));
-    UCP_RETURN_IF_ERROR(device->WeightsRangeToDevice(lo, m), "weights to the device");
+    UCP_RETURN_IF_ERROR(device->WeightsRangeToDeviceAsync(lo, m, slot), "weights to the device");
+  }
+  for (int s = 0; s < kStagedSlots; ++s) {
+    UCP_RETURN_IF_ERROR(device->WaitStaged(s), "weights to the device");
   }
   return Status::Ok();
 }
@@ -1954,7 +1979,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   const size_t n = static_cast<size_t>(t.net->num_params());
   t.n_params = static_cast<int64_t>(n);
   UCP_RETURN_IF_ERROR(t.SetUpHostBuffers());
-  const size_t hn = t.staged() ? static_cast<size_t>(t.host_window) : n;
+  const size_t hn = t.staged() ? static_cast<size_t>(kStagedSlots * t.host_window) : n;
   t.w32.assign(t.host_compute_copy() ? n : 0, 0.0f);
   t.grads.assign(hn, 0.0f);
   if (t.lowp()) t.w_lp.assign(hn, 0);

@@ -130,8 +130,8 @@ struct RunOptions {
   std::string host_buffers = "auto";
   /// Host memory for host_buffers "auto", bytes; 0: this machine's MemAvailable at start-up.
   int64_t host_memory = 0;
-  /// The staged window in elements, a multiple of the norm's 64 Ki-element chunks (0: 64 Mi
-  /// elements, 384 MiB of windows).
+  /// The staged window in elements, a multiple of the norm's 64 Ki-element chunks (0: 32 Mi
+  /// elements; two windows of each buffer, 384 MiB in all).
   int64_t host_window = 0;
 };
 

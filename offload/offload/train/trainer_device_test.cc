@@ -531,10 +531,12 @@ TEST_P(DeviceTwinStaged, BitwiseTheCpuTrainer) {
   UCP_ASSERT_OK_AND_ASSIGN(Trainer twin, Trainer::Create(c, o));
   const int64_t n = twin.num_params();
   const int64_t w = window == 0 ? n : std::min(window, n);
-  if (window != 0) ASSERT_GT(n, 2 * window) << "the model should span several windows";
+  if (window != 0) {
+    ASSERT_GT(n, 2 * window) << "the model should span several windows";
+  }
   const auto mem = twin.MemoryInUse();
-  EXPECT_EQ(mem[static_cast<size_t>(MemClass::kWeights)], w * 2);
-  EXPECT_EQ(mem[static_cast<size_t>(MemClass::kGradients)], w * 4);
+  EXPECT_EQ(mem[static_cast<size_t>(MemClass::kWeights)], kStagedSlots * w * 2);
+  EXPECT_EQ(mem[static_cast<size_t>(MemClass::kGradients)], kStagedSlots * w * 4);
   EXPECT_EQ(mem[static_cast<size_t>(MemClass::kComputeCopy)], 0);
   EXPECT_THAT(twin.Describe(), HasSubstr("2 of 2 host buffers pinnable"));
   const Outcome a = Train(cpu, 5);
@@ -616,13 +618,15 @@ TEST(DeviceTwinStaged, AutoStagesOnlyWhereWholeBuffersDoNotFit) {
   o.out = tmp.path() / "tight";
   o.host_memory = whole.host_total - 1;
   UCP_ASSERT_OK_AND_ASSIGN(Trainer tight, Trainer::Create(c, o));
-  EXPECT_EQ(tight.MemoryInUse()[static_cast<size_t>(MemClass::kWeights)], (int64_t{1} << 16) * 2);
+  EXPECT_EQ(tight.MemoryInUse()[static_cast<size_t>(MemClass::kWeights)],
+            kStagedSlots * (int64_t{1} << 16) * 2);
   EXPECT_THAT(tight.Describe(), HasSubstr("host buffers staged: windows of 65536 elements"));
   PlanMachine m;
   m.host_bytes = o.host_memory;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, Trainer::Plan(c, o, m));
   EXPECT_TRUE(plan.host_fits);
-  EXPECT_EQ(plan.rows[static_cast<size_t>(MemClass::kWeights)].host_bytes, (int64_t{1} << 16) * 2);
+  EXPECT_EQ(plan.rows[static_cast<size_t>(MemClass::kWeights)].host_bytes,
+            kStagedSlots * (int64_t{1} << 16) * 2);
   EXPECT_THAT(plan.verdict, HasSubstr("buffers staged: what --host-buffers auto picks"));
   UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
   ExpectSame(Train(cpu, 3), Train(tight, 3));
