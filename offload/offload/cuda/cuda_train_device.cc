@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,25 +40,21 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       : spec_(std::move(spec)), model_(std::move(model)) {}
 
   ~CudaTrainDevice() override {
-    if (stream_) cudaStreamSynchronize(stream_);
-    for (cudaEvent_t e : group_done_) {
-      if (e) cudaEventDestroy(e);
+    for (cudaStream_t st : {stream_, h2d_stream_}) {
+      if (st) cudaStreamSynchronize(st);
     }
-    for (cudaEvent_t e : window_free_) {
-      if (e) cudaEventDestroy(e);
-    }
-    if (model_done_) cudaEventDestroy(model_done_);
-    if (h2d_stream_) cudaStreamSynchronize(h2d_stream_);
-    for (cudaEvent_t e : staged_grads_) {
-      if (e) cudaEventDestroy(e);
-    }
-    for (cudaEvent_t e : staged_weights_) {
-      if (e) cudaEventDestroy(e);
-    }
+    auto destroy = [](std::span<cudaEvent_t> events) {
+      for (cudaEvent_t e : events) {
+        if (e) cudaEventDestroy(e);
+      }
+    };
+    destroy(group_done_);
+    destroy(window_free_);
+    destroy(window_ready_);
+    destroy(staged_grads_);
+    destroy(staged_weights_);
+    destroy({&model_done_, 1});
     if (h2d_stream_) cudaStreamDestroy(h2d_stream_);
-    for (cudaEvent_t e : window_ready_) {
-      if (e) cudaEventDestroy(e);
-    }
     for (void* p : registered_) cudaHostUnregister(p);
     for (void* p : {static_cast<void*>(d_w32_), static_cast<void*>(d_w16_),
                     static_cast<void*>(d_grads_), static_cast<void*>(d_master_),
