@@ -278,15 +278,40 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                               Bytes(machine.host_bytes) + staged_note + ")"
                         : "; host side does NOT fit (" + Bytes(plan.host_total) + " of " +
                               Bytes(machine.host_bytes) + staged_note + ")";
-    // What staging the host buffers would save (bf16 on a device: their copies are 6
-    // B/parameter), where the host side does not fit whole.
-    const int64_t staged_window = std::min(kDefaultHostWindow, n);
-    const int64_t staged_total =
-        plan.host_total - rows[0].host_bytes - rows[2].host_bytes + kStagedSlots * staged_window * 6;
-    if (!plan.host_fits && hw == 0 && bf16 && world == 1 && !in.overlap) {
-      v += staged_total <= machine.host_bytes
-               ? " (with --host-buffers staged: " + Bytes(staged_total) + ", fits)"
-               : " (with --host-buffers staged: " + Bytes(staged_total) + ", does not fit either)";
+    // Where the host side does not fit: what would make it, cheapest first. Foreground saves
+    // drop the save's staging copy (the step waits for the write); staged host buffers drop the
+    // host's copies of the weights and gradients (bf16 on a device: 6 B/parameter; the
+    // gradients cross twice).
+    if (!plan.host_fits) {
+      const int64_t save_row = rows[static_cast<size_t>(MemClass::kSaveStaging)].host_bytes;
+      const bool can_stage = hw == 0 && bf16 && world == 1 && !in.overlap;
+      const int64_t staged_saving =
+          can_stage ? rows[0].host_bytes + rows[2].host_bytes -
+                          kStagedSlots * std::min(kDefaultHostWindow, n) * 6
+                    : 0;
+      struct Option {
+        bool possible;
+        int64_t total;
+        const char* what;
+      };
+      const Option options[] = {
+          {save_row > 0, plan.host_total - save_row, "--sync-save"},
+          {can_stage, plan.host_total - staged_saving, "--host-buffers staged"},
+          {save_row > 0 && can_stage, plan.host_total - save_row - staged_saving,
+           "--sync-save --host-buffers staged"}};
+      const Option* best = nullptr;  // the first that fits, else the smallest
+      for (const Option& o : options) {
+        if (!o.possible) continue;
+        if (o.total <= machine.host_bytes) {
+          best = &o;
+          break;
+        }
+        if (best == nullptr || o.total < best->total) best = &o;
+      }
+      if (best != nullptr) {
+        v += std::string(best->total <= machine.host_bytes ? " (it fits with " : " (not even with ") +
+             best->what + ": " + Bytes(best->total) + ")";
+      }
     }
     v += plan.cpu_fits ? "; the CPU engine fits (" + Bytes(plan.cpu_total) + ")"
                        : "; the CPU engine does NOT fit (" + Bytes(plan.cpu_total) + ")";

@@ -324,11 +324,22 @@ TEST(PlanHostBuffers, StagedKeepsWindowsAndTheVerdictSaysWhenItFits) {
   m.host_bytes = whole.host_total - 1;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tight, PlanMemory(in, m));
   EXPECT_FALSE(tight.host_fits);
-  EXPECT_THAT(tight.verdict, HasSubstr("with --host-buffers staged: "));
-  EXPECT_THAT(tight.verdict, HasSubstr(", fits)"));
+  EXPECT_THAT(tight.verdict, HasSubstr("(it fits with --host-buffers staged: "));
   m.host_bytes = staged.host_total - 1;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tighter, PlanMemory(in, m));
-  EXPECT_THAT(tighter.verdict, HasSubstr("does not fit either"));
+  EXPECT_THAT(tighter.verdict, HasSubstr("(not even with --host-buffers staged: "));
+  // With background saves, foreground ones are the first remedy, then both.
+  in.async_save = true;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan saving, PlanMemory(in, PlanMachine{}));
+  const int64_t save_row = saving.rows[static_cast<size_t>(MemClass::kSaveStaging)].host_bytes;
+  ASSERT_GT(save_row, 0);
+  m.host_bytes = saving.host_total - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan sync_fits, PlanMemory(in, m));
+  EXPECT_THAT(sync_fits.verdict, HasSubstr("(it fits with --sync-save: "));
+  m.host_bytes = whole.host_total - 1;  // the foreground whole plan does not fit; staged does
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan both, PlanMemory(in, m));
+  EXPECT_THAT(both.verdict, HasSubstr("(it fits with --sync-save --host-buffers staged: "));
+  in.async_save = false;
   in.host_window = kDefaultHostWindow;
   m.host_bytes = staged.host_total;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan fits, PlanMemory(in, m));
