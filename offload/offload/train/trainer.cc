@@ -1873,7 +1873,9 @@ int64_t Trainer::DeviceBytesStreamed() const {
 
 Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opts) {
   // A run refused after its --out folder was made (an option checked with the device, a corpus
-  // that will not tokenize) leaves nothing behind: the folder goes if this call made it.
+  // that will not tokenize) leaves nothing behind: the folder goes if this call made it. One
+  // process only: with several, a rank that fails early would remove the folder under a peer
+  // still reading the data its root wrote there (the peer then fails for that instead).
   struct RemoveOnFailure {
     fs::path dir;
     bool armed = false;
@@ -1884,7 +1886,8 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   {
     std::error_code exists_ec;
     made_out.dir = opts.out;
-    made_out.armed = !opts.out.empty() && !fs::exists(opts.out, exists_ec) && !exists_ec;
+    made_out.armed = !opts.out.empty() && !fs::exists(opts.out, exists_ec) && !exists_ec &&
+                     (opts.comm == nullptr || opts.comm->size() == 1);
   }
   auto impl = std::make_unique<Impl>();
   Impl& t = *impl;
