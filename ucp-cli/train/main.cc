@@ -152,8 +152,9 @@ int main(int argc, char** argv) {
      "with a device: what host memory keeps of its weights and gradients: whole (a pinned copy "
      "of each), staged (384 MiB of pinned windows: the host holds only the optimizer state, "
      "6 B/parameter less in bf16; the gradients cross twice, for the norm and for Adam; bf16, "
-     "one process, --pipeline sync, resident weights), or auto (staged where it runs and only "
-     "staged fits --host-memory, by default this machine's available memory). The same bits")
+     "one process or several at ZeRO 1-3, --pipeline sync, resident weights), or auto (staged "
+     "where it runs in one process and only staged fits --host-memory, by default this "
+     "machine's available memory). The same bits")
     ("gpu-gemm", po::value(&r.gpu_gemm)->default_value("auto"),
      "--device cuda: what the matrix products read: auto (bf16 training: the bf16 weights and "
      "bf16-rounded activations, fp32 accumulation on the tensor cores; else fp32) or fp32 (the "

@@ -178,9 +178,15 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                   "this rank's ZeRO block of " + Str(block) + " elements" +
                       (blocks > 1 ? " (1/" + Str(blocks) + ")" : "")});
   const int64_t zero_scratch = blocks > 1 ? (1 + static_cast<int64_t>(blocks)) * block * 4 : 0;
+  // Staged (trainer.cc SetUpHostBuffers): the exchange scratch is a window of every block.
+  const int64_t block_window = std::max<int64_t>(1, std::min(block, hw / std::max(1, blocks)));
+  const int64_t gpu_zero_scratch =
+      blocks > 1 && hw > 0 ? (block + static_cast<int64_t>(blocks) * block_window) * 4
+                           : zero_scratch;
   rows.push_back({MemClass::kZeroScratch, "ZeRO reduce-scatter buffers", zero_scratch, 0,
-                  zero_scratch,
-                  blocks > 1 ? "the reduced block and the exchange scratch (host)"
+                  gpu_zero_scratch,
+                  blocks > 1 ? (hw > 0 ? "the reduced block and a window of every block (host)"
+                                       : "the reduced block and the exchange scratch (host)")
                              : "none at one fragment"});
   rows.push_back({MemClass::kActivations, "activations + scratch", act, act, host_act,
                   "micro-batch " + Str(in.micro_batch) + " x " + Str(in.seq_len) + " tokens" +
@@ -284,10 +290,15 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     // gradients cross twice).
     if (!plan.host_fits) {
       const int64_t save_row = rows[static_cast<size_t>(MemClass::kSaveStaging)].host_bytes;
-      const bool can_stage = hw == 0 && bf16 && world == 1 && !in.overlap;
+      const bool can_stage = hw == 0 && bf16 && in.sp == 1 && (world == 1 || blocks > 1) &&
+                             !in.overlap;
+      const int64_t dw = std::min(kDefaultHostWindow, n);
+      const int64_t staged_flat =
+          blocks > 1 ? blocks * std::max<int64_t>(1, std::min(block, dw / blocks)) * 4 : 0;
       const int64_t staged_saving =
-          can_stage ? rows[0].host_bytes + rows[2].host_bytes -
-                          kStagedSlots * std::min(kDefaultHostWindow, n) * 6
+          can_stage ? rows[0].host_bytes + rows[2].host_bytes - kStagedSlots * dw * 6 +
+                          (blocks > 1 ? static_cast<int64_t>(blocks) * block * 4 - staged_flat
+                                      : 0)
                     : 0;
       struct Option {
         bool possible;

@@ -411,6 +411,11 @@ struct Trainer::Impl {
   // The staged step's gradient norm chunk sums and its Adam, window by window.
   Status StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs);
   Status StagedAdam(float multiplier);
+  // Several blocks (ZeRO 1-3 at dp > 1): `flat` is a window of block_window elements of every
+  // block; the gradients are reduce-scattered and the masters gathered through it.
+  int64_t block_window = 0;
+  Status StagedReduceScatter(SumOrder order);
+  Status StagedRefresh();
   // Whether the host keeps the fp32 compute copy (w32): not when a device trains in bf16, which
   // takes the bf16 weights and widens them itself (4 B/parameter less host memory).
   bool host_compute_copy() const { return !(opts.device != "cpu" && dtype == DType::kBf16); }
@@ -553,7 +558,10 @@ Status Trainer::Impl::SetUpLayout() {
   exp_avg_sq.assign(master.size(), 0.0f);
   if (blocks > 1) {
     gblock.assign(master.size(), 0.0f);
-    flat.assign(static_cast<size_t>(blocks) * master.size(), 0.0f);
+    // (Staged host buffers: `flat` is a window of every block, sized in SetUpHostBuffers.)
+    if (opts.host_buffers != "staged") {
+      flat.assign(static_cast<size_t>(blocks) * master.size(), 0.0f);
+    }
   }
   // Where each state tensor of this rank lives in the block.
   UCP_ASSIGN_OR_RETURN(auto infos, api::RankTensors(model, layout, rank, convert::PlanOptions{}));
@@ -820,8 +828,9 @@ std::vector<std::pair<std::string, TensorView>> Trainer::Impl::Views(bool weight
 // training-dtype copy is the masters rounded to nearest even, as Adam's fused copy-out writes
 // it, and the compute copy is widened from that. With several blocks, the masters are gathered.
 Status Trainer::Impl::RefreshWeights() {
+  if (staged() && blocks > 1) return StagedRefresh();
   if (staged()) {
-    // One block (SetUpHostBuffers): its pieces cover the model.
+    // One block: its pieces cover the model.
     for (const Piece& pc : block_pieces[0]) {
       UCP_RETURN_IF_ERROR(PushRounded(master.data() + pc.foff, pc.coff, pc.n));
     }
@@ -873,7 +882,10 @@ Status Trainer::Impl::SetUpHostBuffers() {
     return UnimplementedError(what + ": bf16 training only (fp16 and fp32 upload the host's "
                               "fp32 compute copy)");
   }
-  if (world != 1) return UnimplementedError(what + ": one process only (dp x sp = 1)");
+  if (world != 1 && blocks == 1) {
+    return UnimplementedError(what + " with several processes at ZeRO-0: each would reduce "
+                              "whole gradients (zero >= 1)");
+  }
   if (opts.pipeline != "sync") {
     return UnimplementedError(what + " with --pipeline " + opts.pipeline +
                               ": the pipeline reads whole host buffers (--pipeline sync)");
@@ -892,10 +904,13 @@ Status Trainer::Impl::SetUpHostBuffers() {
                                 "be a positive multiple of " + std::to_string(kReduceChunk) +
                                 " (the gradient norm's chunk)");
   }
-  // The pieces of the one block (in the optimizer's order: ZeRO's groups) must tile the model:
-  // each window's Adam writes every weight in it before the window crosses back.
+  // The pieces of the blocks (in the optimizer's order: ZeRO's groups) must tile the model:
+  // each window's Adam (one block) or gather (several) writes every weight in it before the
+  // window crosses back.
   std::vector<std::pair<int64_t, int64_t>> tiles;
-  for (const Piece& pc : block_pieces[0]) tiles.emplace_back(pc.coff, pc.n);
+  for (const auto& pieces : block_pieces) {
+    for (const Piece& pc : pieces) tiles.emplace_back(pc.coff, pc.n);
+  }
   std::sort(tiles.begin(), tiles.end());
   int64_t next = 0;
   for (const auto& [coff, pn] : tiles) {
@@ -910,6 +925,63 @@ Status Trainer::Impl::SetUpHostBuffers() {
                          std::to_string(n) + " model elements");
   }
   host_window = std::min(w, std::max<int64_t>(n, 1));
+  if (blocks > 1) {
+    // The blocks' window for the reduce-scatter and the gather: a window of each block, about
+    // host_window elements in all.
+    block_window = std::max<int64_t>(1, std::min(block_size, host_window / blocks));
+    flat.assign(static_cast<size_t>(blocks * block_window), 0.0f);
+  }
+  return Status::Ok();
+}
+
+// Staged, several blocks: the gradients reduce-scattered a window of every block at a time. Each
+// rank's window is filled from the device, piece by piece, through the host window; the sums are
+// elementwise in rank order, so the block is the whole-buffer reduce-scatter's, bit for bit.
+Status Trainer::Impl::StagedReduceScatter(SumOrder order) {
+  const int64_t B = block_window;
+  for (int64_t a = 0; a < block_size; a += B) {
+    const int64_t wb = std::min(B, block_size - a);
+    std::span<float> send(flat.data(), static_cast<size_t>(blocks * wb));
+    std::fill(send.begin(), send.end(), 0.0f);  // (the padding of the last fragments)
+    for (int r = 0; r < blocks; ++r) {
+      for (const Piece& pc : block_pieces[static_cast<size_t>(r)]) {
+        const int64_t x = std::max(a, pc.foff), y = std::min(a + wb, pc.foff + pc.n);
+        if (x >= y) continue;
+        UCP_RETURN_IF_ERROR(device->GradsRangeToHost(pc.coff + (x - pc.foff), y - x),
+                            "gradients to the host");
+        std::memcpy(send.data() + r * wb + (x - a), grads.data(), static_cast<size_t>(y - x) * 4);
+      }
+    }
+    UCP_RETURN_IF_ERROR(comm->ReduceScatterDeterministic(
+                            send, std::span<float>(gblock).subspan(static_cast<size_t>(a),
+                                                                   static_cast<size_t>(wb)),
+                            order),
+                        "reducing gradients");
+  }
+  return Status::Ok();
+}
+
+// Staged, several blocks: every block's updated masters gathered a window at a time, each
+// piece rounded (the copy-out's rounding) on its way to the device.
+Status Trainer::Impl::StagedRefresh() {
+  const int64_t B = block_window;
+  for (int64_t a = 0; a < block_size; a += B) {
+    const int64_t wb = std::min(B, block_size - a);
+    std::span<float> gathered(flat.data(), static_cast<size_t>(blocks * wb));
+    UCP_RETURN_IF_ERROR(
+        comm->AllGather(std::span<const float>(master).subspan(static_cast<size_t>(a),
+                                                               static_cast<size_t>(wb)),
+                        gathered),
+        "gathering the updated weights");
+    for (int r = 0; r < blocks; ++r) {
+      for (const Piece& pc : block_pieces[static_cast<size_t>(r)]) {
+        const int64_t x = std::max(a, pc.foff), y = std::min(a + wb, pc.foff + pc.n);
+        if (x >= y) continue;
+        UCP_RETURN_IF_ERROR(PushRounded(gathered.data() + r * wb + (x - a),
+                                        pc.coff + (x - pc.foff), y - x));
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -2266,6 +2338,11 @@ Result<StepRecord> Trainer::Step() {
   const bool reduced = t.pipeline != nullptr && t.world > 1;
   if (t.blocks > 1 && reduced) {
     g = t.gblock;
+  } else if (t.blocks > 1 && t.staged()) {
+    // (No --deterministic on a device.)
+    UCP_RETURN_IF_ERROR(t.StagedReduceScatter(SumOrder::kRankOrder),
+                        "step " + std::to_string(rec.step));
+    g = t.gblock;
   } else if (t.blocks > 1) {
     for (int r = 0; r < t.blocks; ++r) {
       float* blk = t.flat.data() + static_cast<int64_t>(r) * t.block_size;
@@ -2298,13 +2375,14 @@ Result<StepRecord> Trainer::Step() {
   // over the ranks' blocks in rank order; the largest magnitude for fp16's overflow test (a NaN
   // gradient makes the sum NaN, which the test below catches).
   // (Staged host buffers: the gradient is the device's, norm_of only its window.)
-  const int64_t nn = t.staged() ? t.numel() : static_cast<int64_t>(norm_of.size());
+  const bool staged_one = t.staged() && t.blocks == 1;  // (several: the norm of gblock, below)
+  const int64_t nn = staged_one ? t.numel() : static_cast<int64_t>(norm_of.size());
   const int64_t chunks = (nn + kReduceChunk - 1) / kReduceChunk;
   std::vector<double> own_partial;
   std::vector<float> own_maxabs;
   std::span<const double> partial;
   std::span<const float> maxabs;
-  if (t.staged()) {
+  if (staged_one) {
     UCP_RETURN_IF_ERROR(t.StagedNorm(own_partial, own_maxabs), "step " + std::to_string(rec.step));
     partial = own_partial;
     maxabs = own_maxabs;
@@ -2394,7 +2472,7 @@ Result<StepRecord> Trainer::Step() {
     const float cf = static_cast<float>(coef);
     UCP_RETURN_IF_ERROR(t.adam->set_lr(static_cast<float>(rec.lr)));
     t.optimizer_steps += 1;
-    if (t.staged()) {
+    if (t.staged() && t.blocks == 1) {
       UCP_RETURN_IF_ERROR(t.StagedAdam(cf), "optimizer step");
     } else if (t.blocks == 1) {
       // One block (every rank holds the whole state): Adam's fused copy-out writes the

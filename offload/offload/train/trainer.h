@@ -124,9 +124,11 @@ struct RunOptions {
   /// bf16) or "staged" (only pinned windows of host_window elements: after backward the
   /// gradients cross window by window twice, once for the norm and once for Adam, whose bf16
   /// copy-out crosses back from its window; the host then holds the optimizer state alone).
-  /// The same bits either way; not recorded. "staged": --device cuda|twin, bf16, one process,
-  /// --pipeline sync, resident weights, no --gpu-tail-buckets. "auto": staged where it runs
-  /// and the memory plan's host side fits `host_memory` staged but not whole; else whole.
+  /// The same bits either way; not recorded. "staged": --device cuda|twin, bf16, one process
+  /// or several at ZeRO 1-3 (the gradients reduce-scattered and the masters gathered a window
+  /// of every block at a time), --pipeline sync, resident weights, no --gpu-tail-buckets.
+  /// "auto": staged where it runs in one process and the memory plan's host side fits
+  /// `host_memory` staged but not whole; else whole.
   std::string host_buffers = "auto";
   /// Host memory for host_buffers "auto", bytes; 0: this machine's MemAvailable at start-up.
   int64_t host_memory = 0;

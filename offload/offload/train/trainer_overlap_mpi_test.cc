@@ -107,21 +107,32 @@ TrainConfig Config(const Case& k, const fs::path& text) {
 struct TrainRun {
   std::vector<StepRecord> records;
   std::vector<std::pair<std::string, std::vector<std::byte>>> state;
+  std::vector<int64_t> memory;  // Trainer::MemoryInUse
+  MemoryPlan plan;              // Trainer::Plan of the same run
 };
 
+// pipeline "staged": --pipeline sync with staged host buffers (windows of 64 Ki elements).
 TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pipeline,
                const fs::path& trace = {}, const std::string& device = "cpu") {
   RunOptions r;
   r.out = out;
   r.threads = 1;
   r.async_save = false;
-  r.pipeline = pipeline;
+  r.pipeline = pipeline == "staged" ? "sync" : pipeline;
+  if (pipeline == "staged") {
+    r.host_buffers = "staged";
+    r.host_window = int64_t{1} << 16;
+  }
   r.device = device;
   r.trace = trace;
   r.comm = &World();
   TrainRun run;
+  auto plan = Trainer::Plan(c, r, PlanMachine{});
+  UCP_CHECK(plan.ok()) << plan.status();
+  run.plan = *plan;
   auto t = Trainer::Create(c, r);
   UCP_CHECK(t.ok()) << t.status();  // a failure here would strand the peers: end the job
+  run.memory = t->MemoryInUse();
   while (t->step() < c.steps) {
     auto rec = t->Step();
     UCP_CHECK(rec.ok()) << rec.status();
@@ -193,9 +204,24 @@ TEST_P(DeviceTwinMpiTest, BitwiseTheCpuTrainer) {
   const TrainRun cpu = Train(c, dir / "cpu", "sync");
   // The device path with the sync pipeline, and with the overlapped one (each bucket's gradient
   // brought to the host from the device as backward completes it, then reduced over the ranks).
-  for (const char* pipeline : {"sync", "overlap"}) {
-    SCOPED_TRACE(std::string("--pipeline ") + pipeline);
-    const TrainRun twin = Train(c, dir / (std::string("twin_") + pipeline), pipeline, {}, "twin");
+  std::vector<std::string> pipelines = {"sync", "overlap"};
+  // Staged host buffers at ZeRO 1-3 (bf16): the gradients reduce-scattered, the masters gathered
+  // a window of every block at a time, each rank's host keeping its block and the windows.
+  if (k.dtype == "bf16" && k.zero >= 1) pipelines.push_back("staged");
+  for (const std::string& pipeline : pipelines) {
+    SCOPED_TRACE("--pipeline " + pipeline);
+    const TrainRun twin = Train(c, dir / ("twin_" + pipeline), pipeline, {}, "twin");
+    if (pipeline == "staged") {
+      // Every host row of the plan is what the staged trainer holds (its windows; no flat).
+      for (MemClass m : {MemClass::kWeights, MemClass::kGradients, MemClass::kZeroScratch,
+                         MemClass::kOptimizer}) {
+        EXPECT_EQ(twin.plan.rows[static_cast<size_t>(m)].host_bytes,
+                  twin.memory[static_cast<size_t>(m)])
+            << twin.plan.rows[static_cast<size_t>(m)].name;
+      }
+      EXPECT_LT(twin.memory[static_cast<size_t>(MemClass::kZeroScratch)],
+                cpu.memory[static_cast<size_t>(MemClass::kZeroScratch)]);
+    }
     ASSERT_EQ(cpu.records.size(), twin.records.size());
     for (size_t i = 0; i < cpu.records.size(); ++i) {
       EXPECT_EQ(cpu.records[i].loss, twin.records[i].loss) << "step " << i + 1;
@@ -213,9 +239,24 @@ TEST_P(DeviceTwinMpiTest, BitwiseTheCpuTrainer) {
 INSTANTIATE_TEST_SUITE_P(Layouts, DeviceTwinMpiTest,
                          ::testing::Values(Case{"llama-tiny", "bf16", 1, 0, 0.05},
                                            Case{"llama-tiny", "bf16", 1, 1, 0.05},
+                                           Case{"gpt-tiny", "bf16", 1, 3, 0.05},
                                            Case{"gpt-tiny", "fp16", 1, 3, 0.05},
                                            Case{"gpt-tiny", "fp32", 1, 1, 0.05}),
                          Name);
+
+// Staged host buffers with several processes need ZeRO 1-3 (at ZeRO-0 every rank would reduce
+// the whole gradient); every rank refuses before any collective.
+TEST(OverlapMpiRefusals, StagedNeedsZero) {
+  TrainConfig c = Config({"llama-tiny", "bf16", 1, 0, 1.0}, Text());
+  RunOptions r;
+  r.out = Work() / "refuse_staged";
+  r.threads = 1;
+  r.device = "twin";
+  r.host_buffers = "staged";
+  r.comm = &World();
+  EXPECT_THAT(Trainer::Create(c, r).status(),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("ZeRO-0")));
+}
 
 TEST(OverlapMpiRefusals, DeterministicIsSyncOnly) {
   TrainConfig c = Config({"gpt-tiny", "bf16", 1, 1, 1.0}, Text());
