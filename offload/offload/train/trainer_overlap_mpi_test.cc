@@ -5,7 +5,8 @@
 // GPT and LLaMA, bf16, fp32 and fp16, ZeRO 0-3, dp=P and dp x sp, with clipping that corrects
 // every step and clipping that never does. Also: --deterministic is refused with overlap, the
 // trace of a dp=2 step shows bucket reductions and Adam under backward, and the trainer's device
-// code path (the CPU twin device), sync and overlapped, is bitwise the CPU trainer at dp=P.
+// code path (the CPU twin device), sync, overlapped and with staged host buffers, is bitwise
+// the CPU trainer at dp=P, and a staged run's checkpoint resumes on the CPU bitwise.
 //
 // All ranks run the same tests in the same order with the same configs; checks use EXPECT, so
 // no rank leaves a test early and strands the others in a collective.
@@ -243,6 +244,58 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DeviceTwinMpiTest,
                                            Case{"gpt-tiny", "fp16", 1, 3, 0.05},
                                            Case{"gpt-tiny", "fp32", 1, 1, 0.05}),
                          Name);
+
+// A staged run's checkpoint at dp=P (each rank's state from its block, the weights from its
+// device, the dp replicas written once) resumes on the CPU engine, continuing bitwise as the
+// uninterrupted CPU run.
+TEST(StagedMpi, CheckpointResumesOnTheCpu) {
+  TrainConfig c = Config({"llama-tiny", "bf16", 1, 2, 0.05}, Text());
+  const fs::path dir = Work() / "staged_ckpt";
+  const TrainRun cpu = Train(c, dir / "cpu", "sync");
+  RunOptions r;
+  r.out = dir / "a";
+  r.threads = 1;
+  r.async_save = false;
+  r.device = "twin";
+  r.host_buffers = "staged";
+  r.host_window = int64_t{1} << 16;
+  r.comm = &World();
+  std::vector<double> losses;
+  {
+    auto t = Trainer::Create(c, r);
+    UCP_CHECK(t.ok()) << t.status();
+    for (int i = 0; i < 2; ++i) {
+      auto rec = t->Step();
+      UCP_CHECK(rec.ok()) << rec.status();
+      losses.push_back(rec->loss);
+    }
+    UCP_CHECK(t->Save().ok());
+  }
+  RunOptions back;
+  back.out = dir / "a";
+  back.resume = dir / "a";
+  back.threads = 1;
+  back.async_save = false;
+  back.comm = &World();
+  auto t = Trainer::Create(c, back);
+  UCP_CHECK(t.ok()) << t.status();
+  EXPECT_EQ(t->step(), 2);
+  while (t->step() < c.steps) {
+    auto rec = t->Step();
+    UCP_CHECK(rec.ok()) << rec.status();
+    losses.push_back(rec->loss);
+  }
+  ASSERT_EQ(losses.size(), cpu.records.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_EQ(losses[i], cpu.records[i].loss) << "step " << i + 1;
+  }
+  const auto state = t->StateForTest();
+  ASSERT_EQ(state.size(), cpu.state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_TRUE(state[i].second == cpu.state[i].second)
+        << "rank " << World().rank() << ": " << state[i].first << " differs";
+  }
+}
 
 // Staged host buffers with several processes need ZeRO 1-3 (at ZeRO-0 every rank would reduce
 // the whole gradient); every rank refuses before any collective.
