@@ -405,6 +405,7 @@ struct Trainer::Impl {
     DType dtype;
     std::vector<int64_t> shape;
     int64_t offset = 0, n = 0;
+    bool written_here = true;  ///< this rank writes it (not a dp replica another rank writes)
   };
   std::vector<SliceInfo> ModelSlices() const;
   Status SaveSlicesFromDevice();
@@ -1044,7 +1045,7 @@ std::vector<Trainer::Impl::SliceInfo> Trainer::Impl::ModelSlices() const {
   for (const convert::TensorInfo& t : *infos) {
     if (t.kind != convert::TensorKind::kModelSlice) continue;
     out.push_back({t.name, t.dtype, t.shape, params[by_name.at(t.param)].offset,
-                   NumElementsOrDie(t.shape)});
+                   NumElementsOrDie(t.shape), t.rank == rank});
   }
   return out;
 }
@@ -1052,6 +1053,7 @@ std::vector<Trainer::Impl::SliceInfo> Trainer::Impl::ModelSlices() const {
 Status Trainer::Impl::SaveSlicesFromDevice() {
   std::vector<uint16_t> buf;
   for (const SliceInfo& sl : ModelSlices()) {
+    if (!sl.written_here) continue;  // a dp replica: its holder writes it
     buf.resize(static_cast<size_t>(sl.n));
     UCP_RETURN_IF_ERROR(PullWeights(buf.data(), sl.offset, sl.n), sl.name);
     const std::pair<std::string, ConstTensorView> one[] = {
