@@ -14,6 +14,7 @@
 
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_ops.h"
+#include "offload/model/gpu_sizes.h"
 #include "offload/model/model_graph.h"
 #include "ucp/base/status_macros.h"
 
@@ -262,27 +263,18 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
   try {
     impl->acts.Allocate(config, rows, max_seq_len,
                         (config.heads + 2 * config.kv_heads) * config.head_dim);
+    // The scratch as the memory plan counts it (gpu_sizes.h).
+    const gpu::ModelScratch sc =
+        gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
+                              gemm == GemmInputs::kBf16);
     impl->inputs.assign(static_cast<size_t>(rows), 0);
     impl->targets.assign(static_cast<size_t>(rows), 0);
-    impl->attn_scratch.assign(
-        static_cast<size_t>(AttentionBackwardScratch(max_batch, max_seq_len, config.heads)), 0.f);
-    impl->cls_scratch.assign(static_cast<size_t>(ClassifierScratch(rows, config.vocab)), 0.f);
+    impl->attn_scratch.assign(static_cast<size_t>(sc.attn_floats), 0.f);
+    impl->cls_scratch.assign(static_cast<size_t>(sc.classifier_floats), 0.f);
     impl->gemm = gemm;
     if (gemm == GemmInputs::kBf16) {
-      // Every (in, out) width of the graph's GEMMs, the classifier's included.
-      const int64_t C = config.hidden, ah = config.heads * config.head_dim;
-      const int64_t qkv = (config.heads + 2 * config.kv_heads) * config.head_dim;
-      const int64_t F = config.ffn_hidden, F1 = config.family == Family::kGpt ? F : 2 * F;
-      int64_t n16 = 0;
-      for (const auto& [in, out] : {std::pair{C, qkv}, std::pair{ah, C}, std::pair{C, F1},
-                                   std::pair{F, C}, std::pair{C, config.vocab}}) {
-        n16 = std::max(n16, MixedMatmulScratch(rows, in, out));
-      }
-      impl->scratch16.assign(static_cast<size_t>(n16), 0);
-      impl->attn_gemm.assign(
-          static_cast<size_t>(AttentionGemmScratchBytes(max_batch, max_seq_len, config.heads,
-                                                        config.kv_heads, config.head_dim)),
-          0);
+      impl->scratch16.assign(static_cast<size_t>(sc.gemm16), 0);
+      impl->attn_gemm.assign(static_cast<size_t>(sc.attn_gemm_bytes), 0);
     }
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("CUDA model: activations for " + Str(max_batch) + " x " +

@@ -12,6 +12,7 @@
 
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_ops.h"
+#include "offload/model/gpu_sizes.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::offload::cuda {
@@ -731,7 +732,9 @@ int64_t Align8(int64_t n) { return (n + 7) / 8 * 8; }
 
 }  // namespace
 
-int64_t MixedMatmulScratch(int64_t N, int64_t C, int64_t OC) { return Align8(N * OC) + N * C; }
+int64_t MixedMatmulScratch(int64_t N, int64_t C, int64_t OC) {
+  return gpu::MixedMatmulScratch(N, C, OC);  // (Align8(N * OC) bf16 elements of the output's)
+}
 
 Status MatmulForwardMixed(const Blas& blas, float* out, const float* inp, const uint16_t* weight16,
                           const float* bias, int64_t N, int64_t C, int64_t OC,
@@ -796,39 +799,16 @@ Status GemmBf16Batched(const Blas& blas, cublasOperation_t ta, cublasOperation_t
                 what);
 }
 
-// The score buffers of one pass, by default: bounds the scratch at any T.
-constexpr int64_t kAttnPassBytes = int64_t{2} << 30;
-constexpr int64_t kAlign = 256;
-int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+// The scratch's layout and sizes are offload/model/gpu_sizes.h's (the memory plan counts them).
+constexpr int64_t kAlign = gpu::kAttnAlign;
+using gpu::AttnLayout;
+using gpu::AttnScratch;
+int64_t PairBytes(int64_t T, int64_t hd) { return gpu::AttnPairBytes(T, hd); }
 
 // Pointer arrays, one of B NH entries per kind: the per-(sequence, head) operands, then the
 // per-pass buffers (the first `pairs` entries).
 enum AttnPtr { kQ16, kK16, kV16, kO32, kDO16, kDQ32, kS, kP16, kDP, kDK, kDV, kPtrKinds };
-
-// One (sequence, head) pair's pass buffers: scores / probabilities (fp32), their bf16 copy, dP
-// (fp32), and the per-head dk and dv.
-int64_t PairBytes(int64_t T, int64_t hd) { return T * T * (4 + 2 + 4) + 2 * T * hd * 4; }
-
-// Byte offsets of the GEMM attention's buffers in its scratch.
-struct AttnScratch {
-  int64_t qkv16 = 0, dout16 = 0, ptrs = 0, fixed = 0;
-  int64_t S = 0, P16 = 0, dP = 0, dK = 0, dV = 0, total = 0;
-};
-
-AttnScratch AttnLayout(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd, int64_t pairs) {
-  AttnScratch a;
-  const int64_t N = B * T, row = (NH + 2 * KV) * hd;
-  a.dout16 = AlignUp(N * row * 2);
-  a.ptrs = a.dout16 + AlignUp(N * NH * hd * 2);
-  a.fixed = a.ptrs + AlignUp(kPtrKinds * B * NH * static_cast<int64_t>(sizeof(void*)));
-  a.S = a.fixed;
-  a.P16 = a.S + AlignUp(pairs * T * T * 4);
-  a.dP = a.P16 + AlignUp(pairs * T * T * 2);
-  a.dK = a.dP + AlignUp(pairs * T * T * 4);
-  a.dV = a.dK + AlignUp(pairs * T * hd * 4);
-  a.total = a.dV + AlignUp(pairs * T * hd * 4);
-  return a;
-}
+static_assert(kPtrKinds == gpu::kAttnPtrKinds, "gpu_sizes.h counts the pointer arrays");
 
 // The pairs per pass `bytes` of scratch hold: a multiple of the group size (a group's heads
 // share one pass, so its dk and dv are summed there), at most B NH.
@@ -935,14 +915,7 @@ Status Probabilities(const Blas& blas, const AttnPlan& p, int64_t p0, int64_t n,
 
 int64_t AttentionGemmScratchBytes(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                                   int64_t pairs_per_pass) {
-  if (B < 1 || T < 1 || NH < 1 || KV < 1 || hd < 1 || NH % KV != 0) return 0;
-  const int64_t hpg = NH / KV;
-  int64_t pairs = pairs_per_pass > 0
-                      ? (pairs_per_pass + hpg - 1) / hpg * hpg
-                      : std::max(hpg, kAttnPassBytes / PairBytes(T, hd) / hpg * hpg);
-  pairs = std::min(pairs, B * NH);
-  // The slack AttnPairs keeps for the five pass buffers' alignment.
-  return AttnLayout(B, T, NH, KV, hd, pairs).fixed + pairs * PairBytes(T, hd) + 5 * kAlign;
+  return gpu::AttentionGemmScratchBytes(B, T, NH, KV, hd, pairs_per_pass);
 }
 
 Status AttentionForwardGemm(const Blas& blas, float* out, float* lse, const float* qkv, int64_t B,
@@ -1017,7 +990,9 @@ Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int
   return Launched("attention forward");
 }
 
-int64_t AttentionBackwardScratch(int64_t B, int64_t T, int64_t NH) { return B * NH * T; }
+int64_t AttentionBackwardScratch(int64_t B, int64_t T, int64_t NH) {
+  return gpu::AttentionBackwardScratch(B, T, NH);
+}
 
 Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          float* scratch, int64_t B, int64_t T, int64_t NH, int64_t KV,
@@ -1093,7 +1068,7 @@ Status ResidualBackward(float* da, float* db, const float* dout, int64_t n, void
 
 int64_t ClassifierScratch(int64_t N, int64_t V) {
   // logits, then N doubles (2 floats each, 8-byte aligned), then the bad-target flag.
-  return ((N * V + 1) / 2) * 2 + 2 * N + 2;
+  return gpu::ClassifierScratch(N, V);
 }
 
 Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw, const float* x,

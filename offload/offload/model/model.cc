@@ -82,6 +82,7 @@
 #include <utility>
 
 #include "offload/comm/communicator.h"
+#include "offload/model/gpu_sizes.h"
 #include "offload/model/model_graph.h"
 #include "offload/model/model_ref.h"
 #include "offload/model/ops.h"
@@ -778,6 +779,25 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
                         [&](std::vector<float>&, int64_t n) { elements += n; });
   elements += static_cast<int64_t>(ScratchFloats(config, rows, max_seq_len, num_threads));
   return elements * static_cast<int64_t>(sizeof(float));
+}
+
+Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
+                                      int64_t max_seq_len, bool gemm_bf16) {
+  if (max_batch < 1 || max_seq_len < 1) {
+    return InvalidArgumentError("DeviceActivationBytes: batch=" + Str(max_batch) +
+                                ", seq_len=" + Str(max_seq_len) + " must be >= 1");
+  }
+  UCP_RETURN_IF_ERROR(ValidateConfig(config));
+  const int64_t rows = max_batch * max_seq_len;
+  int64_t elements = 0;
+  Acts<float> counter;  // sizes only, as CudaModel::Create's DeviceActs::Allocate
+  counter.ForEachBuffer(config, rows, max_seq_len,
+                        (config.heads + 2 * config.kv_heads) * config.head_dim,
+                        [&](std::vector<float>&, int64_t n) { elements += n; });
+  return elements * static_cast<int64_t>(sizeof(float)) +
+         gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
+                                gemm_bf16)
+             .bytes();
 }
 
 int64_t Model::activation_bytes() const {

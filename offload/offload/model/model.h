@@ -146,6 +146,13 @@ Result<ParamTable> ModelParamTable(const ModelConfig& config);
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                                 int num_threads, int sp = 1);
 
+/// What the CUDA model (offload/cuda/cuda_model.h) allocates on the device for micro-batches of
+/// up to max_batch x max_seq_len tokens: its activations (the same buffers as the CPU model's)
+/// and its scratch (offload/model/gpu_sizes.h; with gemm_bf16 the bf16 GEMMs' and the GEMM
+/// attention's). Host code: the memory plan's GPU column. Errors: as ActivationBytes.
+Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
+                                      int64_t max_seq_len, bool gemm_bf16);
+
 /// Model FLOPs of one forward + backward over batch x seq_len tokens (the MFU numerator):
 /// 6 x the matrix parameters the tokens multiply (the head included; embedding lookups are not
 /// products) per token, plus causal attention's two products, 6 x layers x seq_len x heads x

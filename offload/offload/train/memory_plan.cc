@@ -113,8 +113,12 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   }
   UCP_ASSIGN_OR_RETURN(int64_t act, ActivationBytes(in.config, in.micro_batch, in.seq_len,
                                                     in.threads, in.sp));
-  // With a device the host's model is only the parameter table (a micro-batch of one token).
+  // With a device the host's model is only the parameter table (a micro-batch of one token),
+  // and the device holds the CUDA model's buffers (one process per GPU: no sequence sharding).
   UCP_ASSIGN_OR_RETURN(int64_t host_act, ActivationBytes(in.config, 1, 1, in.threads, 1));
+  UCP_ASSIGN_OR_RETURN(int64_t device_act,
+                       DeviceActivationBytes(in.config, in.micro_batch, in.seq_len,
+                                             in.gpu_gemm_bf16 && in.dtype == LowpDType::kBf16));
   layout::Layout lay;
   lay.dp = in.dp;
   lay.sp = in.sp;
@@ -188,10 +192,10 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                   blocks > 1 ? (hw > 0 ? "the reduced block and a window of every block (host)"
                                        : "the reduced block and the exchange scratch (host)")
                              : "none at one fragment"});
-  rows.push_back({MemClass::kActivations, "activations + scratch", act, act, host_act,
+  rows.push_back({MemClass::kActivations, "activations + scratch", act, device_act, host_act,
                   "micro-batch " + Str(in.micro_batch) + " x " + Str(in.seq_len) + " tokens" +
                       (in.sp > 1 ? " (1/" + Str(in.sp) + " of the positions)" : "") +
-                      ", fp32 (GPU: not counted, the bf16 GEMMs' and attention's scratch)"});
+                      ", fp32 (GPU: the CUDA model's, its GEMM and attention scratch included)"});
   // The speculation snapshots: master, exp_avg and exp_avg_sq of the block.
   const int64_t snapshots = in.overlap && in.speculate ? 3 * block * 4 : 0;
   int64_t staging = 0;

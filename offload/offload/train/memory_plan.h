@@ -10,8 +10,10 @@
 //     Trainer's buffers.
 //   * "GPU" device / host: what `--device cuda` allocates (one process per GPU, optimizer
 //     offloaded): on the device the training-dtype weights, their fp32 compute copy, fp32
-//     gradients and activations (not counted: the bf16 GEMMs' rounding scratch and the GEMM
-//     attention's pass buffers, about 2 GiB); on the host the trainer's own copies of the
+//     gradients, and the CUDA model's activations and scratch (the bf16 GEMMs' rounding
+//     scratch and the GEMM attention's pass buffers included: DeviceActivationBytes, sized by
+//     the functions the CUDA model allocates with; not counted: the CUDA context and the
+//     libraries' workspaces, the reserve below); on the host the trainer's own copies of the
 //     weights and gradients (and, but in bf16, of the compute copy: the device widens bf16
 //     weights itself), the fp32 masters, exp_avg and exp_avg_sq, the ZeRO
 //     buffers, the pipeline's staging and a save's staging. memory_plan_test checks the host
@@ -65,6 +67,9 @@ struct PlanInput {
   /// state and stages nothing.
   bool async_save = true;
   WeightChoice weights = WeightChoice::kAuto;  ///< --weights
+  /// On a GPU the matrix products read the bf16 weights (bf16 training with --gpu-gemm auto):
+  /// the device then also holds the bf16 GEMMs' and the GEMM attention's scratch.
+  bool gpu_gemm_bf16 = true;
   /// Staged host buffers (RunOptions::host_buffers): the host's weights and gradients are two
   /// windows each of this many elements (at most the model); 0: whole copies. The weights then stay
   /// resident (the streamed placement reads the host's whole weights).

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "offload/model/gpu_sizes.h"
 #include "offload/train/device.h"
 #include "offload/train/trainer.h"
 #include "tests/testutil/status_matchers.h"
@@ -353,6 +354,31 @@ TEST(PlanHostBuffers, StagedKeepsWindowsAndTheVerdictSaysWhenItFits) {
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan small, PlanMemory(in, m));
   EXPECT_EQ(small.placement, WeightPlacement::kResident);
   EXPECT_FALSE(small.device_fits);
+}
+
+// The GPU column's activations are the CUDA model's: its activations (the CPU model's buffers)
+// and its scratch, sized by gpu_sizes.h (what CudaModel::Create allocates with). The GEMM
+// attention holds at least one KV group of T x T pass buffers, however long the sequence.
+TEST(PlanDeviceActivations, AreTheCudaModelsBuffersAndScratch) {
+  PlanInput in = Input(2);
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, PlanMemory(in, PlanMachine{}));
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t bf16, DeviceActivationBytes(in.config, 2, 64, true));
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t fp32, DeviceActivationBytes(in.config, 2, 64, false));
+  EXPECT_EQ(plan.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes, bf16);
+  const ModelConfig& c = in.config;
+  const gpu::ModelScratch s16 = gpu::CudaModelScratch(c, true, 2, 64, true);
+  const gpu::ModelScratch s32 = gpu::CudaModelScratch(c, true, 2, 64, false);
+  EXPECT_EQ(bf16 - fp32, s16.gemm16 * 2 + s16.attn_gemm_bytes);
+  EXPECT_EQ(s32.gemm16, 0);
+  EXPECT_EQ(s16.classifier_floats, 2 * 64 * c.vocab + 2 * 2 * 64 + 2);  // the logits
+  in.gpu_gemm_bf16 = false;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan32, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(plan32.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes, fp32);
+  // A long sequence: one KV group of pairs (heads / kv_heads of them) even past the 2 GiB pass.
+  const int64_t T = 32768, hpg = c.heads / c.kv_heads;
+  const int64_t pass = gpu::AttentionGemmScratchBytes(1, T, c.heads, c.kv_heads, c.head_dim);
+  EXPECT_GE(pass, hpg * gpu::AttnPairBytes(T, c.head_dim));
+  EXPECT_GT(pass, gpu::kAttnPassBytes);
 }
 
 TEST(PlanCast, FollowsTheLinkAndTheCastRates) {

@@ -1911,6 +1911,7 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   in.speculate = opts.speculate;
   in.async_save = opts.async_save;
   in.weights = ParseWeightChoice(opts.weights).value_or(WeightChoice::kAuto);  // (checked above)
+  in.gpu_gemm_bf16 = opts.gpu_gemm == "auto";
   if (opts.host_buffers == "staged" || host_window > 0) {  // (host_window: auto chose staged)
     in.host_window = host_window > 0            ? host_window
                      : opts.host_window == 0 ? kDefaultHostWindow
