@@ -249,9 +249,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   }
 
   Status WaitStaged(int slot) override {
-    if (slot < 0 || slot >= kStagedSlots) {
-      return InvalidArgumentError("CUDA device: no staged slot " + std::to_string(slot));
-    }
+    UCP_RETURN_IF_ERROR(CheckStagedSlot(spec_, slot, "CUDA device"));
     UCP_RETURN_IF_ERROR(Cuda(cudaEventSynchronize(staged_grads_[slot]), "the host window"));
     return Cuda(cudaEventSynchronize(staged_weights_[slot]), "the host window");
   }
@@ -516,11 +514,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     std::function<Status(int)> wait_;
     std::unique_ptr<PipelineBackend> cpu_;
   };
-  Status NotStaged(const char* what) const {
-    if (spec_.host_window == 0) return Status::Ok();
-    return FailedPreconditionError(std::string("CUDA device: ") + what + " needs whole host "
-                                   "buffers (these are staged: --host-buffers staged)");
-  }
+  Status NotStaged(const char* what) const { return CheckNotStaged(spec_, "CUDA device", what); }
   // `stream` waits for what the model's stream has queued so far.
   Status AfterModel(cudaStream_t stream) {
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));

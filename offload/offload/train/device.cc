@@ -7,9 +7,9 @@
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -164,9 +164,7 @@ class CpuTwinDevice final : public TrainDevice {
   }
 
   Status WaitStaged(int slot) override {
-    if (slot < 0 || slot >= kStagedSlots) {
-      return InvalidArgumentError("twin device: no staged slot " + std::to_string(slot));
-    }
+    UCP_RETURN_IF_ERROR(CheckStagedSlot(spec_, slot, "twin device"));
     copies_.Wait(slot);
     return Status::Ok();
   }
@@ -271,12 +269,7 @@ class CpuTwinDevice final : public TrainDevice {
 
  private:
   bool lowp() const { return spec_.weights != LowpDType::kFp32; }
-  // The whole-model host copies do not exist with staged host buffers.
-  Status NotStaged(const char* what) const {
-    if (spec_.host_window == 0) return Status::Ok();
-    return FailedPreconditionError(std::string("twin device: ") + what + " needs whole host "
-                                   "buffers (these are staged: --host-buffers staged)");
-  }
+  Status NotStaged(const char* what) const { return CheckNotStaged(spec_, "twin device", what); }
   // The compute copy of elements [b, e) from the device's weights: bf16 widened on the
   // "device"; fp16 and fp32 runs take the host's fp32 compute copy.
   void WidenRange(int64_t b, int64_t e) {
@@ -594,8 +587,7 @@ void WeightWindowBook::NewStep() { std::fill(grads_on_host_.begin(), grads_on_ho
 
 void WeightWindowBook::ReleaseAll() { std::fill(held_.begin(), held_.end(), 0); }
 
-Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
-                        int slot, const char* who) {
+Status CheckStagedSlot(const TrainDeviceSpec& spec, int slot, const char* who) {
   if (spec.host_window == 0) {
     return FailedPreconditionError(std::string(who) + ": no staged host buffers "
                                    "(--host-buffers staged)");
@@ -603,6 +595,18 @@ Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begi
   if (slot < 0 || slot >= kStagedSlots) {
     return InvalidArgumentError(std::string(who) + ": no staged slot " + std::to_string(slot));
   }
+  return Status::Ok();
+}
+
+Status CheckNotStaged(const TrainDeviceSpec& spec, const char* who, const char* what) {
+  if (spec.host_window == 0) return Status::Ok();
+  return FailedPreconditionError(std::string(who) + ": " + what + " needs whole host buffers "
+                                 "(these are staged: --host-buffers staged)");
+}
+
+Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
+                        int slot, const char* who) {
+  UCP_RETURN_IF_ERROR(CheckStagedSlot(spec, slot, who));
   if (begin < 0 || n < 0 || n > spec.host_window || begin > numel - n) {
     return InvalidArgumentError(std::string(who) + ": staged range [" + std::to_string(begin) +
                                 ", +" + std::to_string(n) + ") outside the model's " +
@@ -641,15 +645,12 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
   UCP_ASSIGN_OR_RETURN(Model model, Model::Create(spec.model, spec.max_batch, spec.seq_len,
                                                   spec.threads));
   const int64_t n = model.num_params();
+  // As the CUDA device: bf16 training needs no host fp32 weights (may be empty); staged host
+  // buffers are windows (and neither streamed nor with device pieces).
+  const auto w32 = static_cast<int64_t>(spec.h_weights32.size());
   if (spec.host_window != 0) {
     UCP_RETURN_IF_ERROR(CheckStagedSpec(spec, n, "twin device"));
-    UCP_ASSIGN_OR_RETURN(auto ranges, GradGroupRanges(spec.model));
-    return std::unique_ptr<TrainDevice>(
-        std::make_unique<CpuTwinDevice>(spec, std::move(model), std::move(ranges)));
-  }
-  // As the CUDA device: bf16 training needs no host fp32 weights (may be empty).
-  const auto w32 = static_cast<int64_t>(spec.h_weights32.size());
-  if (static_cast<int64_t>(spec.h_grads.size()) != n ||
+  } else if (static_cast<int64_t>(spec.h_grads.size()) != n ||
       (w32 != n && !(w32 == 0 && spec.weights == LowpDType::kBf16)) ||
       (spec.weights != LowpDType::kFp32 && static_cast<int64_t>(spec.h_weights16.size()) != n)) {
     return InvalidArgumentError("twin device: host buffers do not hold the model's " +

@@ -195,6 +195,10 @@ inline constexpr int kStagedSlots = 2;
 /// model's `numel` elements, the spec's window and the slots; `who` names the device.
 Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
                         int slot, const char* who);
+/// Checks that the spec has staged host buffers and `slot` is one of their windows.
+Status CheckStagedSlot(const TrainDeviceSpec& spec, int slot, const char* who);
+/// Refuses `what` (a call that needs the whole host buffers) when the spec's are staged.
+Status CheckNotStaged(const TrainDeviceSpec& spec, const char* who, const char* what);
 /// Checks a spec with staged host buffers (host_window > 0) for what they run with.
 Status CheckStagedSpec(const TrainDeviceSpec& spec, int64_t numel, const char* who);
 

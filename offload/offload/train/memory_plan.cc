@@ -63,7 +63,9 @@ Result<int64_t> BlockElements(const ParamTable& table, const std::vector<int>& g
   return block;
 }
 
-int64_t MemAvailableOfProc() {
+}  // namespace
+
+int64_t MeasureHostMemory() {
   std::ifstream f("/proc/meminfo");
   std::string key;
   int64_t kb = 0;
@@ -73,8 +75,6 @@ int64_t MemAvailableOfProc() {
   }
   return 0;
 }
-
-}  // namespace
 
 CastChoice ChooseCastSide(const PlanMachine& m, int64_t elements) {
   CastChoice c;
@@ -183,10 +183,10 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                       (blocks > 1 ? " (1/" + Str(blocks) + ")" : "")});
   const int64_t zero_scratch = blocks > 1 ? (1 + static_cast<int64_t>(blocks)) * block * 4 : 0;
   // Staged (trainer.cc SetUpHostBuffers): the exchange scratch is a window of every block.
-  const int64_t block_window = std::max<int64_t>(1, std::min(block, hw / std::max(1, blocks)));
   const int64_t gpu_zero_scratch =
-      blocks > 1 && hw > 0 ? (block + static_cast<int64_t>(blocks) * block_window) * 4
-                           : zero_scratch;
+      blocks > 1 && hw > 0
+          ? (block + static_cast<int64_t>(blocks) * StagedBlockWindow(block, hw, blocks)) * 4
+          : zero_scratch;
   rows.push_back({MemClass::kZeroScratch, "ZeRO reduce-scatter buffers", zero_scratch, 0,
                   gpu_zero_scratch,
                   blocks > 1 ? (hw > 0 ? "the reduced block and a window of every block (host)"
@@ -297,8 +297,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
       const bool can_stage = hw == 0 && bf16 && in.sp == 1 && (world == 1 || blocks > 1) &&
                              !in.overlap;
       const int64_t dw = std::min(kDefaultHostWindow, n);
-      const int64_t staged_flat =
-          blocks > 1 ? blocks * std::max<int64_t>(1, std::min(block, dw / blocks)) * 4 : 0;
+      const int64_t staged_flat = blocks > 1 ? blocks * StagedBlockWindow(block, dw, blocks) * 4 : 0;
       const int64_t staged_saving =
           can_stage ? rows[0].host_bytes + rows[2].host_bytes - kStagedSlots * dw * 6 +
                           (blocks > 1 ? static_cast<int64_t>(blocks) * block * 4 - staged_flat
@@ -341,8 +340,6 @@ Result<WeightChoice> ParseWeightChoice(const std::string& text) {
   if (text == "streamed") return WeightChoice::kStreamed;
   return InvalidArgumentError("--weights " + text + ": must be auto, resident or streamed");
 }
-
-int64_t MeasureHostMemory() { return MemAvailableOfProc(); }
 
 PlanMachine MeasureHost() {
   PlanMachine m;

@@ -29,6 +29,7 @@
 // same bits (round to nearest even either side), so the choice is only about time.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,6 +50,12 @@ Result<WeightChoice> ParseWeightChoice(const std::string& text);
 /// multiple of the gradient norm's 64 Ki chunks. Two of each buffer (one crossing while the host
 /// works on the other): 256 MiB of gradients and 128 MiB of bf16 weights.
 inline constexpr int64_t kDefaultHostWindow = int64_t{1} << 25;
+
+/// Staged host buffers with several ZeRO blocks: the window of every block the reduce-scatter
+/// and the gather go through, in block elements (about host_window elements in all).
+inline int64_t StagedBlockWindow(int64_t block, int64_t host_window, int blocks) {
+  return std::max<int64_t>(1, std::min(block, host_window / std::max(1, blocks)));
+}
 
 /// What decides the memory of one process.
 struct PlanInput {

@@ -150,6 +150,17 @@ double NormalAt(uint64_t stream, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
+// RunOptions::host_buffers is one of three.
+Status CheckHostBuffersOption(const std::string& text) {
+  if (text == "auto" || text == "whole" || text == "staged") return Status::Ok();
+  return InvalidArgumentError("--host-buffers " + text + ": must be auto, whole or staged");
+}
+
+// The staged window the options ask for (RunOptions::host_window; 0: the default).
+int64_t RequestedHostWindow(const RunOptions& o) {
+  return o.host_window == 0 ? kDefaultHostWindow : o.host_window;
+}
+
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
@@ -389,8 +400,11 @@ struct Trainer::Impl {
   int64_t numel() const { return n_params; }
   bool staged() const { return host_window > 0; }
   Status SetUpHostBuffers();
-  // --host-buffers auto: whether staged buffers run (a device, bf16, one process of `world`,
-  // --pipeline sync, no device pieces, weights not streamed) and the plan's host side fits
+  // Why staged host buffers do not run for `processes` processes (OK: they do): a device,
+  // bf16, one process or several at ZeRO 1-3, --pipeline sync, no device pieces, weights not
+  // streamed. Both --host-buffers staged (the refusal) and auto (whether to pick it) ask.
+  Status StagingRefusal(int processes) const;
+  // --host-buffers auto: staging runs in one process and the plan's host side fits
   // `m.host_bytes` staged but not whole.
   Result<bool> AutoStages(PlanInput in, int processes, const PlanMachine& m) const;
   // Staged host buffers: `n` training-dtype weights to model offset `at` on the device, or
@@ -412,11 +426,18 @@ struct Trainer::Impl {
   // The staged step's gradient norm chunk sums and its Adam, window by window.
   Status StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs);
   Status StagedAdam(float multiplier);
+  // The device's gradients window by window, window i in slot i % 2 while the host works on
+  // window i - 1: `work(lo, m, slot)` once model elements [lo, lo + m) are in the slot.
+  Status StagedGradWindows(const std::function<Status(int64_t, int64_t, int)>& work);
   // Several blocks (ZeRO 1-3 at dp > 1): `flat` is a window of block_window elements of every
   // block; the gradients are reduce-scattered and the masters gathered through it.
   int64_t block_window = 0;
   Status StagedReduceScatter(SumOrder order);
   Status StagedRefresh();
+  // Every block's pieces within block elements [a, a + wb): fn(block, piece, x, y) for the
+  // piece's block elements [x, y).
+  Status ForEachPieceInBlockWindow(
+      int64_t a, int64_t wb, const std::function<Status(int, const Piece&, int64_t, int64_t)>& fn);
   // Whether the host keeps the fp32 compute copy (w32): not when a device trains in bf16, which
   // takes the bf16 weights and widens them itself (4 B/parameter less host memory).
   bool host_compute_copy() const { return !(opts.device != "cpu" && dtype == DType::kBf16); }
@@ -860,11 +881,8 @@ Status Trainer::Impl::RefreshWeights() {
 
 Status Trainer::Impl::SetUpHostBuffers() {
   const int64_t n = numel();
+  UCP_RETURN_IF_ERROR(CheckHostBuffersOption(opts.host_buffers));
   if (opts.host_buffers == "whole") return Status::Ok();
-  if (opts.host_buffers != "staged" && opts.host_buffers != "auto") {
-    return InvalidArgumentError("--host-buffers " + opts.host_buffers +
-                                ": must be auto, whole or staged");
-  }
   if (opts.host_buffers == "auto") {
     // Staged where it runs and only where whole buffers would not fit the host: it costs a
     // second crossing of the gradients.
@@ -874,32 +892,9 @@ Status Trainer::Impl::SetUpHostBuffers() {
                          AutoStages(MakePlanInput(net->config(), layout), world, m));
     if (!pick) return Status::Ok();
   }
+  UCP_RETURN_IF_ERROR(StagingRefusal(world));
   const std::string what = "--host-buffers staged";
-  if (opts.device == "cpu") {
-    return InvalidArgumentError(what + ": the CPU engine's model reads the host buffers "
-                                "(--device cuda or twin)");
-  }
-  if (dtype != DType::kBf16) {
-    return UnimplementedError(what + ": bf16 training only (fp16 and fp32 upload the host's "
-                              "fp32 compute copy)");
-  }
-  if (world != 1 && blocks == 1) {
-    return UnimplementedError(what + " with several processes at ZeRO-0: each would reduce "
-                              "whole gradients (zero >= 1)");
-  }
-  if (opts.pipeline != "sync") {
-    return UnimplementedError(what + " with --pipeline " + opts.pipeline +
-                              ": the pipeline reads whole host buffers (--pipeline sync)");
-  }
-  if (opts.gpu_tail_buckets != 0) {
-    return UnimplementedError(what + " with --gpu-tail-buckets: the device Adam's pieces "
-                              "write the host's whole weights");
-  }
-  if (opts.weights == "streamed") {
-    return UnimplementedError(what + " with --weights streamed: streaming reads the host's "
-                              "whole weights (--weights resident)");
-  }
-  const int64_t w = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
+  const int64_t w = RequestedHostWindow(opts);
   if (w < 0 || w % kReduceChunk != 0) {
     return InvalidArgumentError(what + ": the window (" + std::to_string(w) + " elements) must "
                                 "be a positive multiple of " + std::to_string(kReduceChunk) +
@@ -929,7 +924,7 @@ Status Trainer::Impl::SetUpHostBuffers() {
   if (blocks > 1) {
     // The blocks' window for the reduce-scatter and the gather: a window of each block, about
     // host_window elements in all.
-    block_window = std::max<int64_t>(1, std::min(block_size, host_window / blocks));
+    block_window = StagedBlockWindow(block_size, host_window, blocks);
     flat.assign(static_cast<size_t>(blocks * block_window), 0.0f);
   }
   return Status::Ok();
@@ -944,15 +939,13 @@ Status Trainer::Impl::StagedReduceScatter(SumOrder order) {
     const int64_t wb = std::min(B, block_size - a);
     std::span<float> send(flat.data(), static_cast<size_t>(blocks * wb));
     std::fill(send.begin(), send.end(), 0.0f);  // (the padding of the last fragments)
-    for (int r = 0; r < blocks; ++r) {
-      for (const Piece& pc : block_pieces[static_cast<size_t>(r)]) {
-        const int64_t x = std::max(a, pc.foff), y = std::min(a + wb, pc.foff + pc.n);
-        if (x >= y) continue;
-        UCP_RETURN_IF_ERROR(device->GradsRangeToHost(pc.coff + (x - pc.foff), y - x),
-                            "gradients to the host");
-        std::memcpy(send.data() + r * wb + (x - a), grads.data(), static_cast<size_t>(y - x) * 4);
-      }
-    }
+    auto fill = [&](int r, const Piece& pc, int64_t x, int64_t y) -> Status {
+      UCP_RETURN_IF_ERROR(device->GradsRangeToHost(pc.coff + (x - pc.foff), y - x),
+                          "gradients to the host");
+      std::memcpy(send.data() + r * wb + (x - a), grads.data(), static_cast<size_t>(y - x) * 4);
+      return Status::Ok();
+    };
+    UCP_RETURN_IF_ERROR(ForEachPieceInBlockWindow(a, wb, fill));
     UCP_RETURN_IF_ERROR(comm->ReduceScatterDeterministic(
                             send, std::span<float>(gblock).subspan(static_cast<size_t>(a),
                                                                    static_cast<size_t>(wb)),
@@ -974,28 +967,61 @@ Status Trainer::Impl::StagedRefresh() {
                                                                static_cast<size_t>(wb)),
                         gathered),
         "gathering the updated weights");
-    for (int r = 0; r < blocks; ++r) {
-      for (const Piece& pc : block_pieces[static_cast<size_t>(r)]) {
-        const int64_t x = std::max(a, pc.foff), y = std::min(a + wb, pc.foff + pc.n);
-        if (x >= y) continue;
-        UCP_RETURN_IF_ERROR(PushRounded(gathered.data() + r * wb + (x - a),
-                                        pc.coff + (x - pc.foff), y - x));
-      }
+    UCP_RETURN_IF_ERROR(ForEachPieceInBlockWindow(
+        a, wb, [&](int r, const Piece& pc, int64_t x, int64_t y) {
+          return PushRounded(gathered.data() + r * wb + (x - a), pc.coff + (x - pc.foff), y - x);
+        }));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Impl::ForEachPieceInBlockWindow(
+    int64_t a, int64_t wb, const std::function<Status(int, const Piece&, int64_t, int64_t)>& fn) {
+  for (int r = 0; r < blocks; ++r) {
+    for (const Piece& pc : block_pieces[static_cast<size_t>(r)]) {
+      const int64_t x = std::max(a, pc.foff), y = std::min(a + wb, pc.foff + pc.n);
+      if (x < y) UCP_RETURN_IF_ERROR(fn(r, pc, x, y));
     }
   }
   return Status::Ok();
 }
 
-Result<bool> Trainer::Impl::AutoStages(PlanInput in, int processes, const PlanMachine& m) const {
-  if (opts.device == "cpu" || dtype != DType::kBf16 || processes != 1 ||
-      opts.pipeline != "sync" || opts.gpu_tail_buckets != 0 || opts.weights == "streamed" ||
-      m.host_bytes <= 0) {
-    return false;
+Status Trainer::Impl::StagingRefusal(int processes) const {
+  const std::string what = "--host-buffers staged";
+  if (opts.device == "cpu") {
+    return InvalidArgumentError(what + ": the CPU engine's model reads the host buffers "
+                                "(--device cuda or twin)");
   }
+  if (dtype != DType::kBf16) {
+    return UnimplementedError(what + ": bf16 training only (fp16 and fp32 upload the host's "
+                              "fp32 compute copy)");
+  }
+  if (processes != 1 && blocks == 1) {
+    return UnimplementedError(what + " with several processes at ZeRO-0: each would reduce "
+                              "whole gradients (zero >= 1)");
+  }
+  if (opts.pipeline != "sync") {
+    return UnimplementedError(what + " with --pipeline " + opts.pipeline +
+                              ": the pipeline reads whole host buffers (--pipeline sync)");
+  }
+  if (opts.gpu_tail_buckets != 0) {
+    return UnimplementedError(what + " with --gpu-tail-buckets: the device Adam's pieces "
+                              "write the host's whole weights");
+  }
+  if (opts.weights == "streamed") {
+    return UnimplementedError(what + " with --weights streamed: streaming reads the host's "
+                              "whole weights (--weights resident)");
+  }
+  return Status::Ok();
+}
+
+Result<bool> Trainer::Impl::AutoStages(PlanInput in, int processes, const PlanMachine& m) const {
+  // (One process: the processes of a node share its memory.)
+  if (processes != 1 || m.host_bytes <= 0 || !StagingRefusal(processes).ok()) return false;
   in.host_window = 0;
   UCP_ASSIGN_OR_RETURN(MemoryPlan whole, PlanMemory(in, m), "--host-buffers auto");
   if (whole.host_fits) return false;
-  in.host_window = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
+  in.host_window = RequestedHostWindow(opts);
   UCP_ASSIGN_OR_RETURN(MemoryPlan staged, PlanMemory(in, m), "--host-buffers auto");
   return staged.host_fits;  // neither fits: whole, the default's
 }
@@ -1064,26 +1090,32 @@ Status Trainer::Impl::SaveSlicesFromDevice() {
   return Status::Ok();
 }
 
-// The chunks are the whole-buffer path's (a window is a whole number of them), summed by the
-// same function, so the norm has the same bits. Window i crosses into slot i % 2 while the host
-// sums window i - 1.
-Status Trainer::Impl::StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs) {
+Status Trainer::Impl::StagedGradWindows(
+    const std::function<Status(int64_t, int64_t, int)>& work) {
   const int64_t n = numel(), W = host_window;
-  const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
   const int64_t windows = (n + W - 1) / W;
-  partial.assign(static_cast<size_t>(chunks), 0.0);
-  maxabs.assign(static_cast<size_t>(chunks), 0.0f);
   auto fetch = [&](int64_t i) {
     return device->GradsRangeToHostAsync(i * W, std::min(W, n - i * W), static_cast<int>(i % 2));
   };
   if (windows > 0) UCP_RETURN_IF_ERROR(fetch(0), "gradients to the host");
   for (int64_t i = 0; i < windows; ++i) {
     const int slot = static_cast<int>(i % 2);
-    // (Slot 1 - slot held window i - 1, summed already.)
+    // (The other slot held window i - 1, which `work` is done with.)
     if (i + 1 < windows) UCP_RETURN_IF_ERROR(fetch(i + 1), "gradients to the host");
     UCP_RETURN_IF_ERROR(device->WaitStaged(slot), "gradients to the host");
-    const int64_t lo = i * W, m = std::min(W, n - lo);
-    const float* win = grads.data() + slot * W;
+    UCP_RETURN_IF_ERROR(work(i * W, std::min(W, n - i * W), slot));
+  }
+  return Status::Ok();
+}
+
+// The chunks are the whole-buffer path's (a window is a whole number of them), summed by the
+// same function, so the norm has the same bits.
+Status Trainer::Impl::StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs) {
+  const int64_t chunks = (numel() + kReduceChunk - 1) / kReduceChunk;
+  partial.assign(static_cast<size_t>(chunks), 0.0);
+  maxabs.assign(static_cast<size_t>(chunks), 0.0f);
+  return StagedGradWindows([&](int64_t lo, int64_t m, int slot) {
+    const float* win = grads.data() + slot * host_window;
     const int64_t c0 = lo / kReduceChunk, cn = (m + kReduceChunk - 1) / kReduceChunk;
     arena->execute([&] {
       tbb::parallel_for(int64_t{0}, cn, [&](int64_t j) {
@@ -1092,28 +1124,18 @@ Status Trainer::Impl::StagedNorm(std::vector<double>& partial, std::vector<float
                          &partial[static_cast<size_t>(c0 + j)], &maxabs[static_cast<size_t>(c0 + j)]);
       });
     });
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 // Each window's gradients cross again; Adam steps the pieces in it (elementwise, so a piece cut
 // at a window's edge has the same bits) and its bf16 copy-out fills the weights' window, which
-// crosses back. Window i uses slot i % 2: its gradients cross while Adam steps window i - 1, and
-// its weights go while Adam steps window i + 1 (whose wait also covers window i - 1's weights,
-// the slot's previous ones, before Adam rewrites them).
+// crosses back while Adam steps the next window (the slot's wait before window i + 2 also covers
+// window i's weights, before Adam rewrites them).
 Status Trainer::Impl::StagedAdam(float multiplier) {
-  const int64_t n = numel(), W = host_window;
-  const int64_t windows = (n + W - 1) / W;
-  auto fetch = [&](int64_t i) {
-    return device->GradsRangeToHostAsync(i * W, std::min(W, n - i * W), static_cast<int>(i % 2));
-  };
   std::vector<AdamSpans> bucket;
-  if (windows > 0) UCP_RETURN_IF_ERROR(fetch(0), "gradients to the host");
-  for (int64_t i = 0; i < windows; ++i) {
-    const int slot = static_cast<int>(i % 2);
-    const int64_t lo = i * W, m = std::min(W, n - lo), hi = lo + m;
-    if (i + 1 < windows) UCP_RETURN_IF_ERROR(fetch(i + 1), "gradients to the host");
-    UCP_RETURN_IF_ERROR(device->WaitStaged(slot), "gradients to the host");
+  auto step_window = [&](int64_t lo, int64_t m, int slot) -> Status {
+    const int64_t hi = lo + m, W = host_window;
     const auto g = std::span<const float>(grads).subspan(static_cast<size_t>(slot * W),
                                                          static_cast<size_t>(m));
     const auto out = std::span(w_lp).subspan(static_cast<size_t>(slot * W), static_cast<size_t>(m));
@@ -1131,8 +1153,9 @@ Status Trainer::Impl::StagedAdam(float multiplier) {
     }
     UCP_RETURN_IF_ERROR(adam->StepBucketFused(optimizer_steps, bucket, {},
                                               CpuAdam::SnapshotUse::kNone, multiplier));
-    UCP_RETURN_IF_ERROR(device->WeightsRangeToDeviceAsync(lo, m, slot), "weights to the device");
-  }
+    return device->WeightsRangeToDeviceAsync(lo, m, slot).WithContext("weights to the device");
+  };
+  UCP_RETURN_IF_ERROR(StagedGradWindows(step_window));
   for (int s = 0; s < kStagedSlots; ++s) {
     UCP_RETURN_IF_ERROR(device->WaitStaged(s), "weights to the device");
   }
@@ -1878,17 +1901,13 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   }
   t.opts = opts;
   UCP_RETURN_IF_ERROR(ParseWeightChoice(opts.weights).status());
-  if (opts.host_buffers != "whole" && opts.host_buffers != "staged" &&
-      opts.host_buffers != "auto") {
-    return InvalidArgumentError("--host-buffers " + opts.host_buffers +
-                                ": must be auto, whole or staged");
-  }
+  UCP_RETURN_IF_ERROR(CheckHostBuffersOption(opts.host_buffers));
   PlanInput in = t.MakePlanInput(mc, l);
   if (opts.host_buffers == "auto") {
     // As a run decides it (SetUpHostBuffers), for the plan's host memory.
     UCP_ASSIGN_OR_RETURN(const bool pick, t.AutoStages(in, l.dp * l.sp, machine));
     if (pick) {
-      in.host_window = opts.host_window == 0 ? kDefaultHostWindow : opts.host_window;
+      in.host_window = RequestedHostWindow(opts);
       in.host_window_auto = true;
     }
   }
@@ -1912,11 +1931,10 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   in.async_save = opts.async_save;
   in.weights = ParseWeightChoice(opts.weights).value_or(WeightChoice::kAuto);  // (checked above)
   in.gpu_gemm_bf16 = opts.gpu_gemm == "auto";
-  if (opts.host_buffers == "staged" || host_window > 0) {  // (host_window: auto chose staged)
-    in.host_window = host_window > 0            ? host_window
-                     : opts.host_window == 0 ? kDefaultHostWindow
-                                             : opts.host_window;
-  }
+  // A run's choice once made (auto may have staged), else what the options ask.
+  in.host_window = host_window > 0                 ? host_window
+                   : opts.host_buffers == "staged" ? RequestedHostWindow(opts)
+                                                   : 0;
   return in;
 }
 

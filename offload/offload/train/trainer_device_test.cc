@@ -96,6 +96,19 @@ void ExpectContinues(const Outcome& full, std::initializer_list<const Outcome*> 
   EXPECT_EQ((*std::prev(pieces.end()))->val, full.val);
 }
 
+// A checkpoint test's middle leg: the run in `run` resumed on the CPU engine at ZeRO-2, trained
+// to step `until` and saved there.
+Outcome CpuLegAtZero2(const TrainConfig& c, const fs::path& run, int64_t until) {
+  TrainConfig c2 = c;
+  c2.layout = "tp=1,pp=1,dp=1,zero=2";
+  RunOptions r = Opts(run, "cpu", 0);
+  r.resume = run;
+  Result<Trainer> t = Trainer::Create(c2, r);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  if (!t.ok()) return {};
+  return Train(*t, until, /*save_at=*/until);
+}
+
 class DeviceTwin
     : public ::testing::TestWithParam<std::tuple<std::string, std::string, int>> {};
 
@@ -459,12 +472,7 @@ TEST(DeviceTwinOverlapCheckpoint, ResumesAcrossEngines) {
   UCP_ASSERT_OK_AND_ASSIGN(Trainer dev,
                            Trainer::Create(c, Opts(tmp.path() / "a", "twin", 0, "overlap")));
   const Outcome first = Train(dev, 2, /*save_at=*/2);
-  TrainConfig c2 = c;
-  c2.layout = "tp=1,pp=1,dp=1,zero=2";
-  RunOptions r2 = Opts(tmp.path() / "a", "cpu", 0);
-  r2.resume = tmp.path() / "a";
-  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c2, r2));
-  const Outcome mid = Train(cpu, 4, /*save_at=*/4);
+  const Outcome mid = CpuLegAtZero2(c, tmp.path() / "a", 4);
   RunOptions r3 = Opts(tmp.path() / "a", "twin", 0, "overlap");
   r3.resume = tmp.path() / "a";
   UCP_ASSERT_OK_AND_ASSIGN(Trainer back, Trainer::Create(c, r3));
@@ -568,12 +576,7 @@ TEST(DeviceTwinStagedCheckpoint, ResumesAcrossEnginesAndLayouts) {
   s.host_window = int64_t{1} << 16;
   UCP_ASSERT_OK_AND_ASSIGN(Trainer staged, Trainer::Create(c, s));
   const Outcome first = Train(staged, 2, /*save_at=*/2);
-  TrainConfig c2 = c;
-  c2.layout = "tp=1,pp=1,dp=1,zero=2";
-  RunOptions r2 = Opts(tmp.path() / "a", "cpu", 0);
-  r2.resume = tmp.path() / "a";
-  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c2, r2));
-  const Outcome mid = Train(cpu, 4, /*save_at=*/4);
+  const Outcome mid = CpuLegAtZero2(c, tmp.path() / "a", 4);
   RunOptions r3 = s;
   r3.resume = tmp.path() / "a";
   r3.async_save = true;
