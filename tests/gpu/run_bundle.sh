@@ -160,8 +160,9 @@ step bench_train_3b_64k 120 "${train[@]:0:6}" --batch 16 --micro-batch 4 --threa
 show bench_train_3b_64k 20
 # The largest model: 10.3B parameters (tests/gpu/llama-10b.json) with staged host buffers (the
 # host holds the optimizer state and two windows: `ucp-train --plan` puts it at 115 GiB of the
-# 128), 8 x 2048 tokens in micro-batches of 1 (resident on the device: 123 GiB by the plan).
-step bench_train_10b_staged 240 "${train[@]:0:4}" --seq-len 2048 --batch 8 --micro-batch 1 \
+# 128), 4 x 4096 tokens in micro-batches of 1 (resident on the device with the compute copy
+# packed: 111 GiB by the plan).
+step bench_train_10b_staged 240 "${train[@]:0:4}" --seq-len 4096 --batch 4 --micro-batch 1 \
   --threads "$(nproc)" --model "$PWD/tests/gpu/llama-10b.json" --steps 1 --host-buffers staged
 show bench_train_10b_staged 20
 nvidia-smi --query-gpu=memory.used,temperature.gpu,clocks.sm --format=csv >>"$logs/gpu_after.log" 2>&1

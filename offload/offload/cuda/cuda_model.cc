@@ -76,16 +76,33 @@ struct CudaOps {
   float* attn_scratch = nullptr;
   float* cls_scratch = nullptr;
   Status status;
-  // GemmInputs::kBf16: the fp32 weights' base, their bf16 twin (same layout) and the GEMMs'
-  // bf16 scratch; w16 null: the fp32 GEMMs.
+  // The fp32 weights' base and, for GemmInputs::kBf16, their bf16 twin (the flat layout, or
+  // the streamed arena's) and the GEMMs' bf16 scratch; w16 null: the fp32 GEMMs.
   const float* w32 = nullptr;
   const uint16_t* w16 = nullptr;
   uint16_t* scratch16 = nullptr;
   void* attn_gemm = nullptr;
   int64_t attn_gemm_bytes = 0;
+  // Set: w32 is packed to model.h Fp32ReadRanges (resident kBf16 weights; the GEMMs read only
+  // w16, so the fp32 copy holds no matrix).
+  const graph::PackedIndex* packed = nullptr;
 
-  // RunGraph hands the GEMMs pointers into the fp32 weights; the bf16 twin is at the same offset.
-  const uint16_t* W16(const float* w) const { return w16 + (w - w32); }
+  // RunGraph's weights (model_graph.h OwnsWeights): a GEMM takes its bf16 matrix (w16 set) or
+  // its fp32 one; in a streamed window the bf16 twin is at the same offset in its arena.
+  struct GemmW {
+    const float* w32;
+    const uint16_t* w16;
+  };
+  GemmW GemmWeight(int64_t off, const float* windowed) const {
+    if (windowed != nullptr) return {windowed, w16 ? w16 + (windowed - w32) : nullptr};
+    return {packed ? nullptr : w32 + off, w16 ? w16 + off : nullptr};
+  }
+  const float* Fp32Weight(int64_t off) const {
+    if (packed == nullptr) return w32 + off;
+    const int64_t at = packed->At(off);
+    UCP_CHECK(at >= 0);  // RunGraph reads the matrices through GemmWeight only
+    return w32 + at;
+  }
 
   void Keep(Status s) {
     if (status.ok() && !s.ok()) status = std::move(s);
@@ -111,16 +128,16 @@ struct CudaOps {
   template <typename... A> void SwigluBackward(A... a) { Keep(cuda::SwigluBackward(a..., stream)); }
   template <typename... A> void ResidualForward(A... a) { Keep(cuda::ResidualForward(a..., stream)); }
   // clang-format on
-  void MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N,
+  void MatmulForward(float* out, const float* inp, GemmW w, const float* bias, int64_t N,
                      int64_t C, int64_t OC) {
-    Keep(w16 ? cuda::MatmulForwardMixed(*blas, out, inp, W16(w), bias, N, C, OC, scratch16)
-             : cuda::MatmulForward(*blas, out, inp, w, bias, N, C, OC));
+    Keep(w.w16 ? cuda::MatmulForwardMixed(*blas, out, inp, w.w16, bias, N, C, OC, scratch16)
+               : cuda::MatmulForward(*blas, out, inp, w.w32, bias, N, C, OC));
   }
   void MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                      const float* w, int64_t N, int64_t C, int64_t OC) {
-    Keep(w16 ? cuda::MatmulBackwardMixed(*blas, dinp, dw, dbias, dout, inp, W16(w), N, C, OC,
-                                         scratch16)
-             : cuda::MatmulBackward(*blas, dinp, dw, dbias, dout, inp, w, N, C, OC));
+                      GemmW w, int64_t N, int64_t C, int64_t OC) {
+    Keep(w.w16 ? cuda::MatmulBackwardMixed(*blas, dinp, dw, dbias, dout, inp, w.w16, N, C, OC,
+                                           scratch16)
+               : cuda::MatmulBackward(*blas, dinp, dw, dbias, dout, inp, w.w32, N, C, OC));
   }
   // kBf16: attention through the tensor-core GEMMs (attn_gemm: its scratch); else the fused
   // fp32 kernels.
@@ -137,11 +154,11 @@ struct CudaOps {
                    : cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV, hd,
                                              stream));
   }
-  double Classifier(float* dx, float* dw, const float* x, const float* w, const int32_t* targets,
+  double Classifier(float* dx, float* dw, const float* x, GemmW w, const int32_t* targets,
                     int64_t N, int64_t C, int64_t V, float grad_scale) {
-    Result<double> r = cuda::ClassifierForwardBackward(*blas, dx, dw, x, w, targets, cls_scratch,
-                                                       N, C, V, grad_scale,
-                                                       w16 ? W16(w) : nullptr, scratch16);
+    Result<double> r = cuda::ClassifierForwardBackward(*blas, dx, dw, x, w.w32, targets,
+                                                       cls_scratch, N, C, V, grad_scale, w.w16,
+                                                       scratch16);
     if (!r.ok()) {
       Keep(r.status());
       return std::numeric_limits<double>::quiet_NaN();
@@ -150,23 +167,6 @@ struct CudaOps {
   }
 };
 
-// Sequence parallelism is not run on the GPU yet: RunGraph's sp pointer is always null.
-struct NoSequenceParallel {
-  struct Geo {
-    int64_t P = 1, NHl = 0, KVl = 0;
-  };
-  const Geo& geo() const { return geo_; }
-  float* qkv_local() { return nullptr; }
-  float* att_full() { return nullptr; }
-  float* dqkv_full() { return nullptr; }
-  int64_t qkv_width() const { return 0; }
-  template <typename... A> Status QkvToHeads(A...) { return Unsupported(); }
-  template <typename... A> Status HeadsToSeq(A...) { return Unsupported(); }
-  template <typename... A> Status SeqToHeads(A...) { return Unsupported(); }
-  template <typename... A> Status HeadsToQkv(A...) { return Unsupported(); }
-  static Status Unsupported() { return UnimplementedError("sequence parallelism on the GPU"); }
-  Geo geo_;
-};
 
 }  // namespace
 
@@ -182,6 +182,7 @@ struct CudaModel::Impl {
   GemmInputs gemm = GemmInputs::kFp32;
   DeviceVec<uint16_t> scratch16;  // kBf16: the largest GEMM's MixedMatmulScratch
   DeviceVec<uint8_t> attn_gemm;   // kBf16: AttentionGemmScratchBytes
+  graph::PackedIndex packed;      // kBf16: Fp32Layout::kPacked's
 
   ~Impl() {
     blas.reset();
@@ -192,11 +193,16 @@ struct CudaModel::Impl {
   // `w16` (its bf16 twin at the same offsets); `backward` then says whether to run backward.
   Result<double> Run(const float* w, float* g, const Batch& b, float grad_scale,
                      const BackwardHook* hook, const uint16_t* w16,
-                     WeightWindows* win = nullptr, bool backward = false) {
+                     WeightWindows* win = nullptr, bool backward = false,
+                     Fp32Layout fp32 = Fp32Layout::kWhole) {
     if ((gemm == GemmInputs::kBf16) != (w16 != nullptr)) {
       return InvalidArgumentError(gemm == GemmInputs::kBf16
                                       ? "CUDA model: bf16 GEMMs need the bf16 weights"
                                       : "CUDA model: bf16 weights given to a model of fp32 GEMMs");
+    }
+    if (fp32 == Fp32Layout::kPacked && gemm != GemmInputs::kBf16) {
+      return InvalidArgumentError("CUDA model: packed fp32 weights need the bf16 GEMMs (the fp32 "
+                                  "GEMMs read every matrix in fp32)");
     }
     if (b.batch < 1 || b.batch > max_batch || b.seq_len < 1 ||
         b.position_offset < 0 || b.position_offset + b.seq_len > max_seq_len) {
@@ -225,11 +231,13 @@ struct CudaModel::Impl {
     }
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
                 w, w16, w16 ? scratch16.data() : nullptr,
-                w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size())};
+                w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size()),
+                fp32 == Fp32Layout::kPacked ? &packed : nullptr};
+    // Sequence parallelism is not run on the GPU yet: RunGraph's sp is always null.
     Result<double> loss = graph::RunGraph<float>(
         ops, config, layout, acts, win ? nullptr : w, win ? nullptr : g, inputs.data(),
         targets.data(), b.batch, b.seq_len, b.position_offset, grad_scale,
-        static_cast<NoSequenceParallel*>(nullptr), hook, win, backward);
+        static_cast<graph::NoSequenceParallel<float>*>(nullptr), hook, win, backward);
     const cudaError_t sync = cudaStreamSynchronize(stream);
     UCP_RETURN_IF_ERROR(ops.status);
     if (sync != cudaSuccess) {
@@ -254,6 +262,10 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
   UCP_ASSIGN_OR_RETURN(impl->layout, graph::BuildLayout(config));
   impl->max_batch = max_batch;
   impl->max_seq_len = max_seq_len;
+  if (gemm == GemmInputs::kBf16) {
+    UCP_ASSIGN_OR_RETURN(auto ranges, Fp32ReadRanges(config));
+    impl->packed = graph::PackedIndex(std::move(ranges));
+  }
   if (cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking) != cudaSuccess) {
     return DeviceError("CUDA model: stream");
   }
@@ -294,16 +306,18 @@ int64_t CudaModel::num_params() const { return impl_->layout.total; }
 
 GemmInputs CudaModel::gemm() const { return impl_->gemm; }
 
+int64_t CudaModel::packed_fp32_elements() const { return impl_->packed.elements(); }
+
 Result<double> CudaModel::Forward(const float* weights, const Batch& batch,
-                                  const uint16_t* weights16) {
-  return impl_->Run(weights, nullptr, batch, 0.0f, nullptr, weights16);
+                                  const uint16_t* weights16, Fp32Layout fp32) {
+  return impl_->Run(weights, nullptr, batch, 0.0f, nullptr, weights16, nullptr, false, fp32);
 }
 
 Result<double> CudaModel::ForwardBackward(const float* weights, float* grads, const Batch& batch,
                                           float grad_scale, const BackwardHook* hook,
-                                          const uint16_t* weights16) {
+                                          const uint16_t* weights16, Fp32Layout fp32) {
   if (grads == nullptr) return InvalidArgumentError("CUDA model: null gradient buffer");
-  return impl_->Run(weights, grads, batch, grad_scale, hook, weights16);
+  return impl_->Run(weights, grads, batch, grad_scale, hook, weights16, nullptr, false, fp32);
 }
 
 Result<double> CudaModel::Forward(WeightWindows& windows, const Batch& batch, const float* arena,

@@ -8,7 +8,8 @@
 // training runs on a GPU; within bf16's bounds of the CPU model). kBf16 also runs attention
 // through tensor-core GEMMs (AttentionForwardGemm: bf16 q, k, v and probabilities, fp32 softmax
 // and accumulation) instead of the fused fp32 kernels. Norms, embeddings, the classifier's
-// softmax and every stored activation stay fp32 either way, reading the fp32 weights.
+// softmax and every stored activation stay fp32 either way, reading the fp32 weights (with kBf16
+// only those: Fp32Layout::kPacked).
 //
 // The trainer runs it through cuda_train_device.h (`ucp-train --device cuda`). Not yet:
 // sequence parallelism (NCCL all-to-alls). Backward hooks are passed through (the overlapped
@@ -28,6 +29,11 @@ namespace ucp::offload::cuda {
 /// What the model's matrix products read (see the file comment).
 enum class GemmInputs : uint8_t { kFp32, kBf16 };
 
+/// The resident fp32 weights' layout: the whole flat layout, or (kBf16 only) packed to model.h
+/// Fp32ReadRanges, the ranges back to back (packed_fp32_elements() floats). The bf16 GEMMs read
+/// no fp32 matrix, so a packed copy saves its owner 4 B per matrix parameter of device memory.
+enum class Fp32Layout : uint8_t { kWhole, kPacked };
+
 class CudaModel {
  public:
   /// Activations for micro-batches up to max_batch x max_seq_len on the current device (and,
@@ -45,21 +51,26 @@ class CudaModel {
   int64_t num_params() const;
 
   GemmInputs gemm() const;
+  /// The floats of Fp32Layout::kPacked's weights (kBf16; 0 for kFp32).
+  int64_t packed_fp32_elements() const;
 
   /// `weights` and `grads`: device (or managed) pointers to num_params() floats; the batch's
   /// tokens are host memory (copied in). As Model::Forward / ForwardBackward (backward adds into
   /// grads), synchronised at the end (the loss is returned to the host). `weights16`: the bf16
   /// bits of the same weights, same layout (kBf16 only, required there; the caller keeps the
-  /// two in step: the fp32 weights are the bf16 ones widened).
-  /// Errors: kInvalidArgument (batch sizes, a token >= vocab, weights16 missing or not wanted),
-  /// kDeviceError.
+  /// two in step: the fp32 weights are the bf16 ones widened). `fp32`: kPacked, `weights` holds
+  /// packed_fp32_elements() floats (kBf16 only).
+  /// Errors: kInvalidArgument (batch sizes, a token >= vocab, weights16 missing or not wanted,
+  /// kPacked beside fp32 GEMMs), kDeviceError.
   Result<double> Forward(const float* weights, const Batch& batch,
-                         const uint16_t* weights16 = nullptr);
+                         const uint16_t* weights16 = nullptr,
+                         Fp32Layout fp32 = Fp32Layout::kWhole);
   /// `hook` (optional): RunGraph's, called on this thread as each grad group's backward kernels
   /// are queued on stream(); record an event there to order work after them.
   Result<double> ForwardBackward(const float* weights, float* grads, const Batch& batch,
                                  float grad_scale, const BackwardHook* hook = nullptr,
-                                 const uint16_t* weights16 = nullptr);
+                                 const uint16_t* weights16 = nullptr,
+                                 Fp32Layout fp32 = Fp32Layout::kWhole);
   /// On streamed weights (model.h WeightWindows): the windows hand out device pointers into
   /// `arena` (fp32 weights and, at the same offsets in their own arena, gradients) whose bf16
   /// bits are `arena16` at the same element offsets (kBf16 only; the GEMMs find a slot's bf16

@@ -143,6 +143,29 @@ TEST_P(CudaModelTest, Bf16GemmsStayWithinBf16OfTheCpuModel) {
   ASSERT_EQ(cudaMemcpy(g_gpu.data(), d_g, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   UCP_ASSERT_OK_AND_ASSIGN(CudaModel fp32, CudaModel::Create(c, B, T));
   EXPECT_EQ(fp32.Forward(d_w, batch, d_w16).status().code(), StatusCode::kInvalidArgument);
+
+  // Fp32Layout::kPacked (what the trainer's device holds): the fp32 copy packed to
+  // Fp32ReadRanges gives the whole copy's loss and gradients bit for bit.
+  UCP_ASSERT_OK_AND_ASSIGN(auto ranges, Fp32ReadRanges(c));
+  std::vector<float> packed;
+  for (const auto& [b, e] : ranges) packed.insert(packed.end(), w.begin() + b, w.begin() + e);
+  ASSERT_EQ(static_cast<int64_t>(packed.size()), gpu.packed_fp32_elements());
+  EXPECT_LT(packed.size(), n);
+  float* d_wp = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_wp, packed.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_wp, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(d_g, 0, n * 4), cudaSuccess);
+  UCP_ASSERT_OK_AND_ASSIGN(double loss_packed,
+                           gpu.ForwardBackward(d_wp, d_g, batch, 1e-2f, nullptr, d_w16,
+                                               Fp32Layout::kPacked));
+  std::vector<float> g_packed(n);
+  ASSERT_EQ(cudaMemcpy(g_packed.data(), d_g, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(loss_packed, loss_gpu);
+  EXPECT_TRUE(g_packed == g_gpu) << "packed gradients differ from the whole copy's";
+  EXPECT_EQ(fp32.Forward(d_w, batch, nullptr, Fp32Layout::kPacked).status().code(),
+            StatusCode::kInvalidArgument);
+  cudaFree(d_wp);
   cudaFree(d_w);
   cudaFree(d_g);
   cudaFree(d_w16);

@@ -142,7 +142,8 @@ int64_t ClassifierScratch(int64_t N, int64_t V);
 /// gradient of grad_scale x that sum: dx += dlogits @ w, dw += dlogits^T @ x. Synchronises the
 /// stream (the loss is needed on the host). Errors: also kInvalidArgument for a target >= V.
 /// With `w16` (the bf16 copy of w) the three GEMMs are the mixed ones above (scratch16:
-/// MixedMatmulScratch(N, C, V) bf16 elements); the softmax and the loss stay fp32 / double.
+/// MixedMatmulScratch(N, C, V) bf16 elements) and `w` is not read (it may be null); the softmax
+/// and the loss stay fp32 / double.
 Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw, const float* x,
                                          const float* w, const int32_t* targets, float* scratch,
                                          int64_t N, int64_t C, int64_t V, float grad_scale,

@@ -18,6 +18,7 @@
 #include "offload/cuda/cuda_model.h"
 #include "offload/cuda/cuda_pipeline.h"
 #include "offload/cuda/cuda_status.h"
+#include "offload/model/model_graph.h"
 #include "offload/train/page_vector.h"
 #include "ucp/base/status_macros.h"
 
@@ -116,9 +117,14 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       }
     }
     // Streamed: the arena; only bf16 crosses as training-dtype bits (fp16 and fp32 as the host's
-    // fp32 compute copy).
+    // fp32 compute copy). Resident beside the bf16 GEMMs, which read only the bf16 weights: the
+    // compute copy packed to what the norms, biases and embeddings read (Fp32ReadRanges).
     const int64_t dn = book_ ? book_->elements() : n;
-    UCP_RETURN_IF_ERROR(Alloc(&d_w32_, dn * 4, "fp32 compute weights"));
+    if (!book_ && model_.gemm() == GemmInputs::kBf16) {
+      UCP_ASSIGN_OR_RETURN(auto ranges, Fp32ReadRanges(spec_.model), "CUDA device");
+      packed_.emplace(std::move(ranges));
+    }
+    UCP_RETURN_IF_ERROR(Alloc(&d_w32_, w32_elements() * 4, "fp32 compute weights"));
     UCP_RETURN_IF_ERROR(Alloc(&d_grads_, dn * 4, "gradients"));
     if (book_ ? spec_.weights == LowpDType::kBf16 : lowp()) {
       UCP_RETURN_IF_ERROR(Alloc(&d_w16_, dn * 2, "training-dtype weights"));
@@ -148,6 +154,9 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
            std::to_string(registered_.size()) + " of " + std::to_string(to_pin_) +
            " host buffers pinned; " +
            (model_.gemm() == GemmInputs::kBf16 ? "bf16" : "fp32") + " GEMMs" +
+           (packed_ ? "; fp32 compute copy packed to the " + std::to_string(packed_->elements()) +
+                          " parameters no GEMM reads"
+                    : "") +
            (book_ ? "; weights streamed: the embeddings, the head and 2 layer windows" : "");
   }
 
@@ -163,7 +172,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_, spec_.h_weights16.data(), n * 2,
                                                cudaMemcpyHostToDevice, stream_),
                                "weights to the device"));
-      UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_, d_w32_, n, stream_));
+      UCP_RETURN_IF_ERROR(Widen(0, n, stream_));
     } else {
       UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w32_, spec_.h_weights32.data(), n * 4,
                                                cudaMemcpyHostToDevice, stream_),
@@ -217,7 +226,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       if (!r.ok()) book_->ReleaseAll();
       return r;
     }
-    return model_.Forward(d_w32_, batch, GemmWeights());
+    return model_.Forward(d_w32_, batch, GemmWeights(), Fp32());
   }
 
   // Staged host buffers: gradients cross host-ward on the copy stream, weights device-ward on
@@ -243,7 +252,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
                                              static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice,
                                              h2d_stream_),
                              "weights from the host window"));
-    UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_ + begin, d_w32_ + begin, n, h2d_stream_));
+    UCP_RETURN_IF_ERROR(Widen(begin, n, h2d_stream_));
     return Cuda(cudaEventRecord(staged_weights_[slot], h2d_stream_),
                 "weights from the host window");
   }
@@ -371,7 +380,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     if (book_) return UploadWeights();
     const int64_t n = model_.num_params();
     if (spec_.weights == LowpDType::kBf16) {
-      UCP_RETURN_IF_ERROR(CastBf16ToFp32(d_w16_, d_w32_, n, stream_));
+      UCP_RETURN_IF_ERROR(Widen(0, n, stream_));
     } else {
       // fp16: as UploadWeights, the host's widened compute copy (no fp16 widening kernel).
       UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w32_, spec_.h_weights32.data(), n * 4,
@@ -392,7 +401,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     const auto [b, e] = group_ranges_[static_cast<size_t>(group)];
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
     if (spec_.weights == LowpDType::kBf16) {
-      return CastBf16ToFp32(d_w16_ + b, d_w32_ + b, e - b, model_.stream());
+      return Widen(b, e - b, static_cast<cudaStream_t>(model_.stream()));
     }
     return Cuda(cudaMemcpyAsync(d_w32_ + b, spec_.h_weights32.data() + b, (e - b) * 4,
                                 cudaMemcpyHostToDevice, static_cast<cudaStream_t>(model_.stream())),
@@ -404,7 +413,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       return book_->elements() * (8 + (spec_.weights == LowpDType::kBf16 ? 2 : 0));
     }
     const int64_t n = model_.num_params();
-    return n * 8 + (lowp() ? n * 2 : 0) + pieces_n_ * 12;
+    return n * 4 + w32_elements() * 4 + (lowp() ? n * 2 : 0) + pieces_n_ * 12;
   }
   int64_t streamed_bytes() const override { return moved_; }
 
@@ -467,7 +476,8 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   // GEMMs' lookup); a graph stopped early leaves nothing held.
   Result<double> RunModel(const Batch& batch, float grad_scale, const BackwardHook* hook) {
     if (!book_) {
-      return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, hook, GemmWeights());
+      return model_.ForwardBackward(d_w32_, d_grads_, batch, grad_scale, hook, GemmWeights(),
+                                    Fp32());
     }
     Result<double> r = model_.ForwardBackward(*this, batch, grad_scale, hook, d_w32_,
                                               GemmWeights());
@@ -531,6 +541,20 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     }
     return Status::Ok();
   }
+  // The fp32 compute copy's floats: the streamed arena, the packed parameters or all.
+  int64_t w32_elements() const {
+    return book_ ? book_->elements() : packed_ ? packed_->elements() : model_.num_params();
+  }
+  Fp32Layout Fp32() const { return packed_ ? Fp32Layout::kPacked : Fp32Layout::kWhole; }
+  // The compute copy of the flat [begin, begin + n) widened from the device's bf16 weights on
+  // `stream` (exact): all of it, or where packed the parts the copy holds (a kernel per part:
+  // about two per layer).
+  Status Widen(int64_t begin, int64_t n, cudaStream_t stream) {
+    if (!packed_) return CastBf16ToFp32(d_w16_ + begin, d_w32_ + begin, n, stream);
+    return packed_->ForEachIn(begin, begin + n, [&](int64_t b, int64_t at, int64_t k) {
+      return CastBf16ToFp32(d_w16_ + b, d_w32_ + at, k, stream);
+    });
+  }
   // The bf16 weights the model's GEMMs read (GemmInputs::kBf16); null for the fp32 GEMMs.
   const uint16_t* GemmWeights() const {
     return model_.gemm() == GemmInputs::kBf16 ? d_w16_ : nullptr;
@@ -587,6 +611,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   float* d_v_ = nullptr;
   int64_t pieces_n_ = 0;
   std::optional<WeightWindowBook> book_;  // streamed weights; empty: resident
+  std::optional<graph::PackedIndex> packed_;  // resident beside bf16 GEMMs: d_w32_'s layout
   // By arena store (WeightWindowBook::Use::store): recorded where the graph released its group
   // (model's stream), and after a prefetch into it (copy stream).
   cudaEvent_t window_free_[4] = {nullptr, nullptr, nullptr, nullptr};

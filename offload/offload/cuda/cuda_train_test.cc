@@ -225,6 +225,25 @@ TEST_P(CudaTrainTest, StreamedWeightsAreBitwiseResident) {
   }
 }
 
+// The device holds the memory plan's weights, compute copy and gradients byte for byte: beside
+// the bf16 GEMMs the compute copy is packed (Fp32ReadRanges), with fp32 GEMMs (and in fp16 and
+// fp32 training) whole.
+TEST_P(CudaTrainTest, DeviceHoldsThePlansRows) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config(GetParam().first, GetParam().second, WriteText(tmp.path()));
+  for (const std::string gemm : {"auto", "fp32"}) {
+    const RunOptions o = Opts(tmp.path() / gemm, true, 0, "sync", gemm);
+    UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, Trainer::Plan(c, o, PlanMachine{}));
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
+    auto dev = [&](MemClass m) { return plan.rows[static_cast<size_t>(m)].device_bytes; };
+    EXPECT_EQ(dev(MemClass::kWeights) + dev(MemClass::kComputeCopy) + dev(MemClass::kGradients),
+              t.DeviceBytesInUse())
+        << gemm;
+    const bool packed = gemm == "auto" && GetParam().second == "bf16";
+    EXPECT_EQ(dev(MemClass::kComputeCopy) < plan.params * 4, packed) << gemm;
+  }
+}
+
 // Staged host buffers (--host-buffers staged: windows of 64 Ki elements, several per tiny model)
 // run the same kernels on the same device buffers; only the host's copies are windows, so every
 // loss, norm and state is the whole buffers' over 4 steps, and a save from the device resumes

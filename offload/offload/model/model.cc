@@ -95,6 +95,7 @@ using graph::Acts;
 using graph::BuildLayout;
 using graph::LayerOffsets;
 using graph::Layout;
+using graph::RefOps;
 using graph::RunGraph;
 
 namespace {
@@ -469,39 +470,6 @@ struct FastOps {
   }
 };
 
-// The scalar reference ops in T.
-template <typename T>
-struct RefOps {
-  std::vector<T> logits;
-  void Zero(T* p, int64_t n) { std::fill(p, p + n, T(0)); }
-  // clang-format off
-  template <typename... A> void EncoderForward(A... a) { ops::ref::EncoderForward<T>(a...); }
-  template <typename... A> void EncoderBackward(A... a) { ops::ref::EncoderBackward<T>(a...); }
-  template <typename... A> void LayerNormForward(A... a) { ops::ref::LayerNormForward<T>(a...); }
-  template <typename... A> void LayerNormBackward(A... a) { ops::ref::LayerNormBackward<T>(a...); }
-  template <typename... A> void RmsNormForward(A... a) { ops::ref::RmsNormForward<T>(a...); }
-  template <typename... A> void RmsNormBackward(A... a) { ops::ref::RmsNormBackward<T>(a...); }
-  template <typename... A> void MatmulForward(A... a) { ops::ref::MatmulForward<T>(a...); }
-  template <typename... A> void MatmulBackward(A... a) { ops::ref::MatmulBackward<T>(a...); }
-  template <typename... A> void AttentionForward(A... a) { ops::ref::AttentionForward<T>(a...); }
-  template <typename... A> void AttentionBackward(A... a) { ops::ref::AttentionBackward<T>(a...); }
-  template <typename... A> void RopeForward(A... a) { ops::ref::RopeForward<T>(a...); }
-  template <typename... A> void RopeBackward(A... a) { ops::ref::RopeBackward<T>(a...); }
-  template <typename... A> void GeluForward(A... a) { ops::ref::GeluForward<T>(a...); }
-  template <typename... A> void GeluBackward(A... a) { ops::ref::GeluBackward<T>(a...); }
-  template <typename... A> void SwigluForward(A... a) { ops::ref::SwigluForward<T>(a...); }
-  template <typename... A> void SwigluBackward(A... a) { ops::ref::SwigluBackward<T>(a...); }
-  template <typename... A> void ResidualForward(A... a) { ops::ref::ResidualForward<T>(a...); }
-  // clang-format on
-  double Classifier(T* dx, T* dw, const T* x, const T* w, const int32_t* tg, int64_t N, int64_t C,
-                    int64_t V, T grad_scale) {
-    logits.resize(static_cast<size_t>(N * V));
-    return ops::ref::ClassifierForwardBackward<T>(dx, dw, logits.data(), x, w, tg, N, C, V,
-                                                  grad_scale);
-  }
-};
-
-
 // max_seq_len: the most tokens per sequence of the batch (the shard's under SP); max_position:
 // the exclusive bound of position_offset + seq_len (the model's max_seq_len).
 Status ValidateBatch(const ModelConfig& c, const Batch& batch, int64_t max_batch,
@@ -756,6 +724,25 @@ double ModelStepFlops(const ModelConfig& c, const ParamTable& table, int64_t bat
   return tokens * (6.0 * static_cast<double>(matrix) +
                    6.0 * static_cast<double>(c.layers) * static_cast<double>(seq_len) *
                        static_cast<double>(c.heads * c.head_dim));
+}
+
+Result<std::vector<std::pair<int64_t, int64_t>>> Fp32ReadRanges(const ModelConfig& config) {
+  UCP_ASSIGN_OR_RETURN(Layout lay, BuildLayout(config));
+  std::vector<int64_t> matrices;  // the offsets of what the GEMMs read in bf16
+  for (const graph::LayerOffsets& o : lay.layers) {
+    matrices.insert(matrices.end(), {o.qkv_w, o.proj_w, o.fc_w, o.fc2_w});
+  }
+  if (lay.out >= 0) matrices.push_back(lay.out);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const ParamInfo& p : lay.params) {
+    if (std::find(matrices.begin(), matrices.end(), p.offset) != matrices.end()) continue;
+    if (!ranges.empty() && ranges.back().second == p.offset) {
+      ranges.back().second += p.numel;
+    } else {
+      ranges.emplace_back(p.offset, p.offset + p.numel);
+    }
+  }
+  return ranges;
 }
 
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,

@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ucp/base/result.h"
@@ -152,6 +153,14 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
 /// attention's). Host code: the memory plan's GPU column. Errors: as ActivationBytes.
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, bool gemm_bf16);
+
+/// The flat layout's element ranges [begin, end) that a model whose GEMMs read bf16 weights
+/// (the CUDA model's GemmInputs::kBf16) still reads in fp32: every parameter but the GEMMs'
+/// matrices, i.e. the norms, the biases and the embeddings (the encoder looks its rows up in
+/// fp32; tied embeddings are the head's matrix too, so they stay). Ascending, adjacent ones
+/// merged. The CUDA device packs its fp32 compute copy to these (a 10B LLaMA: 0.6% of it), and
+/// the memory plan counts the same elements. Errors: kInvalidArgument (config).
+Result<std::vector<std::pair<int64_t, int64_t>>> Fp32ReadRanges(const ModelConfig& config);
 
 /// Model FLOPs of one forward + backward over batch x seq_len tokens (the MFU numerator):
 /// 6 x the matrix parameters the tokens multiply (the head included; embedding lookups are not

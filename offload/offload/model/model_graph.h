@@ -5,10 +5,13 @@
 // Internal to the engine: not part of the model's API (model.h).
 #pragma once
 
+#include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "offload/model/model.h"
@@ -109,6 +112,109 @@ inline int64_t GroupOf(const ModelConfig& cfg, const Layout& lay, int64_t off) {
   return 1 + (cfg.layers - 1 - lo);
 }
 
+// A packed copy of some of the flat layout's elements (model.h Fp32ReadRanges: the CUDA model's
+// fp32 compute copy beside bf16 GEMMs): the ranges back to back, in order.
+class PackedIndex {
+ public:
+  PackedIndex() = default;
+  explicit PackedIndex(std::vector<std::pair<int64_t, int64_t>> ranges)
+      : ranges_(std::move(ranges)) {
+    starts_.reserve(ranges_.size());
+    for (const auto& [b, e] : ranges_) {
+      starts_.push_back(elements_);
+      elements_ += e - b;
+    }
+  }
+  int64_t elements() const { return elements_; }
+  // Flat element `off`'s place in the copy, or -1 where the copy does not hold it.
+  int64_t At(int64_t off) const {
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), off,
+                               [](int64_t v, const std::pair<int64_t, int64_t>& r) {
+                                 return v < r.first;
+                               });
+    if (it == ranges_.begin() || off >= (--it)->second) return -1;
+    return starts_[static_cast<size_t>(it - ranges_.begin())] + (off - it->first);
+  }
+  // f(flat_begin, packed_begin, n) -> Status for each part of the flat [begin, end) the copy
+  // holds, ascending; stops at the first error.
+  template <typename F>
+  Status ForEachIn(int64_t begin, int64_t end, F&& f) const {
+    for (size_t i = 0; i < ranges_.size(); ++i) {
+      const int64_t b = std::max(begin, ranges_[i].first), e = std::min(end, ranges_[i].second);
+      if (b < e) UCP_RETURN_IF_ERROR(f(b, starts_[i] + (b - ranges_[i].first), e - b));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+  std::vector<int64_t> starts_;
+  int64_t elements_ = 0;
+};
+
+// An ops policy may keep the weights its own way (the CUDA model's bf16 GEMMs beside a packed
+// fp32 copy that holds no GEMM matrix: cuda_model.cc) by defining
+//   const T* Fp32Weight(int64_t off)  a resident norm's, bias's or embedding's weights, and
+//   GemmWeight(int64_t off, const T* windowed)  what its GEMMs (the classifier's too) take for
+//       the matrix at `off`: `windowed` is its place in a streamed window, null when resident.
+// RunGraph then reads every weight through them; otherwise at w + off (or in its window).
+template <typename Ops, typename T>
+concept OwnsWeights = requires(Ops& ops, int64_t off, const T* p) {
+  { ops.Fp32Weight(off) } -> std::convertible_to<const T*>;
+  ops.GemmWeight(off, p);
+};
+
+// The scalar reference ops in T (the double reference, model.h RefForwardBackward).
+template <typename T>
+struct RefOps {
+  std::vector<T> logits;
+  void Zero(T* p, int64_t n) { std::fill(p, p + n, T(0)); }
+  // clang-format off
+  template <typename... A> void EncoderForward(A... a) { ops::ref::EncoderForward<T>(a...); }
+  template <typename... A> void EncoderBackward(A... a) { ops::ref::EncoderBackward<T>(a...); }
+  template <typename... A> void LayerNormForward(A... a) { ops::ref::LayerNormForward<T>(a...); }
+  template <typename... A> void LayerNormBackward(A... a) { ops::ref::LayerNormBackward<T>(a...); }
+  template <typename... A> void RmsNormForward(A... a) { ops::ref::RmsNormForward<T>(a...); }
+  template <typename... A> void RmsNormBackward(A... a) { ops::ref::RmsNormBackward<T>(a...); }
+  template <typename... A> void MatmulForward(A... a) { ops::ref::MatmulForward<T>(a...); }
+  template <typename... A> void MatmulBackward(A... a) { ops::ref::MatmulBackward<T>(a...); }
+  template <typename... A> void AttentionForward(A... a) { ops::ref::AttentionForward<T>(a...); }
+  template <typename... A> void AttentionBackward(A... a) { ops::ref::AttentionBackward<T>(a...); }
+  template <typename... A> void RopeForward(A... a) { ops::ref::RopeForward<T>(a...); }
+  template <typename... A> void RopeBackward(A... a) { ops::ref::RopeBackward<T>(a...); }
+  template <typename... A> void GeluForward(A... a) { ops::ref::GeluForward<T>(a...); }
+  template <typename... A> void GeluBackward(A... a) { ops::ref::GeluBackward<T>(a...); }
+  template <typename... A> void SwigluForward(A... a) { ops::ref::SwigluForward<T>(a...); }
+  template <typename... A> void SwigluBackward(A... a) { ops::ref::SwigluBackward<T>(a...); }
+  template <typename... A> void ResidualForward(A... a) { ops::ref::ResidualForward<T>(a...); }
+  // clang-format on
+  double Classifier(T* dx, T* dw, const T* x, const T* w, const int32_t* tg, int64_t N, int64_t C,
+                    int64_t V, T grad_scale) {
+    logits.resize(static_cast<size_t>(N * V));
+    return ops::ref::ClassifierForwardBackward<T>(dx, dw, logits.data(), x, w, tg, N, C, V,
+                                                  grad_scale);
+  }
+};
+
+// RunGraph's sp where sequences are not sharded (sp == nullptr): its calls are never reached.
+template <typename T>
+struct NoSequenceParallel {
+  struct Geo {
+    int64_t P = 1, NHl = 0, KVl = 0;
+  };
+  const Geo& geo() const { return geo_; }
+  T* qkv_local() { return nullptr; }
+  T* att_full() { return nullptr; }
+  T* dqkv_full() { return nullptr; }
+  int64_t qkv_width() const { return 0; }
+  template <typename... A> Status QkvToHeads(A...) { return Unsupported(); }
+  template <typename... A> Status HeadsToSeq(A...) { return Unsupported(); }
+  template <typename... A> Status SeqToHeads(A...) { return Unsupported(); }
+  template <typename... A> Status HeadsToQkv(A...) { return Unsupported(); }
+  static Status Unsupported() { return UnimplementedError("sequence parallelism here"); }
+  Geo geo_;
+};
+
 // Forward (and backward when g != nullptr, or with windows when `backward`) of the whole model;
 // returns the loss sum. Tn tokens per sequence at positions [pos0, pos0 + Tn); sp: null, or this
 // rank's Ulysses exchange, the batch then being this rank's shard (fails only when the
@@ -157,10 +263,24 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
   const int64_t qkv_width = sp ? sp->qkv_width() : qkv_dim;
   auto P = [&](int64_t off) -> const T* {
     if (off < 0) return nullptr;
-    if (win == nullptr) return w + off;
+    if (win == nullptr) {
+      if constexpr (OwnsWeights<Ops, T>) {
+        return ops.Fp32Weight(off);
+      } else {
+        return w + off;
+      }
+    }
     const int64_t k = GroupOf(cfg, lay, off);
     UCP_CHECK(wbase[static_cast<size_t>(k)] != nullptr);  // the graph acquires before it reads
     return wbase[static_cast<size_t>(k)] + (off - GroupBegin(cfg, lay, k));
+  };
+  // A GEMM's matrix (the classifier's too).
+  auto M = [&](int64_t off) {
+    if constexpr (OwnsWeights<Ops, T>) {
+      return ops.GemmWeight(off, win != nullptr ? P(off) : nullptr);
+    } else {
+      return P(off);
+    }
   };
   auto G = [&](int64_t off) -> T* {
     if (off < 0) return nullptr;
@@ -215,7 +335,7 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     UCP_RETURN_IF_ERROR(Acquire(k, false));
     Norm(ln1, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), x, o.ln1_w, o.ln1_b);
     T* qkv_shard = sp ? sp->qkv_local() : qkv;  // [N, qkv_dim], this batch's positions
-    ops.MatmulForward(qkv_shard, ln1, P(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
+    ops.MatmulForward(qkv_shard, ln1, M(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
     if (!gpt) ops.RopeForward(qkv_shard, rope_cos, rope_sin, B, Tn, NH, KV, hd);
     if (sp == nullptr) {
       ops.AttentionForward(atty, At(a.lse, l, NH), qkv, B, Tn, NH, KV, hd);
@@ -225,16 +345,16 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
       ops.AttentionForward(sp->att_full(), At(a.lse, l, NH), qkv, B, u.P * Tn, u.NHl, u.KVl, hd);
       UCP_RETURN_IF_ERROR(sp->HeadsToSeq(sp->att_full(), atty, B, Tn), "in layer " + Str(l));
     }
-    ops.MatmulForward(a.tmp.data(), atty, P(o.proj_w), P(o.proj_b), N, ah, C);
+    ops.MatmulForward(a.tmp.data(), atty, M(o.proj_w), P(o.proj_b), N, ah, C);
     ops.ResidualForward(resid_mid, x, a.tmp.data(), N * C);
     Norm(ln2, At(a.ln2_mean, l, 1), At(a.ln2_rstd, l, 1), resid_mid, o.ln2_w, o.ln2_b);
-    ops.MatmulForward(fch, ln2, P(o.fc_w), P(o.fc_b), N, C, F1);
+    ops.MatmulForward(fch, ln2, M(o.fc_w), P(o.fc_b), N, C, F1);
     if (gpt) {
       ops.GeluForward(fch_act, fch, N * F);
     } else {
       ops.SwigluForward(fch_act, fch, N, F);
     }
-    ops.MatmulForward(a.tmp.data(), fch_act, P(o.fc2_w), P(o.fc2_b), N, F, C);
+    ops.MatmulForward(a.tmp.data(), fch_act, M(o.fc2_w), P(o.fc2_b), N, F, C);
     ops.ResidualForward(resid_out, resid_mid, a.tmp.data(), N * C);
     UCP_RETURN_IF_ERROR(Release(k, false));
     x = resid_out;
@@ -249,7 +369,7 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
   T* dlnf = a.dln.data();
   if (bwd) ops.Zero(dlnf, N * C);
   const double loss = ops.Classifier(bwd ? dlnf : nullptr, bwd ? G(head) : nullptr, a.lnf.data(),
-                                     P(head), targets, N, C, V, grad_scale);
+                                     M(head), targets, N, C, V, grad_scale);
   if (!bwd) {
     UCP_RETURN_IF_ERROR(Release(0, false));
     if (cfg.tied_embeddings) UCP_RETURN_IF_ERROR(Release(emb, false));
@@ -276,7 +396,7 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     // MLP branch.
     ops.Zero(a.dfch_act.data(), N * F);
     ops.MatmulBackward(a.dfch_act.data(), G(o.fc2_w), G(o.fc2_b), dres, At(a.fch_act, l, F),
-                       P(o.fc2_w), N, F, C);
+                       M(o.fc2_w), N, F, C);
     ops.Zero(a.dfch.data(), N * F1);
     if (gpt) {
       ops.GeluBackward(a.dfch.data(), At(a.fch, l, F1), a.dfch_act.data(), N * F);
@@ -285,13 +405,13 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     }
     ops.Zero(a.dln.data(), N * C);
     ops.MatmulBackward(a.dln.data(), G(o.fc_w), G(o.fc_b), a.dfch.data(), At(a.ln2, l, C),
-                       P(o.fc_w), N, C, F1);
+                       M(o.fc_w), N, C, F1);
     NormBackward(dres, a.dln.data(), At(a.resid_mid, l, C), At(a.ln2_mean, l, 1),
                  At(a.ln2_rstd, l, 1), o.ln2_w, o.ln2_b);
     // Attention branch.
     ops.Zero(a.datty.data(), N * ah);
     ops.MatmulBackward(a.datty.data(), G(o.proj_w), G(o.proj_b), dres, At(a.atty, l, ah),
-                       P(o.proj_w), N, ah, C);
+                       M(o.proj_w), N, ah, C);
     ops.Zero(a.dqkv.data(), N * qkv_dim);
     if (sp == nullptr) {
       ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH, KV,
@@ -309,7 +429,7 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     if (!gpt) ops.RopeBackward(a.dqkv.data(), rope_cos, rope_sin, B, Tn, NH, KV, hd);
     ops.Zero(a.dln.data(), N * C);
     ops.MatmulBackward(a.dln.data(), G(o.qkv_w), G(o.qkv_b), a.dqkv.data(), At(a.ln1, l, C),
-                       P(o.qkv_w), N, C, qkv_dim);
+                       M(o.qkv_w), N, C, qkv_dim);
     NormBackward(dres, a.dln.data(), x_in, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), o.ln1_w,
                  o.ln1_b);
     UCP_RETURN_IF_ERROR(Release(k, true));

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "offload/model/model_graph.h"
 #include "offload/model/model_ref.h"
 #include "ucp/patterns/model.h"
 
@@ -392,6 +393,102 @@ TEST_P(ModelGrad, WindowsGiveTheFlatBitsInTheGraphsOrder) {
   const Result<double> r = model.ForwardBackward(cw, t.batch, 0.5f, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(r.status().message().find("grad group 1"), std::string::npos) << r.status().message();
+}
+
+// A policy that keeps the weights as the CUDA model's packed fp32 copy beside bf16 GEMMs does
+// (model_graph.h OwnsWeights), over the reference ops: the norms, biases and embeddings from a
+// copy packed to Fp32ReadRanges, the matrices from a buffer holding nothing else (NaN elsewhere).
+struct PackedRefOps : graph::RefOps<double> {
+  graph::PackedIndex index;
+  const double* packed = nullptr;
+  const double* matrices = nullptr;
+  std::vector<int64_t> misses;  // offsets read through Fp32Weight that the copy does not hold
+
+  struct GemmW {
+    const double* p;
+  };
+  GemmW GemmWeight(int64_t off, const double* windowed) {
+    if (windowed != nullptr) misses.push_back(off);  // nothing here is streamed
+    return {matrices + off};
+  }
+  const double* Fp32Weight(int64_t off) {
+    const int64_t at = index.At(off);
+    if (at < 0) {
+      misses.push_back(off);
+      return matrices + off;
+    }
+    return packed + at;
+  }
+  void MatmulForward(double* out, const double* inp, GemmW w, const double* bias, int64_t N,
+                     int64_t C, int64_t OC) {
+    ops::ref::MatmulForward<double>(out, inp, w.p, bias, N, C, OC);
+  }
+  void MatmulBackward(double* dinp, double* dw, double* dbias, const double* dout,
+                      const double* inp, GemmW w, int64_t N, int64_t C, int64_t OC) {
+    ops::ref::MatmulBackward<double>(dinp, dw, dbias, dout, inp, w.p, N, C, OC);
+  }
+  double Classifier(double* dx, double* dw, const double* x, GemmW w, const int32_t* tg,
+                    int64_t N, int64_t C, int64_t V, double grad_scale) {
+    return RefOps::Classifier(dx, dw, x, w.p, tg, N, C, V, grad_scale);
+  }
+};
+
+// Fp32ReadRanges holds exactly the parameters that are no GEMM's matrix (by name), and a graph
+// that reads the packed copy for them and a matrices-only buffer for its GEMMs gives the flat
+// reference's loss and gradients bit for bit: every read goes where the packed CUDA device has
+// the bytes (a matrix read through the packed copy, or a norm through the GEMMs' buffer, shows).
+TEST_P(ModelGrad, PackedFp32WeightsGiveTheFlatBits) {
+  const ModelConfig c = Tiny(GetParam().family, GetParam().tied);
+  const graph::Layout lay = *graph::BuildLayout(c);
+  const auto ranges = *Fp32ReadRanges(c);
+  auto gemm_matrix = [&](const ParamInfo& p) {
+    for (const char* m : {"query_key_value.weight", "attention.dense.weight",
+                          "dense_h_to_4h.weight", "dense_4h_to_h.weight", "output_layer.weight"}) {
+      if (p.name.find(m) != std::string::npos) return true;
+    }
+    return false;
+  };
+  graph::PackedIndex index(ranges);
+  int64_t kept = 0;
+  for (const ParamInfo& p : lay.params) {
+    const bool held = index.At(p.offset) >= 0 && index.At(p.offset + p.numel - 1) >= 0;
+    EXPECT_EQ(held, !gemm_matrix(p)) << p.name;
+    if (held) kept += p.numel;
+  }
+  EXPECT_EQ(index.elements(), kept);
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    EXPECT_LT(ranges[i - 1].second, ranges[i].first) << "ranges ascend and are merged";
+  }
+
+  const std::vector<double> w = InitWeights(lay.params, lay.total, 61);
+  std::vector<double> packed(static_cast<size_t>(index.elements()));
+  std::vector<double> matrices(w.size(), std::nan(""));
+  for (const ParamInfo& p : lay.params) {
+    // The GEMMs read the matrices and, tied, the embeddings as the head.
+    const bool head = c.tied_embeddings && p.offset == lay.wte;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      if (gemm_matrix(p) || head) matrices[i] = w[i];
+      if (index.At(i) >= 0) packed[index.At(i)] = w[i];
+    }
+  }
+  const Tokens t = MakeTokens(c, 2, 7, 62);
+  std::vector<double> g_flat(w.size(), 0.0), g_packed(w.size(), 0.0);
+  const double loss_flat = *RefForwardBackward(c, w, g_flat, t.batch, 0.5);
+
+  PackedRefOps ops;
+  ops.index = index;
+  ops.packed = packed.data();
+  ops.matrices = matrices.data();
+  graph::Acts<double> acts;
+  acts.Allocate(c, 2 * 7, 7, (c.heads + 2 * c.kv_heads) * c.head_dim);
+  const Result<double> loss = graph::RunGraph<double>(
+      ops, c, lay, acts, static_cast<const double*>(nullptr), g_packed.data(),
+      t.batch.inputs.data(), t.batch.targets.data(), 2, 7, 0, 0.5,
+      static_cast<graph::NoSequenceParallel<double>*>(nullptr));
+  ASSERT_TRUE(loss.ok()) << loss.status().message();
+  EXPECT_TRUE(ops.misses.empty()) << "first miss at " << ops.misses.front();
+  EXPECT_EQ(*loss, loss_flat);
+  EXPECT_EQ(g_packed, g_flat);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,

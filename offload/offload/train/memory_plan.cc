@@ -162,9 +162,19 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                   lowp ? "the training copy the optimizer writes (the bf16 GEMMs read it)"
                        : "fp32 training: the compute copy below is the weights"});
   const bool bf16 = in.dtype == LowpDType::kBf16;
-  rows.push_back({MemClass::kComputeCopy, "weights, fp32 compute copy", n * 4, n * 4,
+  // Beside the bf16 GEMMs the device packs its copy to what they do not read (cuda_model.h
+  // Fp32Layout::kPacked): the norms, biases and embeddings.
+  int64_t packed = n;
+  if (bf16 && in.gpu_gemm_bf16) {
+    UCP_ASSIGN_OR_RETURN(auto ranges, Fp32ReadRanges(in.config));
+    packed = 0;
+    for (const auto& [b, e] : ranges) packed += e - b;
+  }
+  rows.push_back({MemClass::kComputeCopy, "weights, fp32 compute copy", n * 4, packed * 4,
                   bf16 ? 0 : n * 4,
                   !lowp ? "the weights"
+                  : packed < n ? "widened from the weights (GPU: on the device only, packed to the "
+                                 "norms, biases and embeddings the bf16 GEMMs do not read)"
                   : bf16 ? "widened from the weights (GPU: on the device only)"
                          : "widened from the weights (GPU: and on the host, which uploads it)"});
   rows.push_back({MemClass::kGradients, "gradients (fp32)", n * 4, n * 4, n * 4,

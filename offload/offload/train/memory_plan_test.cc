@@ -381,6 +381,40 @@ TEST(PlanDeviceActivations, AreTheCudaModelsBuffersAndScratch) {
   EXPECT_GT(pass, gpu::kAttnPassBytes);
 }
 
+// Beside the bf16 GEMMs the device's fp32 compute copy holds only what they do not read (the
+// embeddings and the norms of this untied LLaMA), as CudaTrainDevice allocates it
+// (cuda_train_test checks the allocation on a GPU); fp32 GEMMs, fp16 and streamed windows keep
+// it whole. The CPU column never packs.
+TEST(PlanComputeCopy, PackedBesideTheBf16Gemms) {
+  PlanInput in = Input(1);
+  const ModelConfig& c = in.config;
+  const int64_t kept = c.padded_vocab * c.hidden + (2 * c.layers + 1) * c.hidden;
+  auto copy = [](const MemoryPlan& p) {
+    return p.rows[static_cast<size_t>(MemClass::kComputeCopy)];
+  };
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan bf16, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(copy(bf16).device_bytes, kept * 4);
+  EXPECT_EQ(copy(bf16).cpu_bytes, bf16.params * 4);
+  EXPECT_EQ(copy(bf16).host_bytes, 0);
+  EXPECT_THAT(copy(bf16).note, HasSubstr("packed"));
+  in.gpu_gemm_bf16 = false;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan fp32_gemms, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(copy(fp32_gemms).device_bytes, bf16.params * 4);
+  EXPECT_EQ(fp32_gemms.device_total - bf16.device_total,
+            (bf16.params - kept) * 4 + fp32_gemms.rows[static_cast<size_t>(MemClass::kActivations)]
+                                               .device_bytes -
+                bf16.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes);
+  in.gpu_gemm_bf16 = true;
+  in.dtype = LowpDType::kFp16;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan fp16, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(copy(fp16).device_bytes, bf16.params * 4);
+  in.dtype = LowpDType::kBf16;
+  in.weights = WeightChoice::kStreamed;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan streamed, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(copy(streamed).device_bytes,
+            streamed.rows[static_cast<size_t>(MemClass::kGradients)].device_bytes);
+}
+
 TEST(PlanCast, FollowsTheLinkAndTheCastRates) {
   PlanMachine m;
   EXPECT_EQ(ChooseCastSide(m, 1000).side, CastSide::kHost);  // no rates: half the bytes cross

@@ -1930,7 +1930,8 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   in.speculate = opts.speculate;
   in.async_save = opts.async_save;
   in.weights = ParseWeightChoice(opts.weights).value_or(WeightChoice::kAuto);  // (checked above)
-  in.gpu_gemm_bf16 = opts.gpu_gemm == "auto";
+  // The twin's model is the CPU's: its GEMMs read fp32, so its device holds the whole copy.
+  in.gpu_gemm_bf16 = opts.gpu_gemm == "auto" && opts.device != "twin";
   // A run's choice once made (auto may have staged), else what the options ask.
   in.host_window = host_window > 0                 ? host_window
                    : opts.host_buffers == "staged" ? RequestedHostWindow(opts)
