@@ -103,10 +103,11 @@ step bench_check 60 $bench --family llama --hidden 768 --layers 4 --heads 12 --k
   --ffn 2048 --vocab 32000 --batch 2 --seq 512 --steps 3 --cpu-check
 ok_or_fail
 show bench_check
+# --profile: where the step's device time goes, op by op (the next MFU work starts from it).
 step bench_1b 60 $bench --family llama --hidden 2048 --layers 16 --heads 16 --kv-heads 4 \
-  --ffn 5632 --vocab 32000 --batch 4 --seq 4096 --steps 3 --gemm bf16
+  --ffn 5632 --vocab 32000 --batch 4 --seq 4096 --steps 3 --gemm bf16 --profile
 ok_or_fail
-show bench_1b
+show bench_1b 40
 # The training step of `ucp-train --device cuda` on a 1.1B LLaMA-style model at 4 x 4096 = 16K
 # tokens: tokens/s, TFLOP/s and MFU (989 TFLOPS), then the same step with the whole optimizer on
 # the GPU (the device Adam) and the ratio.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <new>
 #include <string>
 #include <utility>
@@ -68,6 +69,52 @@ class DeviceVec {
 
 using DeviceActs = graph::Acts<float, DeviceVec<float>>;
 
+// CudaModel::ProfileOps: an event on the model's stream where each op begins, so an op's time is
+// up to the next one's start (the last, to the event after the graph); names and events of one
+// run, summed into `totals` once the run has synchronised.
+struct OpProfile {
+  std::vector<cudaEvent_t> events;  // a pool, reused run after run
+  std::vector<std::string> names;   // this run's ops, in order
+  std::vector<double> flops;        // their matrix products' FLOPs (0 for the rest)
+  std::map<std::string, CudaModel::OpTime> totals;
+
+  ~OpProfile() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+  Status Mark(std::string name, double f, cudaStream_t stream) {
+    if (names.size() == events.size()) {
+      events.push_back(nullptr);
+      if (cudaEventCreate(&events.back()) != cudaSuccess) {
+        events.pop_back();
+        return DeviceError(std::string("profiling event: ") + cudaGetErrorName(cudaGetLastError()));
+      }
+    }
+    if (cudaEventRecord(events[names.size()], stream) != cudaSuccess) {
+      return DeviceError(std::string("profiling event: ") + cudaGetErrorName(cudaGetLastError()));
+    }
+    names.push_back(std::move(name));
+    flops.push_back(f);
+    return Status::Ok();
+  }
+  // After the run's last Mark ("end") and the stream's synchronisation.
+  Status Sum() {
+    for (size_t i = 0; i + 1 < names.size(); ++i) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, events[i], events[i + 1]) != cudaSuccess) {
+        return DeviceError(std::string("profiling: ") + cudaGetErrorName(cudaGetLastError()));
+      }
+      CudaModel::OpTime& t = totals[names[i]];
+      t.op = names[i];
+      t.calls += 1;
+      t.ms += ms;
+      t.flops += flops[i];
+    }
+    names.clear();
+    flops.clear();
+    return Status::Ok();
+  }
+};
+
 // The ops policy of RunGraph: each call launches; the first failure is kept and returned after
 // the graph (RunGraph's ops calls return nothing).
 struct CudaOps {
@@ -86,6 +133,7 @@ struct CudaOps {
   // Set: w32 is packed to model.h Fp32ReadRanges (resident kBf16 weights; the GEMMs read only
   // w16, so the fp32 copy holds no matrix).
   const graph::PackedIndex* packed = nullptr;
+  OpProfile* prof = nullptr;  // CudaModel::ProfileOps
 
   // RunGraph's weights (model_graph.h OwnsWeights): a GEMM takes its bf16 matrix (w16 set) or
   // its fp32 one; in a streamed window the bf16 twin is at the same offset in its arena.
@@ -107,34 +155,45 @@ struct CudaOps {
   void Keep(Status s) {
     if (status.ok() && !s.ok()) status = std::move(s);
   }
+  // Profiling: `op` begins here (its name built only when profiling).
+  template <typename Name>
+  void Mark(Name&& op, double flops = 0) {
+    if (prof != nullptr) Keep(prof->Mark(op(), flops, static_cast<cudaStream_t>(stream)));
+  }
+  static auto Named(const char* op) {
+    return [op] { return std::string(op); };
+  }
   void Zero(float* p, int64_t n) {
+    Mark(Named("zero"));
     if (cudaMemsetAsync(p, 0, static_cast<size_t>(n) * 4, static_cast<cudaStream_t>(stream)) !=
         cudaSuccess) {
       Keep(DeviceError(std::string("memset: ") + cudaGetErrorName(cudaGetLastError())));
     }
   }
   // clang-format off
-  template <typename... A> void EncoderForward(A... a) { Keep(cuda::EncoderForward(a..., stream)); }
-  template <typename... A> void EncoderBackward(A... a) { Keep(cuda::EncoderBackward(a..., stream)); }
-  template <typename... A> void LayerNormForward(A... a) { Keep(cuda::LayerNormForward(a..., stream)); }
-  template <typename... A> void LayerNormBackward(A... a) { Keep(cuda::LayerNormBackward(a..., stream)); }
-  template <typename... A> void RmsNormForward(A... a) { Keep(cuda::RmsNormForward(a..., stream)); }
-  template <typename... A> void RmsNormBackward(A... a) { Keep(cuda::RmsNormBackward(a..., stream)); }
-  template <typename... A> void RopeForward(A... a) { Keep(cuda::RopeForward(a..., stream)); }
-  template <typename... A> void RopeBackward(A... a) { Keep(cuda::RopeBackward(a..., stream)); }
-  template <typename... A> void GeluForward(A... a) { Keep(cuda::GeluForward(a..., stream)); }
-  template <typename... A> void GeluBackward(A... a) { Keep(cuda::GeluBackward(a..., stream)); }
-  template <typename... A> void SwigluForward(A... a) { Keep(cuda::SwigluForward(a..., stream)); }
-  template <typename... A> void SwigluBackward(A... a) { Keep(cuda::SwigluBackward(a..., stream)); }
-  template <typename... A> void ResidualForward(A... a) { Keep(cuda::ResidualForward(a..., stream)); }
+  template <typename... A> void EncoderForward(A... a) { Mark(Named("encoder fwd")); Keep(cuda::EncoderForward(a..., stream)); }
+  template <typename... A> void EncoderBackward(A... a) { Mark(Named("encoder bwd")); Keep(cuda::EncoderBackward(a..., stream)); }
+  template <typename... A> void LayerNormForward(A... a) { Mark(Named("layernorm fwd")); Keep(cuda::LayerNormForward(a..., stream)); }
+  template <typename... A> void LayerNormBackward(A... a) { Mark(Named("layernorm bwd")); Keep(cuda::LayerNormBackward(a..., stream)); }
+  template <typename... A> void RmsNormForward(A... a) { Mark(Named("rmsnorm fwd")); Keep(cuda::RmsNormForward(a..., stream)); }
+  template <typename... A> void RmsNormBackward(A... a) { Mark(Named("rmsnorm bwd")); Keep(cuda::RmsNormBackward(a..., stream)); }
+  template <typename... A> void RopeForward(A... a) { Mark(Named("rope fwd")); Keep(cuda::RopeForward(a..., stream)); }
+  template <typename... A> void RopeBackward(A... a) { Mark(Named("rope bwd")); Keep(cuda::RopeBackward(a..., stream)); }
+  template <typename... A> void GeluForward(A... a) { Mark(Named("gelu fwd")); Keep(cuda::GeluForward(a..., stream)); }
+  template <typename... A> void GeluBackward(A... a) { Mark(Named("gelu bwd")); Keep(cuda::GeluBackward(a..., stream)); }
+  template <typename... A> void SwigluForward(A... a) { Mark(Named("swiglu fwd")); Keep(cuda::SwigluForward(a..., stream)); }
+  template <typename... A> void SwigluBackward(A... a) { Mark(Named("swiglu bwd")); Keep(cuda::SwigluBackward(a..., stream)); }
+  template <typename... A> void ResidualForward(A... a) { Mark(Named("residual fwd")); Keep(cuda::ResidualForward(a..., stream)); }
   // clang-format on
   void MatmulForward(float* out, const float* inp, GemmW w, const float* bias, int64_t N,
                      int64_t C, int64_t OC) {
+    Mark([&] { return "matmul fwd " + Str(C) + "->" + Str(OC); }, 2.0 * N * C * OC);
     Keep(w.w16 ? cuda::MatmulForwardMixed(*blas, out, inp, w.w16, bias, N, C, OC, scratch16)
                : cuda::MatmulForward(*blas, out, inp, w.w32, bias, N, C, OC));
   }
   void MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                       GemmW w, int64_t N, int64_t C, int64_t OC) {
+    Mark([&] { return "matmul bwd " + Str(C) + "->" + Str(OC); }, 4.0 * N * C * OC);
     Keep(w.w16 ? cuda::MatmulBackwardMixed(*blas, dinp, dw, dbias, dout, inp, w.w16, N, C, OC,
                                            scratch16)
                : cuda::MatmulBackward(*blas, dinp, dw, dbias, dout, inp, w.w32, N, C, OC));
@@ -143,12 +202,14 @@ struct CudaOps {
   // fp32 kernels.
   void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                         int64_t NH, int64_t KV, int64_t hd) {
+    Mark(Named("attention fwd"));
     Keep(attn_gemm ? cuda::AttentionForwardGemm(*blas, out, lse, qkv, B, T, NH, KV, hd, attn_gemm,
                                                 attn_gemm_bytes)
                    : cuda::AttentionForward(out, lse, qkv, B, T, NH, KV, hd, stream));
   }
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+    Mark(Named("attention bwd"));
     Keep(attn_gemm ? cuda::AttentionBackwardGemm(*blas, dqkv, dout, qkv, lse, B, T, NH, KV, hd,
                                                  attn_gemm, attn_gemm_bytes)
                    : cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV, hd,
@@ -156,6 +217,7 @@ struct CudaOps {
   }
   double Classifier(float* dx, float* dw, const float* x, GemmW w, const int32_t* targets,
                     int64_t N, int64_t C, int64_t V, float grad_scale) {
+    Mark(Named(dx ? "classifier fwd+bwd" : "classifier fwd"), (dx ? 6.0 : 2.0) * N * C * V);
     Result<double> r = cuda::ClassifierForwardBackward(*blas, dx, dw, x, w.w32, targets,
                                                        cls_scratch, N, C, V, grad_scale, w.w16,
                                                        scratch16);
@@ -183,6 +245,7 @@ struct CudaModel::Impl {
   DeviceVec<uint16_t> scratch16;  // kBf16: the largest GEMM's MixedMatmulScratch
   DeviceVec<uint8_t> attn_gemm;   // kBf16: AttentionGemmScratchBytes
   graph::PackedIndex packed;      // kBf16: Fp32Layout::kPacked's
+  std::unique_ptr<OpProfile> prof;  // ProfileOps
 
   ~Impl() {
     blas.reset();
@@ -232,17 +295,19 @@ struct CudaModel::Impl {
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
                 w, w16, w16 ? scratch16.data() : nullptr,
                 w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size()),
-                fp32 == Fp32Layout::kPacked ? &packed : nullptr};
+                fp32 == Fp32Layout::kPacked ? &packed : nullptr, prof.get()};
     // Sequence parallelism is not run on the GPU yet: RunGraph's sp is always null.
     Result<double> loss = graph::RunGraph<float>(
         ops, config, layout, acts, win ? nullptr : w, win ? nullptr : g, inputs.data(),
         targets.data(), b.batch, b.seq_len, b.position_offset, grad_scale,
         static_cast<graph::NoSequenceParallel<float>*>(nullptr), hook, win, backward);
+    ops.Mark(CudaOps::Named("end"));
     const cudaError_t sync = cudaStreamSynchronize(stream);
     UCP_RETURN_IF_ERROR(ops.status);
     if (sync != cudaSuccess) {
       return DeviceError(std::string("model step: ") + cudaGetErrorName(sync));
     }
+    if (prof) UCP_RETURN_IF_ERROR(prof->Sum());
     return loss;
   }
 };
@@ -332,5 +397,22 @@ Result<double> CudaModel::ForwardBackward(WeightWindows& windows, const Batch& b
 }
 
 void* CudaModel::stream() const { return impl_->stream; }
+
+void CudaModel::ProfileOps(bool on) {
+  if (!on) {
+    impl_->prof.reset();
+  } else if (!impl_->prof) {
+    impl_->prof = std::make_unique<OpProfile>();
+  }
+}
+
+std::vector<CudaModel::OpTime> CudaModel::TakeOpTimes() {
+  std::vector<OpTime> out;
+  if (!impl_->prof) return out;
+  for (auto& [name, t] : impl_->prof->totals) out.push_back(t);
+  impl_->prof->totals.clear();
+  std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
+  return out;
+}
 
 }  // namespace ucp::offload::cuda

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "offload/model/model.h"
@@ -83,6 +84,20 @@ class CudaModel {
                                  const uint16_t* arena16 = nullptr);
   /// The stream every kernel of the model runs on (a cudaStream_t).
   void* stream() const;
+
+  /// Device time by op, for the benchmarks: with ProfileOps(true) each op of every run records
+  /// an event on stream() where it begins (an op's time lasts to the next one's start), summed
+  /// by op (a matrix product by its sizes, "matmul fwd C->OC") once the run has synchronised.
+  /// TakeOpTimes returns the sums since the last call, largest first. Off by default (an event
+  /// per op; the kernels themselves are unchanged).
+  struct OpTime {
+    std::string op;
+    int64_t calls = 0;
+    double ms = 0;
+    double flops = 0;  ///< the matrix products' (2 per multiply-add; 0 for other ops)
+  };
+  void ProfileOps(bool on);
+  std::vector<OpTime> TakeOpTimes();
 
  private:
   struct Impl;

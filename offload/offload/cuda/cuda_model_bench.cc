@@ -5,10 +5,13 @@
 // GEMMs and with the bf16 ones (--gemm both, the default; the weights are bf16 values, as in
 // bf16 training, so both read the same model). With --cpu-check the CPU model runs the same
 // step on the same weights first, and the GPU's loss must match it within 1e-5 with fp32 GEMMs
-// and 1e-2 with bf16 ones (exit 1 otherwise). Usage:
+// and 1e-2 with bf16 ones (exit 1 otherwise). With --profile the timed steps also record an
+// event per op (CudaModel::ProfileOps) and the program prints where a step's device time goes,
+// op by op (each matrix product by its sizes, with its TFLOP/s); the median stays unprofiled.
+// Usage:
 //   offload_cuda_model_bench [--family llama|gpt] [--hidden 2048] [--layers 16] [--heads 16]
 //     [--kv-heads 4] [--ffn 5632] [--vocab 32000] [--batch 4] [--seq 1024] [--steps 3]
-//     [--gemm fp32|bf16|both] [--cpu-check] [--threads N]
+//     [--gemm fp32|bf16|both] [--cpu-check] [--profile] [--threads N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,7 +59,7 @@ int main(int argc, char** argv) {
   c.tied_embeddings = false;
   int64_t batch = 4, seq = 1024;
   int steps = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
-  bool cpu_check = false;
+  bool cpu_check = false, profile = false;
   std::string gemm = "both";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -79,6 +82,7 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = static_cast<int>(next());
     else if (a == "--threads") threads = static_cast<int>(next());
     else if (a == "--cpu-check") cpu_check = true;
+    else if (a == "--profile") profile = true;
     else if (a == "--gemm" && i + 1 < argc) gemm = argv[++i];
     else return Fail("unknown option " + a);
   }
@@ -173,6 +177,26 @@ int main(int argc, char** argv) {
     if (bf16 && fp32_time > 0) std::printf(" | %.2fx the fp32 GEMMs' step", fp32_time / t);
     std::printf("\n");
     if (!bf16) fp32_time = t;
+    if (profile) {
+      // Profiled steps after the timed ones, so the median above carries no event.
+      gm->ProfileOps(true);
+      for (int s = 0; s < steps; ++s) {
+        auto l = gm->ForwardBackward(dw, dg, b, scale, nullptr, bf16 ? dw16 : nullptr);
+        if (!l.ok()) return Fail(l.status().ToString());
+      }
+      const std::vector<cuda::CudaModel::OpTime> ops = gm->TakeOpTimes();
+      gm->ProfileOps(false);
+      double total = 0;
+      for (const auto& o : ops) total += o.ms;
+      std::printf("  where a step's device time goes (%s GEMMs, mean of %d profiled steps: %.1f "
+                  "ms):\n", mode.c_str(), steps, total / steps);
+      for (const auto& o : ops) {
+        std::printf("  %-28s %6lld calls %9.2f ms %5.1f%%", o.op.c_str(),
+                    static_cast<long long>(o.calls / steps), o.ms / steps, 100.0 * o.ms / total);
+        if (o.flops > 0) std::printf(" %7.1f TFLOP/s", o.flops / (o.ms * 1e-3) / 1e12);
+        std::printf("\n");
+      }
+    }
     if (cpu_check) {
       const double rel = std::abs(loss - cpu_loss) / std::max(1e-30, std::abs(cpu_loss));
       const double tol = bf16 ? 1e-2 : 1e-5;
