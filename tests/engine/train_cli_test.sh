@@ -90,6 +90,27 @@ if [ -x "$bin/ucp-bench" ]; then
     --device twin --weights paged
   grep -q -- "--weights paged" "$work/err.txt" || fail "--weights paged: $(cat "$work/err.txt")"
   expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --gpu-optimizer
+  # --largest: the most layers of the model's layer whose plan fits the given memories (here the
+  # device's 12 MiB beyond the 2 GiB reserve binds: one layer more does not fit), then a step of it.
+  expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+    --device twin --largest --device-memory 2060M --host-memory 200M
+  grep -Eq "^largest model for 2.01 GiB of device memory \(12.0 MiB usable\) and 200.0 MiB of host memory at 2 x 16 tokens per micro-batch: [0-9]+ layers of llama-tiny's layer \(4 in llama-tiny\), [0-9]+ parameters; planned device" "$work/out.txt" ||
+    fail "ucp-bench train --largest: $(cat "$work/out.txt")"
+  grep -q "^  one layer more: GPU: does not fit" "$work/out.txt" ||
+    fail "ucp-bench train --largest: one layer more: $(cat "$work/out.txt")"
+  layers=$(sed -n 's/^largest model .*: \([0-9]*\) layers of.*/\1/p' "$work/out.txt")
+  grep -q "^model llama-tiny-${layers}l: " "$work/out.txt" ||
+    fail "ucp-bench train --largest trained another model: $(cat "$work/out.txt")"
+  # The host binds instead: fewer layers.
+  expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+    --device twin --largest --device-memory 2060M --host-memory 30M
+  host_layers=$(sed -n 's/^largest model .*: \([0-9]*\) layers of.*/\1/p' "$work/out.txt")
+  [ "$host_layers" -lt "$layers" ] && grep -q "one layer more: .*host side does NOT fit" "$work/out.txt" ||
+    fail "ucp-bench train --largest on 30M of host memory: $(cat "$work/out.txt")"
+  expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --largest
+  grep -q -- "--largest needs --device" "$work/err.txt" || fail "--largest on the CPU: $(cat "$work/err.txt")"
+  expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --device twin --largest
+  grep -q -- "--device-memory" "$work/err.txt" || fail "--largest on the twin: $(cat "$work/err.txt")"
   # More tokens per step through micro-batches (gradient accumulation).
   expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 4 --micro-batch 2 \
     --steps 1 --device twin

@@ -28,6 +28,10 @@
 #endif
 #include "ucp-cli/command.h"
 #include "ucp/api/checkpoint.h"
+#include "ucp/exec/executor.h"
+#include "ucp/io/atomic_file.h"
+#include "ucp/json/strict_json.h"
+#include "ucp/tensor/dtype.h"
 #include "ucp/layout/layout.h"
 #include "ucp/base/status_macros.h"
 
@@ -100,6 +104,78 @@ double Field(const std::string& text, const std::string& key) {
   return at == std::string::npos ? -1.0 : std::stod(text.substr(at + key.size() + 1));
 }
 
+// --largest: `base` with `layers` layers, as a model file in `dir` (the trainer takes a model by
+// preset name or path); returns its path.
+Result<std::string> WriteWithLayers(const patterns::ModelSpec& base, int64_t layers,
+                                    const fs::path& dir) {
+  json::Json hyper = json::Json::object();
+  for (const auto& [k, v] : base.hyper) hyper[k] = v;
+  hyper["layers"] = layers;
+  const std::string name = base.name + "-" + std::to_string(layers) + "l";
+  const json::Json j = {{"name", name},
+                        {"family", base.family},
+                        {"dtype", std::string(DTypeName(base.dtype))},
+                        {"source", "ucp-bench train --largest: " + base.name + "'s layer, " +
+                                       std::to_string(layers) + " layers"},
+                        {"hyper", hyper}};
+  const fs::path path = dir / (name + ".json");
+  UCP_RETURN_IF_ERROR(io::WriteFileAtomic(path, j.dump()));
+  return path.string();
+}
+
+// The most layers of `base`'s layer (its embeddings and head unchanged) whose plan fits the
+// machine's device and host (doubling, then bisecting: the plan grows with the layers); the
+// plans of that model and of one layer more.
+struct Largest {
+  int64_t layers = 0;
+  std::string model;  // its file
+  offload::MemoryPlan plan, next;
+};
+Result<Largest> FindLargest(const patterns::ModelSpec& base, offload::TrainConfig c,
+                            const offload::RunOptions& r, const offload::PlanMachine& m,
+                            const fs::path& dir) {
+  auto plan = [&](int64_t layers) -> Result<std::pair<std::string, offload::MemoryPlan>> {
+    UCP_ASSIGN_OR_RETURN(c.model, WriteWithLayers(base, layers, dir));
+    UCP_ASSIGN_OR_RETURN(offload::MemoryPlan p, offload::Trainer::Plan(c, r, m),
+                         "--largest at " + std::to_string(layers) + " layers");
+    return std::make_pair(c.model, std::move(p));
+  };
+  auto fits = [](const offload::MemoryPlan& p) { return p.device_fits && p.host_fits; };
+  UCP_ASSIGN_OR_RETURN(auto one, plan(1));
+  if (!fits(one.second)) {
+    return FailedPreconditionError("--largest: not even one layer of " + base.name +
+                                   " fits: " + one.second.verdict);
+  }
+  constexpr int64_t kMaxLayers = int64_t{1} << 16;
+  int64_t lo = 1, hi = 2;  // lo fits; hi is the next to try, then the first that does not fit
+  Largest best{1, one.first, one.second, {}};
+  for (;;) {
+    UCP_ASSIGN_OR_RETURN(auto p, plan(hi));
+    if (!fits(p.second)) break;
+    lo = hi;
+    best = {hi, p.first, p.second, {}};
+    if (hi >= kMaxLayers) {
+      return FailedPreconditionError("--largest: " + std::to_string(hi) + " layers of " +
+                                     base.name + " still fit; give a smaller --device-memory or "
+                                     "--host-memory");
+    }
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    UCP_ASSIGN_OR_RETURN(auto p, plan(mid));
+    if (fits(p.second)) {
+      lo = mid;
+      best = {mid, p.first, p.second, {}};
+    } else {
+      hi = mid;
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(auto next, plan(best.layers + 1));
+  best.next = std::move(next.second);
+  return best;
+}
+
 Status Run(const po::variables_map& vm, CommandIo& io) {
   const std::string model = vm["model"].as<std::string>();
   const int64_t seq = vm["seq-len"].as<int64_t>();
@@ -115,6 +191,14 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   const double peak = vm["peak-tflops"].as<double>();
   const bool gpu_optimizer = vm["gpu-optimizer"].as<bool>();
   const std::string pipeline = vm["pipeline"].as<std::string>();
+  const bool largest = vm["largest"].as<bool>();
+  int64_t device_memory = 0, host_memory = 0;
+  for (const auto& [name, field] : {std::pair{"device-memory", &device_memory},
+                                    std::pair{"host-memory", &host_memory}}) {
+    const std::string text = vm[name].as<std::string>();
+    if (text.empty()) continue;
+    UCP_ASSIGN_OR_RETURN(*field, exec::ParseByteSize(text), std::string("--") + name);
+  }
   if (seq < 1 || batch < 1 || threads < 1 || steps < 1 || !(peak > 0) || micro_batch < 0) {
     return InvalidArgumentError("--seq-len, --batch, --threads and --steps must be >= 1, "
                                 "--micro-batch >= 0, --peak-tflops > 0");
@@ -138,6 +222,14 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   if (gpu_optimizer && !on_device) {
     return InvalidArgumentError("--gpu-optimizer needs --device cuda (or twin)");
   }
+  if (largest && (!on_device || checkpoint || gpu_optimizer || vm["torch"].as<bool>())) {
+    return InvalidArgumentError("--largest needs --device cuda (or twin), and times the training "
+                                "step alone (no --checkpoint, --gpu-optimizer or --torch)");
+  }
+  if (largest && !cuda && device_memory == 0) {
+    return InvalidArgumentError("--largest --device twin needs --device-memory (the twin has no "
+                                "memory of its own to fill)");
+  }
   // Under mpirun the processes train together (dp x sp = their count); alone otherwise.
   UCP_ASSIGN_OR_RETURN(std::unique_ptr<offload::Communicator> comm,
                        offload::WorldCommunicator());
@@ -159,6 +251,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     fs::remove_all(work);
     fs::create_directories(work);
   }
+  std::string model_file = model;  // what the trainer builds (--largest: a file of more layers)
   UCP_ASSIGN_OR_RETURN(auto resolved, api::LoadResolvedModel(api::UcpDataDir(), model, dtype));
   const int64_t vocab = resolved.first.hyper.at("vocab");
   std::mt19937 rng(1);
@@ -188,14 +281,46 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.speculate = !vm["no-speculation"].as<bool>();
   r.weights = vm["weights"].as<std::string>();
   r.host_buffers = vm["host-buffers"].as<std::string>();
+  r.device_memory = device_memory;
+  r.host_memory = host_memory;
+  // The saves are timed only with --checkpoint; otherwise nothing is staged (nor planned).
+  r.async_save = checkpoint;
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
   if (cuda) {
     r.device_factory = offload::cuda::MakeCudaTrainDevice;
     // --weights auto plans for this GPU's memory.
-    UCP_ASSIGN_OR_RETURN(r.device_memory, offload::cuda::CudaDeviceMemory(comm->rank()));
+    if (r.device_memory == 0) {
+      UCP_ASSIGN_OR_RETURN(r.device_memory, offload::cuda::CudaDeviceMemory(comm->rank()));
+    }
   }
 #endif
   r.device = device;
+  if (largest) {
+    // The plan's machine, as the run's automatic choices (--weights, --host-buffers) see it.
+    offload::PlanMachine m;
+    m.device_bytes = r.device_memory;
+    m.host_bytes = r.host_memory > 0 ? r.host_memory : offload::MeasureHostMemory();
+    UCP_ASSIGN_OR_RETURN(Largest big, FindLargest(resolved.first, c, r, m, work));
+    using offload::FormatBytes;
+    const auto& grads = big.plan.rows[static_cast<size_t>(offload::MemClass::kGradients)];
+    std::ostringstream ls;
+    ls << "largest model for " << FormatBytes(m.device_bytes) << " of device memory ("
+       << FormatBytes(m.device_bytes - m.device_reserve_bytes) << " usable) and "
+       << FormatBytes(m.host_bytes) << " of host memory at "
+       << (micro_batch > 0 ? micro_batch : batch) << " x " << seq << " tokens per micro-batch: " << big.layers << " layers of " << model
+       << "'s layer (" << resolved.first.hyper.at("layers") << " in " << model << "), "
+       << big.plan.params << " parameters; planned device " << FormatBytes(big.plan.device_total)
+       << " ("
+       << (big.plan.placement == offload::WeightPlacement::kResident ? "weights resident"
+                                                                     : "weights streamed")
+       << "), host " << FormatBytes(big.plan.host_total) << " ("
+       << (grads.host_bytes < grads.cpu_bytes ? "buffers staged" : "buffers whole")
+       << ")\n  one layer more: " << big.next.verdict << "\n";
+    out << ls.str();
+    model_file = big.model;
+    c.model = model_file;
+    UCP_ASSIGN_OR_RETURN(resolved, api::LoadResolvedModel(api::UcpDataDir(), model_file, dtype));
+  }
   UCP_ASSIGN_OR_RETURN(offload::Trainer t, offload::Trainer::Create(c, r));
   const int64_t n = t.num_params();
   if (on_device) out << t.Describe() << "\n";
@@ -284,7 +409,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   std::ostringstream os;
   os.setf(std::ios::fixed);
   os.precision(1);
-  os << "model " << model << ": " << n << " parameters (tp=1, vocabulary padded), " << batch
+  os << "model " << (largest ? fs::path(model_file).stem().string() : model) << ": " << n
+     << " parameters (tp=1, vocabulary padded), " << batch
      << " x " << seq << " = " << static_cast<int64_t>(tok) << " tokens per step, training dtype "
      << dtype << "\n";
   os << "ucp step (forward+backward+clip+AdamW+copy-out): best " << best * 1e3 << " ms, median "
@@ -409,7 +535,8 @@ Command MakeTrainBench() {
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
                "[--micro-batch 0] [--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
-               "[--gpu-gemm auto|fp32] [--peak-tflops 989]] [--clip 1]",
+               "[--gpu-gemm auto|fp32] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
+               "[--host-memory SIZE]] [--clip 1]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
@@ -459,6 +586,15 @@ Command MakeTrainBench() {
                 "sync-finish", po::bool_switch()->default_value(false),
                 "--pipeline overlap on a device: finish each step before the next begins "
                 "(not under the next step's forward)")(
+                "largest", po::bool_switch()->default_value(false),
+                "--device cuda|twin: train the most layers of --model's layer that the memory "
+                "plan fits in the device's and the host's memory (--device-memory, "
+                "--host-memory) at --seq-len and --micro-batch; prints the plan of it and of "
+                "one layer more")(
+                "device-memory", po::value<std::string>()->default_value(""),
+                "the device's bytes for the plan's choices (N[K|M|G]; default: the GPU's)")(
+                "host-memory", po::value<std::string>()->default_value(""),
+                "the host's bytes for the plan's choices (N[K|M|G]; default: MemAvailable)")(
                 "clip", po::value<double>()->default_value(offload::TrainConfig{}.clip_grad),
                 "the gradient-norm bound (0: none); with --pipeline overlap a clipped step "
                 "corrects every speculative bucket, so this sets which case is timed");

@@ -22,7 +22,9 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-std::string Bytes(int64_t b) {
+}  // namespace
+
+std::string FormatBytes(int64_t b) {
   char buf[32];
   const double d = static_cast<double>(b);
   if (b >= (int64_t{1} << 30)) {
@@ -36,6 +38,10 @@ std::string Bytes(int64_t b) {
   }
   return buf;
 }
+
+namespace {
+
+std::string Bytes(int64_t b) { return FormatBytes(b); }
 
 // This rank's optimizer-state elements: the trainer's ZeRO block (Trainer::Impl::SetUpLayout
 // cuts the same partitions; memory_plan_test compares the two).

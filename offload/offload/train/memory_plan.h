@@ -159,5 +159,7 @@ PlanMachine MeasureHost();
 int64_t MeasureHostMemory();
 /// The plan as an aligned table with totals, the verdict and the cast choice.
 std::string FormatPlan(const MemoryPlan& plan);
+/// Bytes as the plan prints them: "115.45 GiB", "12.0 MiB", "848.9 KiB", "12 B".
+std::string FormatBytes(int64_t bytes);
 
 }  // namespace ucp::offload
