@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <atomic>
 #include <thread>
@@ -412,8 +413,8 @@ struct Trainer::Impl {
   Status PushWeights(const uint16_t* bits, int64_t at, int64_t n);
   Status PullWeights(uint16_t* bits, int64_t at, int64_t n);
   Status PushRounded(const float* from, int64_t at, int64_t n);
-  // The model slices of this rank's checkpoint tensors (staged: saved and restored through a
-  // buffer of one parameter, from and to the device).
+  // The model slices of this rank's checkpoint tensors (staged: saved and restored from and to
+  // the device through a host buffer, a batch of slices at a time: SliceBatches).
   struct SliceInfo {
     std::string name;
     DType dtype;
@@ -422,6 +423,10 @@ struct Trainer::Impl {
     bool written_here = true;  ///< this rank writes it (not a dp replica another rank writes)
   };
   std::vector<SliceInfo> ModelSlices() const;
+  // Consecutive slices of `slices` in batches of at most host_window elements (a larger slice
+  // alone): one libucp call per batch, since each plans the rank's tensors (a call per slice was
+  // 8x a whole-buffer restore on a 200-layer model).
+  std::vector<std::span<const SliceInfo>> SliceBatches(const std::vector<SliceInfo>& slices) const;
   Status SaveSlicesFromDevice();
   // The staged step's gradient norm chunk sums and its Adam, window by window.
   Status StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs);
@@ -1076,16 +1081,39 @@ std::vector<Trainer::Impl::SliceInfo> Trainer::Impl::ModelSlices() const {
   return out;
 }
 
+std::vector<std::span<const Trainer::Impl::SliceInfo>> Trainer::Impl::SliceBatches(
+    const std::vector<SliceInfo>& slices) const {
+  std::vector<std::span<const SliceInfo>> out;
+  for (size_t b = 0; b < slices.size();) {
+    size_t e = b + 1;
+    for (int64_t n = slices[b].n; e < slices.size() && n + slices[e].n <= host_window; ++e) {
+      n += slices[e].n;
+    }
+    out.push_back(std::span<const SliceInfo>(slices).subspan(b, e - b));
+    b = e;
+  }
+  return out;
+}
+
 Status Trainer::Impl::SaveSlicesFromDevice() {
+  std::vector<SliceInfo> mine = ModelSlices();
+  std::erase_if(mine, [](const SliceInfo& sl) { return !sl.written_here; });  // dp replicas
   std::vector<uint16_t> buf;
-  for (const SliceInfo& sl : ModelSlices()) {
-    if (!sl.written_here) continue;  // a dp replica: its holder writes it
-    buf.resize(static_cast<size_t>(sl.n));
-    UCP_RETURN_IF_ERROR(PullWeights(buf.data(), sl.offset, sl.n), sl.name);
-    const std::pair<std::string, ConstTensorView> one[] = {
-        {sl.name, ConstTensorView{sl.dtype, sl.shape,
-                                  {reinterpret_cast<const std::byte*>(buf.data()), buf.size() * 2}}}};
-    UCP_RETURN_IF_ERROR(pending->SaveRank(rank, one));
+  std::vector<std::pair<std::string, ConstTensorView>> views;
+  for (std::span<const SliceInfo> batch : SliceBatches(mine)) {
+    int64_t n = 0;
+    for (const SliceInfo& sl : batch) n += sl.n;
+    buf.resize(static_cast<size_t>(n));
+    views.clear();
+    int64_t at = 0;
+    for (const SliceInfo& sl : batch) {
+      UCP_RETURN_IF_ERROR(PullWeights(buf.data() + at, sl.offset, sl.n), sl.name);
+      views.push_back({sl.name, ConstTensorView{sl.dtype, sl.shape,
+                                                {reinterpret_cast<const std::byte*>(buf.data() + at),
+                                                 static_cast<size_t>(sl.n) * 2}}});
+      at += sl.n;
+    }
+    UCP_RETURN_IF_ERROR(pending->SaveRank(rank, views));
   }
   return Status::Ok();
 }
@@ -1332,17 +1360,30 @@ Status Trainer::Impl::Restore(const api::CheckpointSource& src, const fs::path& 
     UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, views),
                         "restoring " + ckpt.string());
     if (staged()) {
-      // The weights, a parameter at a time, to the device as the checkpoint holds them.
+      // The weights to the device as the checkpoint holds them, a batch of parameters a read.
+      const std::vector<SliceInfo> slices = ModelSlices();
       std::vector<uint16_t> buf;
-      for (const SliceInfo& sl : ModelSlices()) {
-        buf.resize(static_cast<size_t>(sl.n));
-        const std::pair<std::string, TensorView> one[] = {
-            {sl.name, TensorView{sl.dtype, sl.shape,
-                                 {reinterpret_cast<std::byte*>(buf.data()), buf.size() * 2}}}};
-        UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, one),
+      std::vector<std::pair<std::string, TensorView>> one_read;
+      for (std::span<const SliceInfo> batch : SliceBatches(slices)) {
+        int64_t n = 0;
+        for (const SliceInfo& sl : batch) n += sl.n;
+        buf.resize(static_cast<size_t>(n));
+        one_read.clear();
+        int64_t at = 0;
+        for (const SliceInfo& sl : batch) {
+          one_read.push_back({sl.name, TensorView{sl.dtype, sl.shape,
+                                                  {reinterpret_cast<std::byte*>(buf.data() + at),
+                                                   static_cast<size_t>(sl.n) * 2}}});
+          at += sl.n;
+        }
+        UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, one_read),
                             "restoring " + ckpt.string());
-        UCP_RETURN_IF_ERROR(PushWeights(buf.data(), sl.offset, sl.n),
-                            "restoring " + ckpt.string() + ": " + sl.name);
+        at = 0;
+        for (const SliceInfo& sl : batch) {
+          UCP_RETURN_IF_ERROR(PushWeights(buf.data() + at, sl.offset, sl.n),
+                              "restoring " + ckpt.string() + ": " + sl.name);
+          at += sl.n;
+        }
       }
     }
     WidenWeights();  // fp32 training restored its weights into the compute copy itself
