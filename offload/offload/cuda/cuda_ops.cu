@@ -727,13 +727,10 @@ Status GemmBf16(const Blas& blas, cublasOperation_t ta, cublasOperation_t tb, in
                 what);
 }
 
-// 16-byte alignment for the second operand in the scratch (the tensor-core kernels want it).
-int64_t Align8(int64_t n) { return (n + 7) / 8 * 8; }
-
 }  // namespace
 
 int64_t MixedMatmulScratch(int64_t N, int64_t C, int64_t OC) {
-  return gpu::MixedMatmulScratch(N, C, OC);  // (Align8(N * OC) bf16 elements of the output's)
+  return gpu::MixedMatmulScratch(N, C, OC);
 }
 
 Status MatmulForwardMixed(const Blas& blas, float* out, const float* inp, const uint16_t* weight16,
@@ -760,7 +757,7 @@ Status MatmulBackwardMixed(const Blas& blas, float* dinp, float* dweight, float*
   UCP_RETURN_IF_ERROR(Positive("mixed matmul backward", {N, C, OC}));
   if (N == 0) return Status::Ok();
   uint16_t* dout16 = scratch16;
-  uint16_t* inp16 = scratch16 + Align8(N * OC);
+  uint16_t* inp16 = scratch16 + gpu::MixedMatmulInputOffset(N, OC);
   UCP_RETURN_IF_ERROR(CastFp32ToBf16(dout, dout16, N * OC, blas.stream()));
   UCP_RETURN_IF_ERROR(CastFp32ToBf16(inp, inp16, N * C, blas.stream()));
   if (dinp) {

@@ -10,10 +10,15 @@
 
 namespace ucp::offload::gpu {
 
+/// Where the mixed GEMMs' second operand (the input, N x C) starts in their bf16 scratch: after
+/// the output gradient's N x OC, rounded up to 8 elements (16 bytes, as the tensor-core kernels
+/// want their operands aligned).
+inline int64_t MixedMatmulInputOffset(int64_t N, int64_t OC) { return (N * OC + 7) / 8 * 8; }
+
 /// The bf16 elements the mixed GEMMs (bf16 training) round their two operands into:
 /// cuda_ops.h MatmulForwardMixed / MatmulBackwardMixed.
 inline int64_t MixedMatmulScratch(int64_t N, int64_t C, int64_t OC) {
-  return (N * OC + 7) / 8 * 8 + N * C;
+  return MixedMatmulInputOffset(N, OC) + N * C;
 }
 
 /// The fused attention backward's floats (each query's sum_j p_j dp_j).
