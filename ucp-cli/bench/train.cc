@@ -296,10 +296,20 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
 #endif
   r.device = device;
   if (largest) {
-    // The plan's machine, as the run's automatic choices (--weights, --host-buffers) see it.
+    // The plan's machine, which the run's automatic choices (--weights, --host-buffers) then
+    // see too. Of the host's available memory 5% (at least 2 GiB) stays free for what the plan
+    // does not count: code, the token data, the CUDA context's pinned staging.
     offload::PlanMachine m;
     m.device_bytes = r.device_memory;
-    m.host_bytes = r.host_memory > 0 ? r.host_memory : offload::MeasureHostMemory();
+    if (r.host_memory == 0) {
+      const int64_t available = offload::MeasureHostMemory();
+      r.host_memory = available - std::max<int64_t>(int64_t{2} << 30, available / 20);
+      if (r.host_memory <= 0) {
+        return FailedPreconditionError("--largest: this host has " +
+                                       offload::FormatBytes(available) + " available");
+      }
+    }
+    m.host_bytes = r.host_memory;
     UCP_ASSIGN_OR_RETURN(Largest big, FindLargest(resolved.first, c, r, m, work));
     using offload::FormatBytes;
     const auto& grads = big.plan.rows[static_cast<size_t>(offload::MemClass::kGradients)];
@@ -594,7 +604,8 @@ Command MakeTrainBench() {
                 "device-memory", po::value<std::string>()->default_value(""),
                 "the device's bytes for the plan's choices (N[K|M|G]; default: the GPU's)")(
                 "host-memory", po::value<std::string>()->default_value(""),
-                "the host's bytes for the plan's choices (N[K|M|G]; default: MemAvailable)")(
+                "the host's bytes for the plan's choices (N[K|M|G]; default: MemAvailable, of "
+                "which --largest keeps 5% free)")(
                 "clip", po::value<double>()->default_value(offload::TrainConfig{}.clip_grad),
                 "the gradient-norm bound (0: none); with --pipeline overlap a clipped step "
                 "corrects every speculative bucket, so this sets which case is timed");
