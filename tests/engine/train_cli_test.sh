@@ -111,6 +111,12 @@ if [ -x "$bin/ucp-bench" ]; then
   grep -q -- "--largest needs --device" "$work/err.txt" || fail "--largest on the CPU: $(cat "$work/err.txt")"
   expect_exit 3 "$bin/ucp-bench" train --model llama-tiny --device twin --largest
   grep -q -- "--device-memory" "$work/err.txt" || fail "--largest on the twin: $(cat "$work/err.txt")"
+  # Staged host buffers: the bytes through the windows a step, the gradients once (the twin sums
+  # the norm where they are) and the weights back: 6 B/parameter.
+  expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+    --device twin --host-buffers staged
+  grep -Eq "^host buffers staged: [0-9.]+ MiB through the windows per step \(6.0 B/parameter\)" "$work/out.txt" ||
+    fail "ucp-bench train --host-buffers staged: $(cat "$work/out.txt")"
   # More tokens per step through micro-batches (gradient accumulation).
   expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 4 --micro-batch 2 \
     --steps 1 --device twin

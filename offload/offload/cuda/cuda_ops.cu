@@ -427,6 +427,45 @@ __global__ void ResidualBackwardKernel(float* da, float* db, const float* dout, 
   }
 }
 
+// ---- the gradient norm's chunk sums (offload/train/grad_norm.h SumSquaresAndMax, the same
+// operations in the same order): thread (c, j) sums lane j of chunk c, the elements
+// c chunk + j + 8k in k order, each square rounded before its add (__dmul_rn and __dadd_rn: nvcc
+// would fuse them), and their largest |x| (fmaxf skips a NaN, as the host's std::max does);
+// then lane 0 of each chunk adds the 8 lanes in the host's fixed tree. kThreads is a multiple
+// of 8, so a chunk's lanes share a block.
+
+__global__ void GradNormChunksKernel(const float* __restrict__ x, int64_t n, int64_t chunk,
+                                     int64_t chunks, double* __restrict__ partial,
+                                     float* __restrict__ maxabs) {
+  __shared__ double acc[kThreads];
+  __shared__ float mx[kThreads];
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t c = t / 8;
+  const int j = static_cast<int>(t % 8);
+  double a = 0.0;
+  float m = 0.0f;
+  if (c < chunks) {
+    const int64_t e = min(n, (c + 1) * chunk);
+    for (int64_t i = c * chunk + j; i < e; i += 8) {
+      const float v = x[i];
+      const double d = static_cast<double>(v);
+      a = __dadd_rn(a, __dmul_rn(d, d));
+      m = fmaxf(m, fabsf(v));
+    }
+  }
+  acc[threadIdx.x] = a;
+  mx[threadIdx.x] = m;
+  __syncthreads();
+  if (j == 0 && c < chunks) {
+    const double* l = acc + threadIdx.x;
+    partial[c] = __dadd_rn(__dadd_rn(__dadd_rn(l[0], l[1]), __dadd_rn(l[2], l[3])),
+                           __dadd_rn(__dadd_rn(l[4], l[5]), __dadd_rn(l[6], l[7])));
+    const float* q = mx + threadIdx.x;
+    maxabs[c] = fmaxf(fmaxf(fmaxf(q[0], q[1]), fmaxf(q[2], q[3])),
+                      fmaxf(fmaxf(q[4], q[5]), fmaxf(q[6], q[7])));
+  }
+}
+
 // ---- classifier: a block per row; softmax sums in double as the reference does
 
 __global__ void CrossEntropyKernel(float* logits, double* row_loss, int* bad_target,
@@ -1061,6 +1100,21 @@ Status ResidualBackward(float* da, float* db, const float* dout, int64_t n, void
   UCP_RETURN_IF_ERROR(Positive("residual backward", {n}));
   ResidualBackwardKernel<<<Grid(n), kThreads, 0, S(stream)>>>(da, db, dout, n);
   return Launched("residual backward");
+}
+
+Status GradNormChunks(const float* x, int64_t n, int64_t chunk, double* partial, float* maxabs,
+                      void* stream) {
+  UCP_RETURN_IF_ERROR(Positive("gradient norm", {n}));
+  if (chunk <= 0 || chunk % 8 != 0) {
+    return InvalidArgumentError("gradient norm: chunks of " + std::to_string(chunk) +
+                                " elements (a positive multiple of 8)");
+  }
+  if (n == 0) return Status::Ok();
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  const int64_t blocks = (chunks * 8 + kThreads - 1) / kThreads;
+  GradNormChunksKernel<<<static_cast<unsigned>(blocks), kThreads, 0, S(stream)>>>(
+      x, n, chunk, chunks, partial, maxabs);
+  return Launched("gradient norm");
 }
 
 int64_t ClassifierScratch(int64_t N, int64_t V) {

@@ -134,6 +134,13 @@ Status SwigluBackward(float* dinp, const float* inp, const float* dout, int64_t 
 Status ResidualForward(float* out, const float* a, const float* b, int64_t n, void* stream);
 Status ResidualBackward(float* da, float* db, const float* dout, int64_t n, void* stream);
 
+/// The gradient norm's chunk sums of x[0, n) (offload/train/grad_norm.h, the host's bits): for
+/// each chunk c of `chunk` elements (a multiple of 8; the last may be shorter) its sum of
+/// squares in double into partial[c] and its largest |x| into maxabs[c] (device arrays of
+/// ceil(n / chunk)).
+Status GradNormChunks(const float* x, int64_t n, int64_t chunk, double* partial, float* maxabs,
+                      void* stream);
+
 /// The floats of scratch ClassifierForwardBackward needs: the N x V logits, and N doubles of
 /// per-row losses.
 int64_t ClassifierScratch(int64_t N, int64_t V);

@@ -16,12 +16,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <span>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
 #include "offload/model/ops.h"
+#include "offload/train/grad_norm.h"
 #include "tests/testutil/status_matchers.h"
 #include "ucp/tensor/float_bits.h"
 
@@ -90,6 +93,50 @@ TEST(CudaOpsArgs, CheckedWithoutADevice) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("kv_heads must divide heads")));
   EXPECT_THAT(AttentionForward(nullptr, nullptr, nullptr, 1, 1, 4, 2, 512, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("head_dim")));
+  EXPECT_THAT(GradNormChunks(nullptr, 10, 12, nullptr, nullptr, nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("multiple of 8")));
+}
+
+// The gradient norm's chunk sums on the device are the host's bits (grad_norm.h), every chunk:
+// a length that leaves a short last chunk with a tail of 5, magnitudes over many orders (the
+// sums' rounding shows any change of order or a fused multiply-add), one chunk holding an inf
+// and another a NaN (the max skips the NaN, the sum does not; NaN payloads are not compared).
+TEST_F(CudaOps, GradNormChunksAreTheHostsBits) {
+  const int64_t n = 3 * kGradNormChunk + 8 * 1000 + 5;
+  std::vector<float> g = Random(static_cast<size_t>(n), 41);
+  std::mt19937 rng(42);
+  for (float& v : g) v *= std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+  g[static_cast<size_t>(kGradNormChunk + 17)] = std::numeric_limits<float>::infinity();
+  g[static_cast<size_t>(2 * kGradNormChunk + 3)] = std::nanf("");
+  const int64_t chunks = NumGradNormChunks(n);
+  ASSERT_EQ(chunks, 4);
+  Dev<float> d_g(g);
+  Dev<double> d_partial(static_cast<size_t>(chunks));
+  Dev<float> d_max(static_cast<size_t>(chunks));
+  UCP_ASSERT_OK(GradNormChunks(d_g.p, n, kGradNormChunk, d_partial.p, d_max.p, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<double> partial = d_partial.Get();
+  const std::vector<float> mx = d_max.Get();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * kGradNormChunk, e = std::min(n, b + kGradNormChunk);
+    double want = 0;
+    float want_max = 0;
+    SumSquaresAndMax(std::span<const float>(g).subspan(static_cast<size_t>(b),
+                                                       static_cast<size_t>(e - b)),
+                     &want, &want_max);
+    uint64_t got_bits = 0, want_bits = 0;
+    std::memcpy(&got_bits, &partial[static_cast<size_t>(c)], 8);
+    std::memcpy(&want_bits, &want, 8);
+    if (std::isnan(want)) {  // (NaN payloads are the hardware's)
+      EXPECT_TRUE(std::isnan(partial[static_cast<size_t>(c)])) << "chunk " << c;
+    } else {
+      EXPECT_EQ(got_bits, want_bits) << "chunk " << c << ": " << partial[c] << " vs " << want;
+    }
+    EXPECT_EQ(mx[static_cast<size_t>(c)], want_max) << "chunk " << c;
+  }
+  EXPECT_TRUE(std::isinf(mx[1]));
+  EXPECT_TRUE(std::isnan(partial[2]));
+  EXPECT_FALSE(std::isnan(mx[2]));
 }
 
 TEST_F(CudaOps, ElementWise) {

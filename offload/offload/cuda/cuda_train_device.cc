@@ -16,6 +16,7 @@
 #include "offload/cuda/cuda_adam.h"
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_model.h"
+#include "offload/cuda/cuda_ops.h"
 #include "offload/cuda/cuda_pipeline.h"
 #include "offload/cuda/cuda_status.h"
 #include "offload/model/model_graph.h"
@@ -59,7 +60,8 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     for (void* p : registered_) cudaHostUnregister(p);
     for (void* p : {static_cast<void*>(d_w32_), static_cast<void*>(d_w16_),
                     static_cast<void*>(d_grads_), static_cast<void*>(d_master_),
-                    static_cast<void*>(d_m_), static_cast<void*>(d_v_)}) {
+                    static_cast<void*>(d_m_), static_cast<void*>(d_v_),
+                    static_cast<void*>(d_norm_)}) {
       if (p) cudaFree(p);
     }
     if (stream_) cudaStreamDestroy(stream_);
@@ -126,6 +128,10 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     }
     UCP_RETURN_IF_ERROR(Alloc(&d_w32_, w32_elements() * 4, "fp32 compute weights"));
     UCP_RETURN_IF_ERROR(Alloc(&d_grads_, dn * 4, "gradients"));
+    if (!book_) {
+      // GradNormChunks' sums: a double and a float per chunk.
+      UCP_RETURN_IF_ERROR(Alloc(&d_norm_, NumGradNormChunks(n) * 12, "gradient norm sums"));
+    }
     if (book_ ? spec_.weights == LowpDType::kBf16 : lowp()) {
       UCP_RETURN_IF_ERROR(Alloc(&d_w16_, dn * 2, "training-dtype weights"));
     }
@@ -236,6 +242,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     UCP_RETURN_IF_ERROR(
         CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "CUDA device"));
     UCP_RETURN_IF_ERROR(AfterModel(stream_));
+    staged_bytes_ += n * 4;
     UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data() + slot * spec_.host_window,
                                              d_grads_ + begin, static_cast<size_t>(n) * 4,
                                              cudaMemcpyDeviceToHost, stream_),
@@ -247,6 +254,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     UCP_RETURN_IF_ERROR(
         CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "CUDA device"));
     UCP_RETURN_IF_ERROR(AfterModel(h2d_stream_));
+    staged_bytes_ += n * 2;
     UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(d_w16_ + begin,
                                              spec_.h_weights16.data() + slot * spec_.host_window,
                                              static_cast<size_t>(n) * 2, cudaMemcpyHostToDevice,
@@ -269,6 +277,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     for (cudaEvent_t e : staged_weights_) {  // after the weights queued device-ward
       UCP_RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stream_, e, 0), "weights to the host window"));
     }
+    staged_bytes_ += n * 2;
     UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_weights16.data(), d_w16_ + begin,
                                              static_cast<size_t>(n) * 2, cudaMemcpyDeviceToHost,
                                              stream_),
@@ -416,6 +425,28 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     return n * 4 + w32_elements() * 4 + (lowp() ? n * 2 : 0) + pieces_n_ * 12;
   }
   int64_t streamed_bytes() const override { return moved_; }
+  int64_t staged_bytes() const override { return staged_bytes_; }
+
+  // On the model's stream, after backward: only the sums cross (12 bytes per chunk).
+  Result<bool> GradNormChunks(std::span<double> partial, std::span<float> maxabs) override {
+    if (book_) return false;  // streamed: the gradients are on the host
+    const int64_t n = model_.num_params();
+    UCP_RETURN_IF_ERROR(CheckGradNormSpans(n, partial, maxabs, "CUDA device"));
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
+    const int64_t chunks = NumGradNormChunks(n);
+    auto ms = static_cast<cudaStream_t>(model_.stream());
+    double* d_partial = reinterpret_cast<double*>(d_norm_);
+    float* d_max = reinterpret_cast<float*>(d_norm_ + chunks * 8);
+    UCP_RETURN_IF_ERROR(cuda::GradNormChunks(d_grads_, n, kGradNormChunk, d_partial, d_max, ms));
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(partial.data(), d_partial, chunks * 8,
+                                             cudaMemcpyDeviceToHost, ms),
+                             "gradient norm sums to the host"));
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(maxabs.data(), d_max, chunks * 4,
+                                             cudaMemcpyDeviceToHost, ms),
+                             "gradient norm sums to the host"));
+    UCP_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(ms), "the gradient norm"));
+    return true;
+  }
 
   // WeightWindows (streamed): the graph's calls, on the model's thread. Each crossing is queued
   // on the model's stream, between the kernels before and after it.
@@ -609,7 +640,9 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   float* d_master_ = nullptr;
   float* d_m_ = nullptr;
   float* d_v_ = nullptr;
+  uint8_t* d_norm_ = nullptr;  // GradNormChunks: the chunks' doubles, then their floats
   int64_t pieces_n_ = 0;
+  int64_t staged_bytes_ = 0;
   std::optional<WeightWindowBook> book_;  // streamed weights; empty: resident
   std::optional<graph::PackedIndex> packed_;  // resident beside bf16 GEMMs: d_w32_'s layout
   // By arena store (WeightWindowBook::Use::store): recorded where the graph released its group

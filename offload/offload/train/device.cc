@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <tbb/parallel_for.h>
+
 #include "offload/train/page_vector.h"
 #include "ucp/base/check.h"
 #include "ucp/base/status_macros.h"
@@ -146,6 +148,7 @@ class CpuTwinDevice final : public TrainDevice {
     UCP_RETURN_IF_ERROR(
         CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "twin device"));
     float* dst = spec_.h_grads.data() + slot * spec_.host_window;
+    staged_bytes_ += n * 4;
     copies_.Queue(slot, [this, dst, begin, n] {
       std::memcpy(dst, grads_.data() + begin, static_cast<size_t>(n) * 4);
     });
@@ -156,6 +159,7 @@ class CpuTwinDevice final : public TrainDevice {
     UCP_RETURN_IF_ERROR(
         CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "twin device"));
     const uint16_t* src = spec_.h_weights16.data() + slot * spec_.host_window;
+    staged_bytes_ += n * 2;
     copies_.Queue(slot, [this, src, begin, n] {
       std::memcpy(w16_.data() + begin, src, static_cast<size_t>(n) * 2);
       WidenRange(begin, begin + n);
@@ -172,6 +176,7 @@ class CpuTwinDevice final : public TrainDevice {
   Status WeightsRangeToHost(int64_t begin, int64_t n) override {
     UCP_RETURN_IF_ERROR(CheckStagedRange(spec_, model_.num_params(), begin, n, 0, "twin device"));
     copies_.WaitAll();  // (the device's weights as queued)
+    staged_bytes_ += n * 2;
     std::memcpy(spec_.h_weights16.data(), w16_.data() + begin, static_cast<size_t>(n) * 2);
     return Status::Ok();
   }
@@ -267,6 +272,21 @@ class CpuTwinDevice final : public TrainDevice {
     return static_cast<int64_t>(w32_.size() * 8 + w16_.size() * 2) + pieces_n_ * 12;
   }
 
+  // The CUDA device's kernel does this arithmetic; here it is the host's own function.
+  Result<bool> GradNormChunks(std::span<double> partial, std::span<float> maxabs) override {
+    const int64_t n = model_.num_params();
+    UCP_RETURN_IF_ERROR(CheckGradNormSpans(n, partial, maxabs, "twin device"));
+    copies_.WaitAll();  // (as a GPU's kernel queued after the copies)
+    tbb::parallel_for(int64_t{0}, static_cast<int64_t>(partial.size()), [&](int64_t c) {
+      const int64_t b = c * kGradNormChunk, e = std::min(n, b + kGradNormChunk);
+      SumSquaresAndMax(std::span<const float>(grads_).subspan(static_cast<size_t>(b),
+                                                               static_cast<size_t>(e - b)),
+                       &partial[static_cast<size_t>(c)], &maxabs[static_cast<size_t>(c)]);
+    });
+    return true;
+  }
+  int64_t staged_bytes() const override { return staged_bytes_; }
+
  private:
   bool lowp() const { return spec_.weights != LowpDType::kFp32; }
   Status NotStaged(const char* what) const { return CheckNotStaged(spec_, "twin device", what); }
@@ -286,6 +306,7 @@ class CpuTwinDevice final : public TrainDevice {
   std::vector<float> w32_, grads_, master_, m_, v_;
   std::vector<uint16_t> w16_;
   int64_t pieces_n_ = 0;
+  int64_t staged_bytes_ = 0;
   CopyQueue copies_;  // last: joined first, while the buffers its copies touch are alive
 };
 
@@ -427,6 +448,19 @@ class CpuTwinStreamedDevice final : public TrainDevice, public WeightWindows {
 };
 
 }  // namespace
+
+Status CheckGradNormSpans(int64_t n, std::span<const double> partial, std::span<const float> maxabs,
+                          const char* who) {
+  const int64_t chunks = NumGradNormChunks(n);
+  if (static_cast<int64_t>(partial.size()) != chunks ||
+      static_cast<int64_t>(maxabs.size()) != chunks) {
+    return InvalidArgumentError(std::string(who) + ": the gradient norm of " + std::to_string(n) +
+                                " parameters has " + std::to_string(chunks) + " chunks, not " +
+                                std::to_string(partial.size()) + " / " +
+                                std::to_string(maxabs.size()));
+  }
+  return Status::Ok();
+}
 
 Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConfig& config) {
   UCP_ASSIGN_OR_RETURN(ParamTable table, ModelParamTable(config));

@@ -22,6 +22,7 @@
 #include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
 #include "offload/optim/adam.h"
+#include "offload/train/grad_norm.h"
 #include "ucp/base/result.h"
 #include "ucp/base/status.h"
 
@@ -178,12 +179,31 @@ class TrainDevice {
     if (Status st = WeightsRangeToDeviceAsync(begin, n, 0); !st.ok()) return st;
     return WaitStaged(0);
   }
+  /// The gradient norm's chunk sums over the device's gradients, computed where they are:
+  /// partial[c] and maxabs[c] for chunk c of kGradNormChunk elements, the bits grad_norm.h's
+  /// SumSquaresAndMax gives over the same values, after the backward queued so far. The trainer
+  /// asks when those are the step's gradients (one process), so the host reads them only for
+  /// Adam. Returns false where this device does not (streamed weights: not all its gradients
+  /// are on it). Spans of NumGradNormChunks(parameters).
+  /// Errors: kInvalidArgument (span sizes), kDeviceError.
+  virtual Result<bool> GradNormChunks(std::span<double> partial, std::span<float> maxabs) {
+    (void)partial, (void)maxabs;
+    return false;
+  }
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
+  /// Bytes through the staged windows (TrainDeviceSpec::host_window) since the device was made:
+  /// gradients host-ward, weights device-ward and back; 0 when not staged.
+  virtual int64_t staged_bytes() const { return 0; }
   /// Bytes moved between host and device by the streamed placement since the device was made
   /// (weights in, gradients out and, with micro-batches, back in); 0 when resident.
   virtual int64_t streamed_bytes() const { return 0; }
 };
+
+/// TrainDevice::GradNormChunks's spans hold NumGradNormChunks(n) values each.
+/// Errors: kInvalidArgument naming `who`.
+Status CheckGradNormSpans(int64_t n, std::span<const double> partial, std::span<const float> maxabs,
+                          const char* who);
 
 /// Each grad group's elements of the flat buffers, [begin, end), in ModelParamTable's order.
 Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConfig& config);

@@ -191,8 +191,8 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     rows[0].host_bytes = kStagedSlots * hw * 2;
     rows[0].note = "the training copy (GPU: on the device; the host stages a window of it)";
     rows[2].host_bytes = kStagedSlots * hw * 4;
-    rows[2].note = "accumulated over micro-batches (GPU: on the device; the host stages a "
-                   "window, crossing twice: the norm, then Adam)";
+    rows[2].note = "accumulated over micro-batches (GPU: on the device, which sums their "
+                   "norm; the host stages a window of them for Adam)";
   }
   rows.push_back({MemClass::kOptimizer, "master + exp_avg + exp_avg_sq (fp32)", 3 * block * 4, 0, 3 * block * 4,
                   "this rank's ZeRO block of " + Str(block) + " elements" +
@@ -306,8 +306,8 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                               Bytes(machine.host_bytes) + staged_note + ")";
     // Where the host side does not fit: what would make it, cheapest first. Foreground saves
     // drop the save's staging copy (the step waits for the write); staged host buffers drop the
-    // host's copies of the weights and gradients (bf16 on a device: 6 B/parameter; the
-    // gradients cross twice).
+    // host's copies of the weights and gradients (bf16 on a device: 6 B/parameter; they cross
+    // window by window).
     if (!plan.host_fits) {
       const int64_t save_row = rows[static_cast<size_t>(MemClass::kSaveStaging)].host_bytes;
       const bool can_stage = hw == 0 && bf16 && in.sp == 1 && (world == 1 || blocks > 1) &&

@@ -39,6 +39,7 @@
 #include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
 #include "offload/optim/cpu_adam.h"
+#include "offload/train/grad_norm.h"
 #include "offload/train/page_vector.h"
 #include "ucp/api/checkpoint.h"
 #include "ucp/api/trainer.h"
@@ -59,34 +60,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kClientStateVersion = 1;
 // Fixed chunks for reductions, so the gradient norm is the same bits for any thread count.
-constexpr int64_t kReduceChunk = int64_t{1} << 16;
+constexpr int64_t kReduceChunk = kGradNormChunk;
 constexpr float kFp16Max = 65504.0f;
 // --trace records the first steps of the run (its file is written after the last of them).
 constexpr int64_t kTraceSteps = 3;
-
-// The sum of squares of x in double, and the largest |x|, in a fixed order: element i into lane
-// i % 8 (each lane summed in order), then the lanes in a fixed tree. Eight independent chains:
-// one serial double sum is bound by the adder's latency (at 1B parameters it was a quarter of a
-// GPU step's host time); the bits depend on x alone, never on threads or the machine.
-void SumSquaresAndMax(std::span<const float> x, double* sum, float* max) {
-  constexpr size_t kLanes = 8;
-  double acc[kLanes] = {};
-  float mx[kLanes] = {};
-  const size_t n = x.size(), whole = n - n % kLanes;
-  for (size_t i = 0; i < whole; i += kLanes) {
-    for (size_t j = 0; j < kLanes; ++j) {
-      const float v = x[i + j];
-      acc[j] += static_cast<double>(v) * v;
-      mx[j] = std::max(mx[j], std::fabs(v));
-    }
-  }
-  for (size_t i = whole; i < n; ++i) {
-    acc[i - whole] += static_cast<double>(x[i]) * x[i];
-    mx[i - whole] = std::max(mx[i - whole], std::fabs(x[i]));
-  }
-  *sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  *max = std::max({mx[0], mx[1], mx[2], mx[3], mx[4], mx[5], mx[6], mx[7]});
-}
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -428,7 +405,8 @@ struct Trainer::Impl {
   // 8x a whole-buffer restore on a 200-layer model).
   std::vector<std::span<const SliceInfo>> SliceBatches(const std::vector<SliceInfo>& slices) const;
   Status SaveSlicesFromDevice();
-  // The staged step's gradient norm chunk sums and its Adam, window by window.
+  // The staged step's Adam, window by window, and its gradient norm chunk sums where the
+  // device does not sum them (TrainDevice::GradNormChunks).
   Status StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs);
   Status StagedAdam(float multiplier);
   // The device's gradients window by window, window i in slot i % 2 while the host works on
@@ -889,8 +867,9 @@ Status Trainer::Impl::SetUpHostBuffers() {
   UCP_RETURN_IF_ERROR(CheckHostBuffersOption(opts.host_buffers));
   if (opts.host_buffers == "whole") return Status::Ok();
   if (opts.host_buffers == "auto") {
-    // Staged where it runs and only where whole buffers would not fit the host: it costs a
-    // second crossing of the gradients.
+    // Staged where it runs and only where whole buffers would not fit the host: the
+    // crossings then go window by window, under the host's work only as far as the double
+    // buffering hides them (and twice for the gradients on a device without the norm).
     PlanMachine m;
     m.host_bytes = opts.host_memory > 0 ? opts.host_memory : MeasureHostMemory();
     UCP_ASSIGN_OR_RETURN(const bool pick,
@@ -2006,6 +1985,10 @@ int64_t Trainer::DeviceBytesStreamed() const {
   return impl_->device != nullptr ? impl_->device->streamed_bytes() : 0;
 }
 
+int64_t Trainer::DeviceBytesStaged() const {
+  return impl_->device != nullptr ? impl_->device->staged_bytes() : 0;
+}
+
 Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opts) {
   // A run refused after its --out folder was made (an option checked with the device, a corpus
   // that will not tokenize) leaves nothing behind: the folder goes if this call made it. One
@@ -2445,7 +2428,22 @@ Result<StepRecord> Trainer::Step() {
   std::vector<float> own_maxabs;
   std::span<const double> partial;
   std::span<const float> maxabs;
-  if (staged_one) {
+  // One process with a device: the gradients on the device are the step's, and it sums them
+  // where they are (grad_norm.h's arithmetic, the same bits), so the host reads them only for
+  // Adam (staged: they cross once, not twice). Not where the overlapped pipeline summed them as
+  // they crossed.
+  bool device_norm = false;
+  if (t.device != nullptr && t.world == 1 && !det &&
+      (staged_one || t.early_norm == nullptr)) {
+    own_partial.assign(static_cast<size_t>(chunks), 0.0);
+    own_maxabs.assign(static_cast<size_t>(chunks), 0.0f);
+    UCP_ASSIGN_OR_RETURN(device_norm, t.device->GradNormChunks(own_partial, own_maxabs),
+                         "step " + std::to_string(rec.step) + ": the gradient norm");
+  }
+  if (device_norm) {
+    partial = own_partial;
+    maxabs = own_maxabs;
+  } else if (staged_one) {
     UCP_RETURN_IF_ERROR(t.StagedNorm(own_partial, own_maxabs), "step " + std::to_string(rec.step));
     partial = own_partial;
     maxabs = own_maxabs;

@@ -203,6 +203,9 @@ class Trainer {
   /// With a device streaming its weights (RunOptions::weights), the bytes its windows have moved
   /// between host and device since it was made; 0 otherwise.
   int64_t DeviceBytesStreamed() const;
+  /// With staged host buffers (RunOptions::host_buffers), the bytes through the device's windows
+  /// since it was made (TrainDevice::staged_bytes); 0 otherwise.
+  int64_t DeviceBytesStaged() const;
 
   /// One optimizer step on the global batch of step() + 1.
   Result<StepRecord> Step();

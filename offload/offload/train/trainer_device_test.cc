@@ -521,19 +521,76 @@ TEST(DeviceTwinCheckpoint, ResumesAcrossEnginesAndLayouts) {
   EXPECT_EQ(last.val, full.val);
 }
 
+// The twin, but a device that leaves the gradient norm to the host (TrainDevice's default
+// GradNormChunks), as a device of a user's own may: everything else forwarded.
+class HostNormDevice final : public TrainDevice {
+ public:
+  explicit HostNormDevice(std::unique_ptr<TrainDevice> twin) : d_(std::move(twin)) {}
+  static Result<std::unique_ptr<TrainDevice>> Make(const TrainDeviceSpec& spec) {
+    UCP_ASSIGN_OR_RETURN(std::unique_ptr<TrainDevice> twin, MakeCpuTwinDevice(spec));
+    return std::unique_ptr<TrainDevice>(std::make_unique<HostNormDevice>(std::move(twin)));
+  }
+  std::string Describe() const override { return d_->Describe(); }
+  Status UploadWeights() override { return d_->UploadWeights(); }
+  Status ZeroGrads() override { return d_->ZeroGrads(); }
+  Result<double> ForwardBackward(const Batch& b, float s, const BackwardHook* h) override {
+    return d_->ForwardBackward(b, s, h);
+  }
+  Result<double> Forward(const Batch& b) override { return d_->Forward(b); }
+  Status GradsToHost() override { return d_->GradsToHost(); }
+  Status GroupGradsToHost(int g) override { return d_->GroupGradsToHost(g); }
+  Status PushState(std::span<const float> m, std::span<const float> a,
+                   std::span<const float> v) override {
+    return d_->PushState(m, a, v);
+  }
+  Status PullState(std::span<float> m, std::span<float> a, std::span<float> v) override {
+    return d_->PullState(m, a, v);
+  }
+  Status StepDevicePieces(int64_t step, float lr, float s) override {
+    return d_->StepDevicePieces(step, lr, s);
+  }
+  DevicePipelineView PipelineView() override { return d_->PipelineView(); }
+  Result<std::unique_ptr<PipelineBackend>> MakePipelineBackend() override {
+    return d_->MakePipelineBackend();
+  }
+  Status WeightsWritten() override { return d_->WeightsWritten(); }
+  Status GroupWeightsWritten(int g) override { return d_->GroupWeightsWritten(g); }
+  void WeightsInFlight() override { d_->WeightsInFlight(); }
+  Status GradsRangeToHostAsync(int64_t b, int64_t n, int slot) override {
+    return d_->GradsRangeToHostAsync(b, n, slot);
+  }
+  Status WeightsRangeToDeviceAsync(int64_t b, int64_t n, int slot) override {
+    return d_->WeightsRangeToDeviceAsync(b, n, slot);
+  }
+  Status WaitStaged(int slot) override { return d_->WaitStaged(slot); }
+  Status WeightsRangeToHost(int64_t b, int64_t n) override { return d_->WeightsRangeToHost(b, n); }
+  int64_t device_bytes() const override { return d_->device_bytes(); }
+  int64_t staged_bytes() const override { return d_->staged_bytes(); }
+  int64_t streamed_bytes() const override { return d_->streamed_bytes(); }
+
+ private:
+  std::unique_ptr<TrainDevice> d_;
+};
+
 // Staged host buffers: the host keeps only the optimizer state and two windows (gradients in,
-// weights out), through which the gradients cross twice (the norm, then Adam) and the weights
-// once. Bitwise the CPU trainer over 5 steps of 2 micro-batches, clipped and not, with windows
-// smaller than the model (pieces cut at a window's edge; tied embeddings) and one window of it
-// all.
-class DeviceTwinStaged : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {};
+// weights out). The device sums the gradient norm where the gradients are, so they cross once
+// (for Adam) and the weights once: 6 B/parameter a step; a device that leaves the norm to the
+// host has them cross twice (the norm, then Adam): 10. Bitwise the CPU trainer over 5 steps of
+// 2 micro-batches, clipped and not, with windows smaller than the model (pieces cut at a
+// window's edge; tied embeddings) and one window of it all.
+class DeviceTwinStaged
+    : public ::testing::TestWithParam<std::tuple<std::string, int64_t, bool>> {};
 
 TEST_P(DeviceTwinStaged, BitwiseTheCpuTrainer) {
-  const auto& [model, window] = GetParam();
+  const auto& [model, window, host_norm] = GetParam();
   ucp::testing::TempDir tmp;
   const TrainConfig c = Config(model, "bf16", WriteText(tmp.path()));
   UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
   RunOptions o = Opts(tmp.path() / "twin", "twin", 0);
+  if (host_norm) {
+    o.device = "cuda";  // the factory's device: the twin, less its norm
+    o.device_factory = HostNormDevice::Make;
+  }
   o.host_buffers = "staged";
   o.host_window = window;
   UCP_ASSERT_OK_AND_ASSIGN(Trainer twin, Trainer::Create(c, o));
@@ -548,8 +605,16 @@ TEST_P(DeviceTwinStaged, BitwiseTheCpuTrainer) {
   EXPECT_EQ(mem[static_cast<size_t>(MemClass::kComputeCopy)], 0);
   EXPECT_THAT(twin.Describe(), HasSubstr("2 of 2 host buffers pinnable"));
   const Outcome a = Train(cpu, 5);
-  const Outcome b = Train(twin, 5);
-  ExpectSame(a, b);
+  const Outcome b = Train(twin, 4);
+  const int64_t before = twin.DeviceBytesStaged();
+  UCP_ASSERT_OK_AND_ASSIGN(StepRecord r5, twin.Step());
+  EXPECT_EQ(twin.DeviceBytesStaged() - before, n * (host_norm ? 10 : 6)) << "bytes of a step";
+  Outcome all = b;
+  all.losses.push_back(r5.loss);
+  all.norms.push_back(r5.grad_norm);
+  UCP_ASSERT_OK_AND_ASSIGN(all.val, twin.Validate());
+  all.state = twin.StateForTest();
+  ExpectSame(a, all);
   // Clipping decided some steps and not others (the multiplier reaches every window).
   int clipped = 0;
   for (double g : a.norms) clipped += g > c.clip_grad ? 1 : 0;
@@ -557,10 +622,13 @@ TEST_P(DeviceTwinStaged, BitwiseTheCpuTrainer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTwinStaged,
-                         ::testing::Values(std::make_tuple("llama-tiny", int64_t{1} << 16),
-                                           std::make_tuple("gpt-tiny", int64_t{1} << 16),
-                                           std::make_tuple("llama-tiny-tied", int64_t{1} << 16),
-                                           std::make_tuple("llama-tiny", int64_t{0})));
+                         ::testing::Values(std::make_tuple("llama-tiny", int64_t{1} << 16, false),
+                                           std::make_tuple("gpt-tiny", int64_t{1} << 16, false),
+                                           std::make_tuple("llama-tiny-tied", int64_t{1} << 16,
+                                                           false),
+                                           std::make_tuple("llama-tiny", int64_t{0}, false),
+                                           std::make_tuple("llama-tiny", int64_t{1} << 16, true),
+                                           std::make_tuple("gpt-tiny", int64_t{1} << 16, true)));
 
 // A staged run's checkpoint (its weights saved from the device) resumes on the CPU engine at
 // another ZeRO stage, whose checkpoint resumes staged with a background save (the weights
