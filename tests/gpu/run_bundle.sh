@@ -117,6 +117,13 @@ step bench_train_1b 100 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --s
   --gpu-optimizer
 ok_or_fail
 show bench_train_1b 20
+# The same synchronous step with staged host buffers: the device sums the norm, then the
+# gradients cross window by window under the CPU Adam and the weights return under the next
+# window's (against the line above: whole copies, then Adam).
+step bench_train_1b_staged 60 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --steps 2 \
+  --host-buffers staged
+ok_or_fail
+show bench_train_1b_staged 12
 # The same step with --pipeline overlap: each bucket's gradient to the host and its CPU Adam
 # during backward (the ratio to the line above is what the overlap hides). At clip 1 every step
 # of this random-token run is clipped, so every speculative bucket is corrected after backward
@@ -171,7 +178,7 @@ nvidia-smi --query-gpu=memory.used,temperature.gpu,clocks.sm --format=csv >>"$lo
 cp "$summary" "$out/summary.txt"
 # The training benchmarks' logs one by one (with the summary and the archive: the 8 files
 # the tool brings back); the model benchmarks' are in the archive.
-for f in bench_train_1b bench_train_1b_overlap_noclip bench_train_3b bench_train_3b_overlap_noclip \
+for f in bench_train_1b bench_train_1b_staged bench_train_3b bench_train_3b_overlap_noclip \
          bench_train_3b_64k bench_train_largest; do
   [ -f "$logs/$f.log" ] && cp "$logs/$f.log" "$out/"
 done
