@@ -238,12 +238,12 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   // Staged host buffers: gradients cross host-ward on the copy stream, weights device-ward on
   // their own stream (the link is full duplex), each after the kernels queued on the model's
   // stream so far; each slot's last copies record an event WaitStaged waits for.
-  Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot) override {
+  Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot, int64_t at) override {
     UCP_RETURN_IF_ERROR(
-        CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "CUDA device"));
+        CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "CUDA device", at));
     UCP_RETURN_IF_ERROR(AfterModel(stream_));
     staged_bytes_ += n * 4;
-    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data() + slot * spec_.host_window,
+    UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(spec_.h_grads.data() + slot * spec_.host_window + at,
                                              d_grads_ + begin, static_cast<size_t>(n) * 4,
                                              cudaMemcpyDeviceToHost, stream_),
                              "gradients to the host window"));

@@ -144,10 +144,10 @@ class CpuTwinDevice final : public TrainDevice {
 
   // Staged: the copies run on the twin's copy thread in the order queued, as on a GPU's copy
   // stream, so a trainer that reads a window before WaitStaged reads it mid-copy here too.
-  Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot) override {
+  Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot, int64_t at) override {
     UCP_RETURN_IF_ERROR(
-        CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "twin device"));
-    float* dst = spec_.h_grads.data() + slot * spec_.host_window;
+        CheckStagedRange(spec_, model_.num_params(), begin, n, slot, "twin device", at));
+    float* dst = spec_.h_grads.data() + slot * spec_.host_window + at;
     staged_bytes_ += n * 4;
     copies_.Queue(slot, [this, dst, begin, n] {
       std::memcpy(dst, grads_.data() + begin, static_cast<size_t>(n) * 4);
@@ -639,12 +639,13 @@ Status CheckNotStaged(const TrainDeviceSpec& spec, const char* who, const char* 
 }
 
 Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
-                        int slot, const char* who) {
+                        int slot, const char* who, int64_t at) {
   UCP_RETURN_IF_ERROR(CheckStagedSlot(spec, slot, who));
-  if (begin < 0 || n < 0 || n > spec.host_window || begin > numel - n) {
+  if (begin < 0 || n < 0 || at < 0 || n > spec.host_window - at || begin > numel - n) {
     return InvalidArgumentError(std::string(who) + ": staged range [" + std::to_string(begin) +
                                 ", +" + std::to_string(n) + ") outside the model's " +
-                                std::to_string(numel) + " elements or longer than the window of " +
+                                std::to_string(numel) + " elements, or from element " +
+                                std::to_string(at) + " past the window of " +
                                 std::to_string(spec.host_window));
   }
   return Status::Ok();

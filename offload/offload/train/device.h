@@ -146,16 +146,16 @@ class TrainDevice {
   /// for it, so a streamed device must not read them ahead (its prefetch) before then.
   virtual void WeightsInFlight() {}
   /// Staged host buffers (TrainDeviceSpec::host_window), window `slot` (h at slot * window):
-  /// queue the device gradients of model elements [begin, begin + n) into h_grads' window (after
-  /// the kernels queued so far), or the n training-dtype weights in h_weights16's window to
+  /// queue the device gradients of model elements [begin, begin + n) into h_grads' window at
+  /// element `at` of it (after the kernels queued so far), or the n training-dtype weights in h_weights16's window to
   /// model elements [begin, begin + n) on the device, widened into the compute copy there (the
   /// device's next kernels run after it). WaitStaged(slot): every copy queued for the slot is
   /// done (its windows may be read or rewritten). WeightsRangeToHost: the device's weights of
   /// [begin, begin + n) into window 0 of h_weights16, done on return (saves).
   /// Errors: kFailedPrecondition (not staged), kInvalidArgument (a range outside the model or
   /// longer than the window, no such slot), kDeviceError.
-  virtual Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot) {
-    (void)begin, (void)n, (void)slot;
+  virtual Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot, int64_t at) {
+    (void)begin, (void)n, (void)slot, (void)at;
     return FailedPreconditionError("this device has no staged host buffers");
   }
   virtual Status WeightsRangeToDeviceAsync(int64_t begin, int64_t n, int slot) {
@@ -172,7 +172,7 @@ class TrainDevice {
   }
   /// The queued copies above, waited for: window 0.
   Status GradsRangeToHost(int64_t begin, int64_t n) {
-    if (Status st = GradsRangeToHostAsync(begin, n, 0); !st.ok()) return st;
+    if (Status st = GradsRangeToHostAsync(begin, n, 0, 0); !st.ok()) return st;
     return WaitStaged(0);
   }
   Status WeightsRangeToDevice(int64_t begin, int64_t n) {
@@ -212,9 +212,10 @@ Result<std::vector<std::pair<int64_t, int64_t>>> GradGroupRanges(const ModelConf
 inline constexpr int kStagedSlots = 2;
 
 /// Checks a staged range (TrainDevice::GradsRangeToHostAsync and the others) against the
-/// model's `numel` elements, the spec's window and the slots; `who` names the device.
+/// model's `numel` elements, the spec's window (from element `at` of it) and the slots; `who`
+/// names the device.
 Status CheckStagedRange(const TrainDeviceSpec& spec, int64_t numel, int64_t begin, int64_t n,
-                        int slot, const char* who);
+                        int slot, const char* who, int64_t at = 0);
 /// Checks that the spec has staged host buffers and `slot` is one of their windows.
 Status CheckStagedSlot(const TrainDeviceSpec& spec, int slot, const char* who);
 /// Refuses `what` (a call that needs the whole host buffers) when the spec's are staged.

@@ -907,8 +907,13 @@ Status Trainer::Impl::SetUpHostBuffers() {
   host_window = std::min(w, std::max<int64_t>(n, 1));
   if (blocks > 1) {
     // The blocks' window for the reduce-scatter and the gather: a window of each block, about
-    // host_window elements in all.
+    // host_window elements in all (the reduce-scatter's exchange is a gradient slot).
     block_window = StagedBlockWindow(block_size, host_window, blocks);
+    if (blocks * block_window > host_window) {
+      return InvalidArgumentError("--host-buffers staged: a window of " +
+                                  std::to_string(host_window) + " elements holds no window of " +
+                                  "each of the " + std::to_string(blocks) + " ZeRO blocks");
+    }
     flat.assign(static_cast<size_t>(blocks * block_window), 0.0f);
   }
   return Status::Ok();
@@ -918,21 +923,29 @@ Status Trainer::Impl::SetUpHostBuffers() {
 // rank's window is filled from the device, piece by piece, through the host window; the sums are
 // elementwise in rank order, so the block is the whole-buffer reduce-scatter's, bit for bit.
 Status Trainer::Impl::StagedReduceScatter(SumOrder order) {
-  const int64_t B = block_window;
-  for (int64_t a = 0; a < block_size; a += B) {
+  const int64_t B = block_window, W = host_window;
+  // Window i of every block crosses into gradient slot i % 2, block r's part at r wb, the
+  // exchange's layout (blocks B <= W: StagedBlockWindow), while the host reduces window i - 1.
+  auto fetch = [&](int64_t a, int slot) -> Status {
     const int64_t wb = std::min(B, block_size - a);
-    std::span<float> send(flat.data(), static_cast<size_t>(blocks * wb));
-    std::fill(send.begin(), send.end(), 0.0f);  // (the padding of the last fragments)
-    auto fill = [&](int r, const Piece& pc, int64_t x, int64_t y) -> Status {
-      UCP_RETURN_IF_ERROR(device->GradsRangeToHost(pc.coff + (x - pc.foff), y - x),
-                          "gradients to the host");
-      std::memcpy(send.data() + r * wb + (x - a), grads.data(), static_cast<size_t>(y - x) * 4);
-      return Status::Ok();
-    };
-    UCP_RETURN_IF_ERROR(ForEachPieceInBlockWindow(a, wb, fill));
+    float* send = grads.data() + slot * W;
+    std::fill(send, send + blocks * wb, 0.0f);  // (the padding of the last fragments)
+    return ForEachPieceInBlockWindow(a, wb, [&](int r, const Piece& pc, int64_t x, int64_t y) {
+      return device->GradsRangeToHostAsync(pc.coff + (x - pc.foff), y - x, slot, r * wb + (x - a));
+    });
+  };
+  if (block_size > 0) UCP_RETURN_IF_ERROR(fetch(0, 0), "gradients to the host");
+  for (int64_t a = 0, i = 0; a < block_size; a += B, ++i) {
+    const int slot = static_cast<int>(i % 2);
+    const int64_t wb = std::min(B, block_size - a);
+    UCP_RETURN_IF_ERROR(device->WaitStaged(slot), "gradients to the host");
+    // (The other slot's last exchange has returned: it is free.)
+    if (a + B < block_size) UCP_RETURN_IF_ERROR(fetch(a + B, 1 - slot), "gradients to the host");
     UCP_RETURN_IF_ERROR(comm->ReduceScatterDeterministic(
-                            send, std::span<float>(gblock).subspan(static_cast<size_t>(a),
-                                                                   static_cast<size_t>(wb)),
+                            std::span<float>(grads).subspan(static_cast<size_t>(slot * W),
+                                                            static_cast<size_t>(blocks * wb)),
+                            std::span<float>(gblock).subspan(static_cast<size_t>(a),
+                                                             static_cast<size_t>(wb)),
                             order),
                         "reducing gradients");
   }
@@ -1102,7 +1115,8 @@ Status Trainer::Impl::StagedGradWindows(
   const int64_t n = numel(), W = host_window;
   const int64_t windows = (n + W - 1) / W;
   auto fetch = [&](int64_t i) {
-    return device->GradsRangeToHostAsync(i * W, std::min(W, n - i * W), static_cast<int>(i % 2));
+    return device->GradsRangeToHostAsync(i * W, std::min(W, n - i * W), static_cast<int>(i % 2),
+                                         0);
   };
   if (windows > 0) UCP_RETURN_IF_ERROR(fetch(0), "gradients to the host");
   for (int64_t i = 0; i < windows; ++i) {

@@ -556,8 +556,8 @@ class HostNormDevice final : public TrainDevice {
   Status WeightsWritten() override { return d_->WeightsWritten(); }
   Status GroupWeightsWritten(int g) override { return d_->GroupWeightsWritten(g); }
   void WeightsInFlight() override { d_->WeightsInFlight(); }
-  Status GradsRangeToHostAsync(int64_t b, int64_t n, int slot) override {
-    return d_->GradsRangeToHostAsync(b, n, slot);
+  Status GradsRangeToHostAsync(int64_t b, int64_t n, int slot, int64_t at) override {
+    return d_->GradsRangeToHostAsync(b, n, slot, at);
   }
   Status WeightsRangeToDeviceAsync(int64_t b, int64_t n, int slot) override {
     return d_->WeightsRangeToDeviceAsync(b, n, slot);
