@@ -198,14 +198,13 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                   "this rank's ZeRO block of " + Str(block) + " elements" +
                       (blocks > 1 ? " (1/" + Str(blocks) + ")" : "")});
   const int64_t zero_scratch = blocks > 1 ? (1 + static_cast<int64_t>(blocks)) * block * 4 : 0;
-  // Staged (trainer.cc SetUpHostBuffers): the exchange scratch is a window of every block.
-  const int64_t gpu_zero_scratch =
-      blocks > 1 && hw > 0
-          ? (block + static_cast<int64_t>(blocks) * StagedBlockWindow(block, hw, blocks)) * 4
-          : zero_scratch;
+  // Staged (trainer.cc StagedReduceScatter): the exchange runs in a gradient window, so only
+  // the reduced block is left.
+  const int64_t gpu_zero_scratch = blocks > 1 && hw > 0 ? block * 4 : zero_scratch;
   rows.push_back({MemClass::kZeroScratch, "ZeRO reduce-scatter buffers", zero_scratch, 0,
                   gpu_zero_scratch,
-                  blocks > 1 ? (hw > 0 ? "the reduced block and a window of every block (host)"
+                  blocks > 1 ? (hw > 0 ? "the reduced block (host; the exchange runs in a "
+                                         "gradient window)"
                                        : "the reduced block and the exchange scratch (host)")
                              : "none at one fragment"});
   rows.push_back({MemClass::kActivations, "activations + scratch", act, device_act, host_act,
@@ -313,11 +312,10 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
       const bool can_stage = hw == 0 && bf16 && in.sp == 1 && (world == 1 || blocks > 1) &&
                              !in.overlap;
       const int64_t dw = std::min(kDefaultHostWindow, n);
-      const int64_t staged_flat = blocks > 1 ? blocks * StagedBlockWindow(block, dw, blocks) * 4 : 0;
+      // (Several blocks: the exchange scratch goes too; the reduced block stays.)
       const int64_t staged_saving =
           can_stage ? rows[0].host_bytes + rows[2].host_bytes - kStagedSlots * dw * 6 +
-                          (blocks > 1 ? static_cast<int64_t>(blocks) * block * 4 - staged_flat
-                                      : 0)
+                          (blocks > 1 ? static_cast<int64_t>(blocks) * block * 4 : 0)
                     : 0;
       struct Option {
         bool possible;

@@ -412,8 +412,8 @@ struct Trainer::Impl {
   // The device's gradients window by window, window i in slot i % 2 while the host works on
   // window i - 1: `work(lo, m, slot)` once model elements [lo, lo + m) are in the slot.
   Status StagedGradWindows(const std::function<Status(int64_t, int64_t, int)>& work);
-  // Several blocks (ZeRO 1-3 at dp > 1): `flat` is a window of block_window elements of every
-  // block; the gradients are reduce-scattered and the masters gathered through it.
+  // Several blocks (ZeRO 1-3 at dp > 1): a gradient slot holds a window of block_window
+  // elements of every block; the gradients are reduce-scattered and the masters gathered in it.
   int64_t block_window = 0;
   Status StagedReduceScatter(SumOrder order);
   Status StagedRefresh();
@@ -563,7 +563,7 @@ Status Trainer::Impl::SetUpLayout() {
   exp_avg_sq.assign(master.size(), 0.0f);
   if (blocks > 1) {
     gblock.assign(master.size(), 0.0f);
-    // (Staged host buffers: `flat` is a window of every block, sized in SetUpHostBuffers.)
+    // (Staged host buffers exchange a window of every block in a gradient slot instead.)
     if (opts.host_buffers != "staged") {
       flat.assign(static_cast<size_t>(blocks) * master.size(), 0.0f);
     }
@@ -907,14 +907,13 @@ Status Trainer::Impl::SetUpHostBuffers() {
   host_window = std::min(w, std::max<int64_t>(n, 1));
   if (blocks > 1) {
     // The blocks' window for the reduce-scatter and the gather: a window of each block, about
-    // host_window elements in all (the reduce-scatter's exchange is a gradient slot).
+    // host_window elements in all, exchanged in a gradient slot (no other scratch).
     block_window = StagedBlockWindow(block_size, host_window, blocks);
     if (blocks * block_window > host_window) {
       return InvalidArgumentError("--host-buffers staged: a window of " +
                                   std::to_string(host_window) + " elements holds no window of " +
                                   "each of the " + std::to_string(blocks) + " ZeRO blocks");
     }
-    flat.assign(static_cast<size_t>(blocks * block_window), 0.0f);
   }
   return Status::Ok();
 }
@@ -958,7 +957,8 @@ Status Trainer::Impl::StagedRefresh() {
   const int64_t B = block_window;
   for (int64_t a = 0; a < block_size; a += B) {
     const int64_t wb = std::min(B, block_size - a);
-    std::span<float> gathered(flat.data(), static_cast<size_t>(blocks * wb));
+    // Gathered into gradient slot 0 (free after the reduce-scatter), as the exchange's layout.
+    std::span<float> gathered(grads.data(), static_cast<size_t>(blocks * wb));
     UCP_RETURN_IF_ERROR(
         comm->AllGather(std::span<const float>(master).subspan(static_cast<size_t>(a),
                                                                static_cast<size_t>(wb)),
