@@ -426,6 +426,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   }
   int64_t streamed_bytes() const override { return moved_; }
   int64_t staged_bytes() const override { return staged_bytes_; }
+  bool SumsGradNorm() const override { return !book_; }
 
   // On the model's stream, after backward: only the sums cross (12 bytes per chunk).
   Result<bool> GradNormChunks(std::span<double> partial, std::span<float> maxabs) override {

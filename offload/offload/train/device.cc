@@ -285,6 +285,7 @@ class CpuTwinDevice final : public TrainDevice {
     });
     return true;
   }
+  bool SumsGradNorm() const override { return true; }
   int64_t staged_bytes() const override { return staged_bytes_; }
 
  private:

@@ -190,6 +190,9 @@ class TrainDevice {
     (void)partial, (void)maxabs;
     return false;
   }
+  /// Whether GradNormChunks computes the sums (a device made for the run answers the same every
+  /// step): the overlapped pipeline then leaves the host's sums as the buckets land undone.
+  virtual bool SumsGradNorm() const { return false; }
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
   /// Bytes through the staged windows (TrainDeviceSpec::host_window) since the device was made:

@@ -1677,9 +1677,9 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
     trace = std::make_unique<TraceRecorder>();
     po.trace = trace.get();
   }
-  if (device != nullptr && world == 1) {
+  if (device != nullptr && world == 1 && !device->SumsGradNorm()) {
     // The gradient crosses into `grads` (model order) bucket by bucket: the norm's sums start
-    // there.
+    // there (where the device does not sum them itself, after backward).
     const size_t chunks = static_cast<size_t>((numel() + kReduceChunk - 1) / kReduceChunk);
     early_norm = std::make_unique<EarlyNorm>(&*arena);
     early_norm->left = std::vector<std::atomic<int64_t>>(chunks);
@@ -2444,11 +2444,9 @@ Result<StepRecord> Trainer::Step() {
   std::span<const float> maxabs;
   // One process with a device: the gradients on the device are the step's, and it sums them
   // where they are (grad_norm.h's arithmetic, the same bits), so the host reads them only for
-  // Adam (staged: they cross once, not twice). Not where the overlapped pipeline summed them as
-  // they crossed.
+  // Adam (staged: they cross once, not twice; overlapped: the host's cores stay on Adam).
   bool device_norm = false;
-  if (t.device != nullptr && t.world == 1 && !det &&
-      (staged_one || t.early_norm == nullptr)) {
+  if (t.device != nullptr && t.world == 1 && !det && t.device->SumsGradNorm()) {
     own_partial.assign(static_cast<size_t>(chunks), 0.0);
     own_maxabs.assign(static_cast<size_t>(chunks), 0.0f);
     UCP_ASSIGN_OR_RETURN(device_norm, t.device->GradNormChunks(own_partial, own_maxabs),
