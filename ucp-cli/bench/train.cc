@@ -312,7 +312,6 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
     m.host_bytes = r.host_memory;
     UCP_ASSIGN_OR_RETURN(Largest big, FindLargest(resolved.first, c, r, m, work));
     using offload::FormatBytes;
-    const auto& grads = big.plan.rows[static_cast<size_t>(offload::MemClass::kGradients)];
     std::ostringstream ls;
     ls << "largest model for " << FormatBytes(m.device_bytes) << " of device memory ("
        << FormatBytes(m.device_bytes - m.device_reserve_bytes) << " usable) and "
@@ -324,7 +323,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
        << (big.plan.placement == offload::WeightPlacement::kResident ? "weights resident"
                                                                      : "weights streamed")
        << "), host " << FormatBytes(big.plan.host_total) << " ("
-       << (grads.host_bytes < grads.cpu_bytes ? "buffers staged" : "buffers whole")
+       << (big.plan.host_window > 0 ? "buffers staged" : "buffers whole")
        << ")\n  one layer more: " << big.next.verdict << "\n";
     out << ls.str();
     model_file = big.model;

@@ -96,6 +96,11 @@ struct OpProfile {
     flops.push_back(f);
     return Status::Ok();
   }
+  // A run begins (one that failed left its marks unsummed).
+  void Begin() {
+    names.clear();
+    flops.clear();
+  }
   // After the run's last Mark ("end") and the stream's synchronisation.
   Status Sum() {
     for (size_t i = 0; i + 1 < names.size(); ++i) {
@@ -109,8 +114,7 @@ struct OpProfile {
       t.ms += ms;
       t.flops += flops[i];
     }
-    names.clear();
-    flops.clear();
+    Begin();
     return Status::Ok();
   }
 };
@@ -229,7 +233,6 @@ struct CudaOps {
   }
 };
 
-
 }  // namespace
 
 struct CudaModel::Impl {
@@ -292,6 +295,7 @@ struct CudaModel::Impl {
       return DeviceError(std::string("batch tokens to the device: ") +
                          cudaGetErrorName(cudaGetLastError()));
     }
+    if (prof) prof->Begin();
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
                 w, w16, w16 ? scratch16.data() : nullptr,
                 w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size()),

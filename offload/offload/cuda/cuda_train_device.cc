@@ -429,8 +429,11 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   bool SumsGradNorm() const override { return !book_; }
 
   // On the model's stream, after backward: only the sums cross (12 bytes per chunk).
-  Result<bool> GradNormChunks(std::span<double> partial, std::span<float> maxabs) override {
-    if (book_) return false;  // streamed: the gradients are on the host
+  Status GradNormChunks(std::span<double> partial, std::span<float> maxabs) override {
+    if (book_) {
+      return FailedPreconditionError("CUDA device: streamed weights leave the gradient norm to "
+                                     "the host (their gradients are there)");
+    }
     const int64_t n = model_.num_params();
     UCP_RETURN_IF_ERROR(CheckGradNormSpans(n, partial, maxabs, "CUDA device"));
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
@@ -445,8 +448,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(maxabs.data(), d_max, chunks * 4,
                                              cudaMemcpyDeviceToHost, ms),
                              "gradient norm sums to the host"));
-    UCP_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(ms), "the gradient norm"));
-    return true;
+    return Cuda(cudaStreamSynchronize(ms), "the gradient norm");
   }
 
   // WeightWindows (streamed): the graph's calls, on the model's thread. Each crossing is queued

@@ -273,17 +273,13 @@ class CpuTwinDevice final : public TrainDevice {
   }
 
   // The CUDA device's kernel does this arithmetic; here it is the host's own function.
-  Result<bool> GradNormChunks(std::span<double> partial, std::span<float> maxabs) override {
-    const int64_t n = model_.num_params();
-    UCP_RETURN_IF_ERROR(CheckGradNormSpans(n, partial, maxabs, "twin device"));
+  Status GradNormChunks(std::span<double> partial, std::span<float> maxabs) override {
+    UCP_RETURN_IF_ERROR(CheckGradNormSpans(model_.num_params(), partial, maxabs, "twin device"));
     copies_.WaitAll();  // (as a GPU's kernel queued after the copies)
     tbb::parallel_for(int64_t{0}, static_cast<int64_t>(partial.size()), [&](int64_t c) {
-      const int64_t b = c * kGradNormChunk, e = std::min(n, b + kGradNormChunk);
-      SumSquaresAndMax(std::span<const float>(grads_).subspan(static_cast<size_t>(b),
-                                                               static_cast<size_t>(e - b)),
-                       &partial[static_cast<size_t>(c)], &maxabs[static_cast<size_t>(c)]);
+      SumChunk(grads_, c, &partial[static_cast<size_t>(c)], &maxabs[static_cast<size_t>(c)]);
     });
-    return true;
+    return Status::Ok();
   }
   bool SumsGradNorm() const override { return true; }
   int64_t staged_bytes() const override { return staged_bytes_; }

@@ -147,11 +147,11 @@ class TrainDevice {
   virtual void WeightsInFlight() {}
   /// Staged host buffers (TrainDeviceSpec::host_window), window `slot` (h at slot * window):
   /// queue the device gradients of model elements [begin, begin + n) into h_grads' window at
-  /// element `at` of it (after the kernels queued so far), or the n training-dtype weights in h_weights16's window to
-  /// model elements [begin, begin + n) on the device, widened into the compute copy there (the
-  /// device's next kernels run after it). WaitStaged(slot): every copy queued for the slot is
-  /// done (its windows may be read or rewritten). WeightsRangeToHost: the device's weights of
-  /// [begin, begin + n) into window 0 of h_weights16, done on return (saves).
+  /// element `at` of it (after the kernels queued so far), or the n training-dtype weights in
+  /// h_weights16's window to model elements [begin, begin + n) on the device, widened into the
+  /// compute copy there (the device's next kernels run after it). WaitStaged(slot): every copy
+  /// queued for the slot is done (its windows may be read or rewritten). WeightsRangeToHost: the
+  /// device's weights of [begin, begin + n) into window 0 of h_weights16, done on return (saves).
   /// Errors: kFailedPrecondition (not staged), kInvalidArgument (a range outside the model or
   /// longer than the window, no such slot), kDeviceError.
   virtual Status GradsRangeToHostAsync(int64_t begin, int64_t n, int slot, int64_t at) {
@@ -183,15 +183,16 @@ class TrainDevice {
   /// partial[c] and maxabs[c] for chunk c of kGradNormChunk elements, the bits grad_norm.h's
   /// SumSquaresAndMax gives over the same values, after the backward queued so far. The trainer
   /// asks when those are the step's gradients (one process), so the host reads them only for
-  /// Adam. Returns false where this device does not (streamed weights: not all its gradients
-  /// are on it). Spans of NumGradNormChunks(parameters).
-  /// Errors: kInvalidArgument (span sizes), kDeviceError.
-  virtual Result<bool> GradNormChunks(std::span<double> partial, std::span<float> maxabs) {
+  /// Adam. Only where SumsGradNorm(). Spans of NumGradNormChunks(parameters).
+  /// Errors: kFailedPrecondition (a device that does not sum), kInvalidArgument (span sizes),
+  /// kDeviceError.
+  virtual Status GradNormChunks(std::span<double> partial, std::span<float> maxabs) {
     (void)partial, (void)maxabs;
-    return false;
+    return FailedPreconditionError("this device leaves the gradient norm to the host");
   }
-  /// Whether GradNormChunks computes the sums (a device made for the run answers the same every
-  /// step): the overlapped pipeline then leaves the host's sums as the buckets land undone.
+  /// Whether GradNormChunks computes the sums; the same answer every step (not with streamed
+  /// weights: not all the gradients are on the device). Where it does, the overlapped pipeline
+  /// also leaves the host's sums as the buckets land undone.
   virtual bool SumsGradNorm() const { return false; }
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;

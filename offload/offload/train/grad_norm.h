@@ -43,4 +43,11 @@ inline void SumSquaresAndMax(std::span<const float> x, double* sum, float* max) 
   *max = std::max({mx[0], mx[1], mx[2], mx[3], mx[4], mx[5], mx[6], mx[7]});
 }
 
+/// Chunk c of x (kGradNormChunk elements from c kGradNormChunk; the last may be shorter).
+inline void SumChunk(std::span<const float> x, int64_t c, double* sum, float* max) {
+  const size_t b = static_cast<size_t>(c * kGradNormChunk);
+  SumSquaresAndMax(x.subspan(b, std::min(x.size() - b, static_cast<size_t>(kGradNormChunk))), sum,
+                   max);
+}
+
 }  // namespace ucp::offload

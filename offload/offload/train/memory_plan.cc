@@ -187,6 +187,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
                   "accumulated over micro-batches (GPU: and their host copy)"});
   // Staged host buffers keep windows instead of the host's copies (bf16: no host compute copy).
   const int64_t hw = std::min(in.host_window, n);
+  plan.host_window = hw;
   if (hw > 0) {
     rows[0].host_bytes = kStagedSlots * hw * 2;
     rows[0].note = "the training copy (GPU: on the device; the host stages a window of it)";

@@ -140,6 +140,7 @@ struct MemoryPlan {
   PlanMachine machine;
   int64_t params = 0;       ///< parameters of the model
   int64_t block = 0;        ///< this rank's optimizer-state elements (its ZeRO block)
+  int64_t host_window = 0;  ///< staged host buffers' window (elements); 0: whole buffers
 };
 
 /// Errors: kInvalidArgument (config, sizes, a layout the engine does not run: the

@@ -404,6 +404,24 @@ struct Trainer::Impl {
   // alone): one libucp call per batch, since each plans the rank's tensors (a call per slice was
   // 8x a whole-buffer restore on a 200-layer model).
   std::vector<std::span<const SliceInfo>> SliceBatches(const std::vector<SliceInfo>& slices) const;
+  // A batch's slices back to back in `buf` (resized to hold them), as views of its bytes
+  // (TensorView to restore into, ConstTensorView to save from).
+  template <typename View>
+  static std::vector<std::pair<std::string, View>> BatchViews(std::span<const SliceInfo> batch,
+                                                              std::vector<uint16_t>& buf) {
+    int64_t n = 0;
+    for (const SliceInfo& sl : batch) n += sl.n;
+    buf.resize(static_cast<size_t>(n));
+    std::vector<std::pair<std::string, View>> views;
+    int64_t at = 0;
+    for (const SliceInfo& sl : batch) {
+      views.push_back({sl.name, View{sl.dtype, sl.shape,
+                                     {reinterpret_cast<std::byte*>(buf.data() + at),
+                                      static_cast<size_t>(sl.n) * 2}}});
+      at += sl.n;
+    }
+    return views;
+  }
   Status SaveSlicesFromDevice();
   // The staged step's Adam, window by window, and its gradient norm chunk sums where the
   // device does not sum them (TrainDevice::GradNormChunks).
@@ -734,9 +752,8 @@ void Trainer::Impl::EarlyNormLanded(int bucket) {
       if (en.left[static_cast<size_t>(c)].fetch_sub(got, std::memory_order_acq_rel) != got) continue;
       arena->execute([&, c] {
         en.tasks.run([this, &en, c, n] {
-          const int64_t b = c * kReduceChunk, e = std::min(n, b + kReduceChunk);
-          SumSquaresAndMax(std::span<const float>(grads).subspan(b, e - b),
-                           &en.partial[static_cast<size_t>(c)], &en.maxabs[static_cast<size_t>(c)]);
+          SumChunk(std::span<const float>(grads).first(static_cast<size_t>(n)), c,
+                   &en.partial[static_cast<size_t>(c)], &en.maxabs[static_cast<size_t>(c)]);
         });
       });
     }
@@ -918,9 +935,9 @@ Status Trainer::Impl::SetUpHostBuffers() {
   return Status::Ok();
 }
 
-// Staged, several blocks: the gradients reduce-scattered a window of every block at a time. Each
-// rank's window is filled from the device, piece by piece, through the host window; the sums are
-// elementwise in rank order, so the block is the whole-buffer reduce-scatter's, bit for bit.
+// Staged, several blocks: the gradients reduce-scattered a window of every block at a time; the
+// sums are elementwise in rank order, so the block is the whole-buffer reduce-scatter's, bit for
+// bit.
 Status Trainer::Impl::StagedReduceScatter(SumOrder order) {
   const int64_t B = block_window, W = host_window;
   // Window i of every block crosses into gradient slot i % 2, block r's part at r wb, the
@@ -1091,18 +1108,11 @@ Status Trainer::Impl::SaveSlicesFromDevice() {
   std::vector<SliceInfo> mine = ModelSlices();
   std::erase_if(mine, [](const SliceInfo& sl) { return !sl.written_here; });  // dp replicas
   std::vector<uint16_t> buf;
-  std::vector<std::pair<std::string, ConstTensorView>> views;
   for (std::span<const SliceInfo> batch : SliceBatches(mine)) {
-    int64_t n = 0;
-    for (const SliceInfo& sl : batch) n += sl.n;
-    buf.resize(static_cast<size_t>(n));
-    views.clear();
+    const auto views = BatchViews<ConstTensorView>(batch, buf);
     int64_t at = 0;
     for (const SliceInfo& sl : batch) {
       UCP_RETURN_IF_ERROR(PullWeights(buf.data() + at, sl.offset, sl.n), sl.name);
-      views.push_back({sl.name, ConstTensorView{sl.dtype, sl.shape,
-                                                {reinterpret_cast<const std::byte*>(buf.data() + at),
-                                                 static_cast<size_t>(sl.n) * 2}}});
       at += sl.n;
     }
     UCP_RETURN_IF_ERROR(pending->SaveRank(rank, views));
@@ -1132,17 +1142,17 @@ Status Trainer::Impl::StagedGradWindows(
 // The chunks are the whole-buffer path's (a window is a whole number of them), summed by the
 // same function, so the norm has the same bits.
 Status Trainer::Impl::StagedNorm(std::vector<double>& partial, std::vector<float>& maxabs) {
-  const int64_t chunks = (numel() + kReduceChunk - 1) / kReduceChunk;
+  const int64_t chunks = NumGradNormChunks(numel());
   partial.assign(static_cast<size_t>(chunks), 0.0);
   maxabs.assign(static_cast<size_t>(chunks), 0.0f);
   return StagedGradWindows([&](int64_t lo, int64_t m, int slot) {
-    const float* win = grads.data() + slot * host_window;
-    const int64_t c0 = lo / kReduceChunk, cn = (m + kReduceChunk - 1) / kReduceChunk;
+    const auto win = std::span<const float>(grads).subspan(static_cast<size_t>(slot * host_window),
+                                                           static_cast<size_t>(m));
+    const int64_t c0 = lo / kReduceChunk;
     arena->execute([&] {
-      tbb::parallel_for(int64_t{0}, cn, [&](int64_t j) {
-        const int64_t b = j * kReduceChunk, e = std::min(m, b + kReduceChunk);
-        SumSquaresAndMax(std::span<const float>(win + b, static_cast<size_t>(e - b)),
-                         &partial[static_cast<size_t>(c0 + j)], &maxabs[static_cast<size_t>(c0 + j)]);
+      tbb::parallel_for(int64_t{0}, NumGradNormChunks(m), [&](int64_t j) {
+        SumChunk(win, j, &partial[static_cast<size_t>(c0 + j)],
+                 &maxabs[static_cast<size_t>(c0 + j)]);
       });
     });
     return Status::Ok();
@@ -1356,22 +1366,10 @@ Status Trainer::Impl::Restore(const api::CheckpointSource& src, const fs::path& 
       // The weights to the device as the checkpoint holds them, a batch of parameters a read.
       const std::vector<SliceInfo> slices = ModelSlices();
       std::vector<uint16_t> buf;
-      std::vector<std::pair<std::string, TensorView>> one_read;
       for (std::span<const SliceInfo> batch : SliceBatches(slices)) {
-        int64_t n = 0;
-        for (const SliceInfo& sl : batch) n += sl.n;
-        buf.resize(static_cast<size_t>(n));
-        one_read.clear();
-        int64_t at = 0;
-        for (const SliceInfo& sl : batch) {
-          one_read.push_back({sl.name, TensorView{sl.dtype, sl.shape,
-                                                  {reinterpret_cast<std::byte*>(buf.data() + at),
-                                                   static_cast<size_t>(sl.n) * 2}}});
-          at += sl.n;
-        }
-        UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, one_read),
+        UCP_RETURN_IF_ERROR(api::RestoreRank(src, layout, rank, BatchViews<TensorView>(batch, buf)),
                             "restoring " + ckpt.string());
-        at = 0;
+        int64_t at = 0;
         for (const SliceInfo& sl : batch) {
           UCP_RETURN_IF_ERROR(PushWeights(buf.data() + at, sl.offset, sl.n),
                               "restoring " + ckpt.string() + ": " + sl.name);
@@ -1680,7 +1678,7 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   if (device != nullptr && world == 1 && !device->SumsGradNorm()) {
     // The gradient crosses into `grads` (model order) bucket by bucket: the norm's sums start
     // there (where the device does not sum them itself, after backward).
-    const size_t chunks = static_cast<size_t>((numel() + kReduceChunk - 1) / kReduceChunk);
+    const size_t chunks = static_cast<size_t>(NumGradNormChunks(numel()));
     early_norm = std::make_unique<EarlyNorm>(&*arena);
     early_norm->left = std::vector<std::atomic<int64_t>>(chunks);
     early_norm->partial.assign(chunks, 0.0);
@@ -2437,7 +2435,7 @@ Result<StepRecord> Trainer::Step() {
   // (Staged host buffers: the gradient is the device's, norm_of only its window.)
   const bool staged_one = t.staged() && t.blocks == 1;  // (several: the norm of gblock, below)
   const int64_t nn = staged_one ? t.numel() : static_cast<int64_t>(norm_of.size());
-  const int64_t chunks = (nn + kReduceChunk - 1) / kReduceChunk;
+  const int64_t chunks = NumGradNormChunks(nn);
   std::vector<double> own_partial;
   std::vector<float> own_maxabs;
   std::span<const double> partial;
@@ -2445,14 +2443,11 @@ Result<StepRecord> Trainer::Step() {
   // One process with a device: the gradients on the device are the step's, and it sums them
   // where they are (grad_norm.h's arithmetic, the same bits), so the host reads them only for
   // Adam (staged: they cross once, not twice; overlapped: the host's cores stay on Adam).
-  bool device_norm = false;
   if (t.device != nullptr && t.world == 1 && !det && t.device->SumsGradNorm()) {
     own_partial.assign(static_cast<size_t>(chunks), 0.0);
     own_maxabs.assign(static_cast<size_t>(chunks), 0.0f);
-    UCP_ASSIGN_OR_RETURN(device_norm, t.device->GradNormChunks(own_partial, own_maxabs),
-                         "step " + std::to_string(rec.step) + ": the gradient norm");
-  }
-  if (device_norm) {
+    UCP_RETURN_IF_ERROR(t.device->GradNormChunks(own_partial, own_maxabs),
+                        "step " + std::to_string(rec.step) + ": the gradient norm");
     partial = own_partial;
     maxabs = own_maxabs;
   } else if (staged_one) {
@@ -2469,8 +2464,7 @@ Result<StepRecord> Trainer::Step() {
     own_maxabs.assign(static_cast<size_t>(chunks), 0.0f);
     t.arena->execute([&] {
       tbb::parallel_for(int64_t{0}, chunks, [&](int64_t c) {
-        const int64_t b = c * kReduceChunk, e = std::min(nn, b + kReduceChunk);
-        SumSquaresAndMax(norm_of.subspan(b, e - b), &own_partial[c], &own_maxabs[c]);
+        SumChunk(norm_of, c, &own_partial[c], &own_maxabs[c]);
       });
     });
     partial = own_partial;
