@@ -402,7 +402,7 @@ struct Trainer::Impl {
   std::vector<SliceInfo> ModelSlices() const;
   // Consecutive slices of `slices` in batches of at most host_window elements (a larger slice
   // alone): one libucp call per batch, since each plans the rank's tensors (a call per slice was
-  // 8x a whole-buffer restore on a 200-layer model).
+  // 6-11x a whole-buffer restore on a 200-layer model: docs/PERFORMANCE.md).
   std::vector<std::span<const SliceInfo>> SliceBatches(const std::vector<SliceInfo>& slices) const;
   // A batch's slices back to back in `buf` (resized to hold them), as views of its bytes
   // (TensorView to restore into, ConstTensorView to save from).
