@@ -100,14 +100,15 @@ bench=/tmp/ucp_gpu/bin/offload_cuda_model_bench
 ok_or_fail() { [ "$step_rc" = 0 ] || [ "$step_rc" = 126 ] || status=1; }
 show() { [ -f "$logs/$1.log" ] && grep -v '^\s*$' "$logs/$1.log" | tail -"${2:-12}" | tee -a "$summary"; }
 step bench_check 60 $bench --family llama --hidden 768 --layers 4 --heads 12 --kv-heads 4 \
-  --ffn 2048 --vocab 32000 --batch 2 --seq 512 --steps 3 --cpu-check
+  --ffn 2048 --vocab 32000 --batch 2 --seq 512 --steps 3 --cpu-check --attention both
 ok_or_fail
 show bench_check
-# --profile: where the step's device time goes, op by op (the next MFU work starts from it).
-step bench_1b 60 $bench --family llama --hidden 2048 --layers 16 --heads 16 --kv-heads 4 \
-  --ffn 5632 --vocab 32000 --batch 4 --seq 4096 --steps 3 --gemm bf16 --profile
+# --profile: where the step's device time goes, op by op (the next MFU work starts from it),
+# with the GEMM attention and with the flash kernels (the ratio of the two steps is printed).
+step bench_1b 90 $bench --family llama --hidden 2048 --layers 16 --heads 16 --kv-heads 4 \
+  --ffn 5632 --vocab 32000 --batch 4 --seq 4096 --steps 3 --gemm bf16 --attention both --profile
 ok_or_fail
-show bench_1b 40
+show bench_1b 70
 # The training step of `ucp-train --device cuda` on a 1.1B LLaMA-style model at 4 x 4096 = 16K
 # tokens: tokens/s, TFLOP/s and MFU (989 TFLOPS), then the same step with the whole optimizer on
 # the GPU (the device Adam) and the ratio.
@@ -117,6 +118,11 @@ step bench_train_1b 100 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --s
   --gpu-optimizer
 ok_or_fail
 show bench_train_1b 20
+# The same synchronous step with the flash attention kernels (--gpu-attention flash).
+step bench_train_1b_flash 60 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --steps 2 \
+  --gpu-attention flash
+ok_or_fail
+show bench_train_1b_flash 12
 # The same synchronous step with staged host buffers: the device sums the norm, then the
 # gradients cross window by window under the CPU Adam and the weights return under the next
 # window's (against the line above: whole copies, then Adam).
@@ -166,6 +172,9 @@ show bench_train_3b_overlap_noclip 20
 step bench_train_3b_64k 120 "${train[@]:0:6}" --batch 16 --micro-batch 4 --threads "$(nproc)" \
   --model llama-3b --steps 1 --pipeline overlap --clip 0
 show bench_train_3b_64k 20
+step bench_train_3b_64k_flash 120 "${train[@]:0:6}" --batch 16 --micro-batch 4 \
+  --threads "$(nproc)" --model llama-3b --steps 1 --pipeline overlap --clip 0 --gpu-attention flash
+show bench_train_3b_64k_flash 20
 # The largest model: the most layers of Llama-3-8B's layer (tests/gpu/llama-10b.json, 46 layers:
 # 10.3B) that the memory plan fits on this GPU and in this host's available memory at 4 x 4096
 # tokens in micro-batches of 1 (`ucp-bench train --largest`: host buffers staged where whole ones
@@ -178,8 +187,8 @@ nvidia-smi --query-gpu=memory.used,temperature.gpu,clocks.sm --format=csv >>"$lo
 cp "$summary" "$out/summary.txt"
 # The training benchmarks' logs one by one (with the summary and the archive: the 8 files
 # the tool brings back); the model benchmarks' are in the archive.
-for f in bench_train_1b bench_train_1b_staged bench_train_3b bench_train_3b_overlap_noclip \
-         bench_train_3b_64k bench_train_largest; do
+for f in bench_train_1b bench_train_1b_flash bench_train_3b_overlap_noclip bench_train_3b_64k \
+         bench_train_3b_64k_flash bench_train_largest; do
   [ -f "$logs/$f.log" ] && cp "$logs/$f.log" "$out/"
 done
 tar -C "$logs" -czf "$out/logs.tar.gz" .

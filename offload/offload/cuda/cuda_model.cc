@@ -134,6 +134,7 @@ struct CudaOps {
   uint16_t* scratch16 = nullptr;
   void* attn_gemm = nullptr;
   int64_t attn_gemm_bytes = 0;
+  bool flash = false;  // AttentionKernel::kFlash (with w16)
   // Set: w32 is packed to model.h Fp32ReadRanges (resident kBf16 weights; the GEMMs read only
   // w16, so the fp32 copy holds no matrix).
   const graph::PackedIndex* packed = nullptr;
@@ -202,22 +203,26 @@ struct CudaOps {
                                            scratch16)
                : cuda::MatmulBackward(*blas, dinp, dw, dbias, dout, inp, w.w32, N, C, OC));
   }
-  // kBf16: attention through the tensor-core GEMMs (attn_gemm: its scratch); else the fused
-  // fp32 kernels.
+  // kBf16: attention through the flash kernels (flash) or the tensor-core GEMMs (attn_gemm:
+  // their scratch); else the fused fp32 kernels. The causal FLOPs are profiled (the GEMM
+  // attention computes twice as many).
   void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                         int64_t NH, int64_t KV, int64_t hd) {
-    Mark(Named("attention fwd"));
-    Keep(attn_gemm ? cuda::AttentionForwardGemm(*blas, out, lse, qkv, B, T, NH, KV, hd, attn_gemm,
-                                                attn_gemm_bytes)
-                   : cuda::AttentionForward(out, lse, qkv, B, T, NH, KV, hd, stream));
+    Mark(Named("attention fwd"), 2.0 * B * NH * T * T * hd);
+    Keep(flash       ? cuda::AttentionForwardFlash(out, lse, qkv, B, T, NH, KV, hd, stream)
+         : attn_gemm ? cuda::AttentionForwardGemm(*blas, out, lse, qkv, B, T, NH, KV, hd,
+                                                  attn_gemm, attn_gemm_bytes)
+                     : cuda::AttentionForward(out, lse, qkv, B, T, NH, KV, hd, stream));
   }
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
-    Mark(Named("attention bwd"));
-    Keep(attn_gemm ? cuda::AttentionBackwardGemm(*blas, dqkv, dout, qkv, lse, B, T, NH, KV, hd,
-                                                 attn_gemm, attn_gemm_bytes)
-                   : cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV, hd,
-                                             stream));
+    Mark(Named("attention bwd"), 4.0 * B * NH * T * T * hd);
+    Keep(flash       ? cuda::AttentionBackwardFlash(dqkv, dout, qkv, lse, attn_scratch, B, T, NH,
+                                                    KV, hd, stream)
+         : attn_gemm ? cuda::AttentionBackwardGemm(*blas, dqkv, dout, qkv, lse, B, T, NH, KV, hd,
+                                                   attn_gemm, attn_gemm_bytes)
+                     : cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV,
+                                               hd, stream));
   }
   double Classifier(float* dx, float* dw, const float* x, GemmW w, const int32_t* targets,
                     int64_t N, int64_t C, int64_t V, float grad_scale) {
@@ -246,7 +251,8 @@ struct CudaModel::Impl {
   DeviceVec<float> attn_scratch, cls_scratch;
   GemmInputs gemm = GemmInputs::kFp32;
   DeviceVec<uint16_t> scratch16;  // kBf16: the largest GEMM's MixedMatmulScratch
-  DeviceVec<uint8_t> attn_gemm;   // kBf16: AttentionGemmScratchBytes
+  DeviceVec<uint8_t> attn_gemm;   // kBf16 with AttentionKernel::kGemm: AttentionGemmScratchBytes
+  AttentionKernel attention = AttentionKernel::kGemm;
   graph::PackedIndex packed;      // kBf16: Fp32Layout::kPacked's
   std::unique_ptr<OpProfile> prof;  // ProfileOps
 
@@ -299,6 +305,7 @@ struct CudaModel::Impl {
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
                 w, w16, w16 ? scratch16.data() : nullptr,
                 w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size()),
+                w16 != nullptr && attention == AttentionKernel::kFlash,
                 fp32 == Fp32Layout::kPacked ? &packed : nullptr, prof.get()};
     // Sequence parallelism is not run on the GPU yet: RunGraph's sp is always null.
     Result<double> loss = graph::RunGraph<float>(
@@ -317,7 +324,17 @@ struct CudaModel::Impl {
 };
 
 Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch,
-                                    int64_t max_seq_len, GemmInputs gemm) {
+                                    int64_t max_seq_len, GemmInputs gemm,
+                                    AttentionKernel attention) {
+  const bool flash = attention == AttentionKernel::kFlash;
+  if (flash && gemm != GemmInputs::kBf16) {
+    return InvalidArgumentError("CUDA model: the flash attention kernels are the bf16 GEMMs' "
+                                "(GemmInputs::kBf16)");
+  }
+  if (flash && !FlashAttentionSupports(config.head_dim)) {
+    return InvalidArgumentError("CUDA model: the flash attention kernels take head_dim 64 or 128, "
+                                "not " + Str(config.head_dim));
+  }
   if (DeviceCount() == 0) return DeviceError("CUDA model: no CUDA device");
   if (max_batch < 1 || max_seq_len < 1) {
     return InvalidArgumentError("CUDA model: max_batch and max_seq_len must be >= 1");
@@ -347,12 +364,13 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
     // The scratch as the memory plan counts it (gpu_sizes.h).
     const gpu::ModelScratch sc =
         gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
-                              gemm == GemmInputs::kBf16);
+                              gemm == GemmInputs::kBf16, flash);
     impl->inputs.assign(static_cast<size_t>(rows), 0);
     impl->targets.assign(static_cast<size_t>(rows), 0);
     impl->attn_scratch.assign(static_cast<size_t>(sc.attn_floats), 0.f);
     impl->cls_scratch.assign(static_cast<size_t>(sc.classifier_floats), 0.f);
     impl->gemm = gemm;
+    impl->attention = attention;
     if (gemm == GemmInputs::kBf16) {
       impl->scratch16.assign(static_cast<size_t>(sc.gemm16), 0);
       impl->attn_gemm.assign(static_cast<size_t>(sc.attn_gemm_bytes), 0);
@@ -374,6 +392,7 @@ const std::vector<ParamInfo>& CudaModel::params() const { return impl_->layout.p
 int64_t CudaModel::num_params() const { return impl_->layout.total; }
 
 GemmInputs CudaModel::gemm() const { return impl_->gemm; }
+AttentionKernel CudaModel::attention() const { return impl_->attention; }
 
 int64_t CudaModel::packed_fp32_elements() const { return impl_->packed.elements(); }
 

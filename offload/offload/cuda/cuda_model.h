@@ -7,7 +7,8 @@
 // activations rounded to bf16 and fp32 accumulation on the tensor cores (kBf16: what bf16
 // training runs on a GPU; within bf16's bounds of the CPU model). kBf16 also runs attention
 // through tensor-core GEMMs (AttentionForwardGemm: bf16 q, k, v and probabilities, fp32 softmax
-// and accumulation) instead of the fused fp32 kernels. Norms, embeddings, the classifier's
+// and accumulation) instead of the fused fp32 kernels, or, with AttentionKernel::kFlash, through
+// the tiled flash kernels (AttentionForwardFlash: the same rounding, no T x T buffers). Norms, embeddings, the classifier's
 // softmax and every stored activation stay fp32 either way, reading the fp32 weights (with kBf16
 // only those: Fp32Layout::kPacked).
 //
@@ -35,13 +36,19 @@ enum class GemmInputs : uint8_t { kFp32, kBf16 };
 /// no fp32 matrix, so a packed copy saves its owner 4 B per matrix parameter of device memory.
 enum class Fp32Layout : uint8_t { kWhole, kPacked };
 
+/// How kBf16 runs attention (cuda_ops.h): kGemm, the batched GEMMs over T x T buffers (any
+/// head_dim); kFlash, the flash kernels (head_dim 64 or 128; no GEMM attention scratch).
+enum class AttentionKernel : uint8_t { kGemm, kFlash };
+
 class CudaModel {
  public:
   /// Activations for micro-batches up to max_batch x max_seq_len on the current device (and,
   /// for kBf16, the bf16 scratch its GEMMs round their inputs into).
-  /// Errors: kInvalidArgument (config, sizes), kDeviceError (no device, allocation, cuBLAS).
+  /// Errors: kInvalidArgument (config, sizes; kFlash beside kFp32 or with a head_dim the flash
+  /// kernels do not take), kDeviceError (no device, allocation, cuBLAS).
   static Result<CudaModel> Create(const ModelConfig& config, int64_t max_batch,
-                                  int64_t max_seq_len, GemmInputs gemm = GemmInputs::kFp32);
+                                  int64_t max_seq_len, GemmInputs gemm = GemmInputs::kFp32,
+                                  AttentionKernel attention = AttentionKernel::kGemm);
   CudaModel(CudaModel&&) noexcept;
   CudaModel& operator=(CudaModel&&) noexcept;
   ~CudaModel();
@@ -52,6 +59,7 @@ class CudaModel {
   int64_t num_params() const;
 
   GemmInputs gemm() const;
+  AttentionKernel attention() const;
   /// The floats of Fp32Layout::kPacked's weights (kBf16; 0 for kFp32).
   int64_t packed_fp32_elements() const;
 
@@ -94,7 +102,9 @@ class CudaModel {
     std::string op;
     int64_t calls = 0;
     double ms = 0;
-    double flops = 0;  ///< the matrix products' (2 per multiply-add; 0 for other ops)
+    /// the matrix products' (2 per multiply-add) and attention's (its causal products, whatever
+    /// the kernel computes); 0 for other ops
+    double flops = 0;
   };
   void ProfileOps(bool on);
   std::vector<OpTime> TakeOpTimes();

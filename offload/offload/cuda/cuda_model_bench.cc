@@ -8,10 +8,13 @@
 // and 1e-2 with bf16 ones (exit 1 otherwise). With --profile the timed steps also record an
 // event per op (CudaModel::ProfileOps) and the program prints where a step's device time goes,
 // op by op (each matrix product by its sizes, with its TFLOP/s); the median stays unprofiled.
+// --attention picks the bf16 GEMMs' attention: gemm (the default), flash, or both (then the
+// flash step is also printed as a ratio of the GEMM attention's, same process).
 // Usage:
 //   offload_cuda_model_bench [--family llama|gpt] [--hidden 2048] [--layers 16] [--heads 16]
 //     [--kv-heads 4] [--ffn 5632] [--vocab 32000] [--batch 4] [--seq 1024] [--steps 3]
-//     [--gemm fp32|bf16|both] [--cpu-check] [--profile] [--threads N]
+//     [--gemm fp32|bf16|both] [--attention gemm|flash|both] [--cpu-check] [--profile]
+//     [--threads N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
@@ -60,7 +64,7 @@ int main(int argc, char** argv) {
   int64_t batch = 4, seq = 1024;
   int steps = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
   bool cpu_check = false, profile = false;
-  std::string gemm = "both";
+  std::string gemm = "both", attention = "gemm";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> int64_t {
@@ -84,6 +88,7 @@ int main(int argc, char** argv) {
     else if (a == "--cpu-check") cpu_check = true;
     else if (a == "--profile") profile = true;
     else if (a == "--gemm" && i + 1 < argc) gemm = argv[++i];
+    else if (a == "--attention" && i + 1 < argc) attention = argv[++i];
     else return Fail("unknown option " + a);
   }
   if (c.family == Family::kGpt) {
@@ -95,6 +100,9 @@ int main(int argc, char** argv) {
   c.max_positions = seq;
   if (steps < 1 || batch < 1 || seq < 1 || threads < 1) return Fail("sizes must be >= 1");
   if (gemm != "fp32" && gemm != "bf16" && gemm != "both") return Fail("--gemm fp32|bf16|both");
+  if (attention != "gemm" && attention != "flash" && attention != "both") {
+    return Fail("--attention gemm|flash|both");
+  }
   auto table = ModelParamTable(c);
   if (!table.ok()) return Fail(table.status().ToString());
   const double flops = ModelStepFlops(c, *table, batch, seq);
@@ -151,13 +159,19 @@ int main(int argc, char** argv) {
   cudaMemcpy(dw, w.data(), n * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dw16, w16.data(), n * 2, cudaMemcpyHostToDevice);
   int status = 0;
-  double fp32_time = 0;
-  for (const std::string mode : {"fp32", "bf16"}) {
+  double fp32_time = 0, gemm_attention_time = 0;
+  // (GEMMs, attention): fp32 GEMMs run the fused fp32 attention kernels.
+  const std::pair<const char*, const char*> runs[] = {
+      {"fp32", "fused fp32"}, {"bf16", "gemm"}, {"bf16", "flash"}};
+  for (const auto& [gemm_mode, attn_mode] : runs) {
+    const std::string mode = gemm_mode, attn = attn_mode;
+    const bool bf16 = mode == "bf16", flash = attn == "flash";
     if (gemm != "both" && gemm != mode) continue;
-    const bool bf16 = mode == "bf16";
+    if (bf16 && attention != "both" && attention != attn) continue;
     // One model at a time: the activations are the largest thing on the device.
-    auto gm = cuda::CudaModel::Create(c, batch, seq,
-                                      bf16 ? cuda::GemmInputs::kBf16 : cuda::GemmInputs::kFp32);
+    auto gm = cuda::CudaModel::Create(
+        c, batch, seq, bf16 ? cuda::GemmInputs::kBf16 : cuda::GemmInputs::kFp32,
+        flash ? cuda::AttentionKernel::kFlash : cuda::AttentionKernel::kGemm);
     if (!gm.ok()) return Fail(gm.status().ToString());
     cudaMemset(dg, 0, n * 4);
     double loss = 0;
@@ -171,12 +185,17 @@ int main(int argc, char** argv) {
     }
     std::sort(times.begin(), times.end());
     const double t = times[times.size() / 2], tflops = flops / t / 1e12;
-    std::printf("cuda %s GEMMs loss %.6f | %.1f ms | %.0f tokens/s | %.2f TFLOP/s | MFU %.2f%% of "
-                "989",
-                mode.c_str(), loss / tokens, t * 1e3, tokens / t, tflops, 100.0 * tflops / 989.0);
+    std::printf("cuda %s GEMMs, %s attention: loss %.6f | %.1f ms | %.0f tokens/s | %.2f TFLOP/s "
+                "| MFU %.2f%% of 989",
+                mode.c_str(), attn.c_str(), loss / tokens, t * 1e3, tokens / t, tflops,
+                100.0 * tflops / 989.0);
     if (bf16 && fp32_time > 0) std::printf(" | %.2fx the fp32 GEMMs' step", fp32_time / t);
+    if (flash && gemm_attention_time > 0) {
+      std::printf(" | %.2fx the GEMM attention's speed", gemm_attention_time / t);
+    }
     std::printf("\n");
     if (!bf16) fp32_time = t;
+    if (bf16 && !flash) gemm_attention_time = t;
     if (profile) {
       // Profiled steps after the timed ones, so the median above carries no event.
       gm->ProfileOps(true);
@@ -188,8 +207,8 @@ int main(int argc, char** argv) {
       gm->ProfileOps(false);
       double total = 0;
       for (const auto& o : ops) total += o.ms;
-      std::printf("  where a step's device time goes (%s GEMMs, mean of %d profiled steps: %.1f "
-                  "ms):\n", mode.c_str(), steps, total / steps);
+      std::printf("  where a step's device time goes (%s GEMMs, %s attention, mean of %d profiled "
+                  "steps: %.1f ms):\n", mode.c_str(), attn.c_str(), steps, total / steps);
       for (const auto& o : ops) {
         std::printf("  %-28s %6lld calls %9.2f ms %5.1f%%", o.op.c_str(),
                     static_cast<long long>(o.calls / steps), o.ms / steps, 100.0 * o.ms / total);
@@ -200,8 +219,8 @@ int main(int argc, char** argv) {
     if (cpu_check) {
       const double rel = std::abs(loss - cpu_loss) / std::max(1e-30, std::abs(cpu_loss));
       const double tol = bf16 ? 1e-2 : 1e-5;
-      std::printf("cuda (%s GEMMs) vs cpu loss: relative difference %.3g %s\n", mode.c_str(), rel,
-                  rel <= tol ? "(ok)" : "(TOO LARGE)");
+      std::printf("cuda (%s GEMMs, %s attention) vs cpu loss: relative difference %.3g %s\n",
+                  mode.c_str(), attn.c_str(), rel, rel <= tol ? "(ok)" : "(TOO LARGE)");
       if (rel > tol) status = 1;
     }
   }

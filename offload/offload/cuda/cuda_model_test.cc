@@ -132,78 +132,57 @@ TEST_P(CudaModelTest, MatchesTheCpuModel) {
   }
 }
 
-// bf16 GEMMs (GemmInputs::kBf16, what bf16 training runs): the weights are bf16 values (the
-// fp32 copy their widening, as in training), so the only difference from the CPU model is the
-// activations and gradients rounded to bf16 before each GEMM. Bounds: loss within 1e-2
-// relative; each gradient tensor within 3e-2 in relative L2 norm (bf16 keeps about 3 digits; a
-// wrong operand, transpose or offset is off by order 1).
-TEST_P(CudaModelTest, Bf16GemmsStayWithinBf16OfTheCpuModel) {
-  const ModelConfig c = Config(GetParam());
-  const int64_t B = 3, T = 37;
-  UCP_ASSERT_OK_AND_ASSIGN(Model cpu, Model::Create(c, B, T, 2));
-  UCP_ASSERT_OK_AND_ASSIGN(CudaModel gpu, CudaModel::Create(c, B, T, GemmInputs::kBf16));
-  EXPECT_EQ(gpu.gemm(), GemmInputs::kBf16);
-  const size_t n = static_cast<size_t>(cpu.num_params());
-  Inputs x = MakeInputs(cpu, c, B * T, 11);
-  std::vector<float>& w = x.w;
-  std::vector<float> g_cpu(n, 0.0f), g_gpu(n);
-  std::vector<uint16_t> w16(n);
-  for (size_t i = 0; i < n; ++i) w[i] = FloatFromBf16(w16[i] = Bf16FromFloat(w[i]));
-  const Batch batch{x.in, x.tg, B, T, 0};
-  UCP_ASSERT_OK_AND_ASSIGN(double loss_cpu, cpu.ForwardBackward(w, g_cpu, batch, 1e-2f));
-
+// The bf16 GEMMs' case: weights that are bf16 values (w rounded, w16 their bits; the fp32 copy
+// their widening, as in training), a batch, and the CPU model's loss and gradients on them; the
+// weights on the device (d_g zeroed).
+struct Bf16Case {
+  Inputs x;
+  std::vector<uint16_t> w16;
+  std::vector<float> g_cpu;
+  double loss_cpu = 0;
   float *d_w = nullptr, *d_g = nullptr;
   uint16_t* d_w16 = nullptr;
-  ASSERT_EQ(cudaMalloc(&d_w, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d_g, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d_w16, n * 2), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_w, w.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_w16, w16.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(d_g, 0, n * 4), cudaSuccess);
-  // The bf16 weights are required, and refused by a model of fp32 GEMMs.
-  EXPECT_EQ(gpu.Forward(d_w, batch).status().code(), StatusCode::kInvalidArgument);
-  UCP_ASSERT_OK_AND_ASSIGN(double loss_gpu,
-                           gpu.ForwardBackward(d_w, d_g, batch, 1e-2f, nullptr, d_w16));
-  UCP_ASSERT_OK_AND_ASSIGN(double fwd_gpu, gpu.Forward(d_w, batch, d_w16));
-  ASSERT_EQ(cudaMemcpy(g_gpu.data(), d_g, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  UCP_ASSERT_OK_AND_ASSIGN(CudaModel fp32, CudaModel::Create(c, B, T));
-  EXPECT_EQ(fp32.Forward(d_w, batch, d_w16).status().code(), StatusCode::kInvalidArgument);
+  Bf16Case(Model& cpu, const ModelConfig& c, int64_t B, int64_t T, uint32_t seed)
+      : x(MakeInputs(cpu, c, B * T, seed)) {
+    const size_t n = x.w.size();
+    w16.resize(n);
+    g_cpu.assign(n, 0.0f);
+    for (size_t i = 0; i < n; ++i) x.w[i] = FloatFromBf16(w16[i] = Bf16FromFloat(x.w[i]));
+    auto l = cpu.ForwardBackward(x.w, g_cpu, batch(B, T), 1e-2f);
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    loss_cpu = l.value_or(0.0);
+    EXPECT_EQ(cudaMalloc(&d_w, n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&d_g, n * 4), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&d_w16, n * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d_w, x.w.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d_w16, w16.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemset(d_g, 0, n * 4), cudaSuccess);
+  }
+  ~Bf16Case() {
+    cudaFree(d_w);
+    cudaFree(d_g);
+    cudaFree(d_w16);
+  }
+  Batch batch(int64_t B, int64_t T) const { return Batch{x.in, x.tg, B, T, 0}; }
+  std::vector<float> DeviceGrads() const {
+    std::vector<float> g(x.w.size());
+    EXPECT_EQ(cudaMemcpy(g.data(), d_g, g.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return g;
+  }
+};
 
-  // Fp32Layout::kPacked (what the trainer's device holds): the fp32 copy packed to
-  // Fp32ReadRanges gives the whole copy's loss and gradients bit for bit.
-  UCP_ASSERT_OK_AND_ASSIGN(auto ranges, Fp32ReadRanges(c));
-  std::vector<float> packed;
-  for (const auto& [b, e] : ranges) packed.insert(packed.end(), w.begin() + b, w.begin() + e);
-  ASSERT_EQ(static_cast<int64_t>(packed.size()), gpu.packed_fp32_elements());
-  EXPECT_LT(packed.size(), n);
-  float* d_wp = nullptr;
-  ASSERT_EQ(cudaMalloc(&d_wp, packed.size() * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_wp, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemset(d_g, 0, n * 4), cudaSuccess);
-  UCP_ASSERT_OK_AND_ASSIGN(double loss_packed,
-                           gpu.ForwardBackward(d_wp, d_g, batch, 1e-2f, nullptr, d_w16,
-                                               Fp32Layout::kPacked));
-  std::vector<float> g_packed(n);
-  ASSERT_EQ(cudaMemcpy(g_packed.data(), d_g, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(loss_packed, loss_gpu);
-  EXPECT_TRUE(g_packed == g_gpu) << "packed gradients differ from the whole copy's";
-  EXPECT_EQ(fp32.Forward(d_w, batch, nullptr, Fp32Layout::kPacked).status().code(),
-            StatusCode::kInvalidArgument);
-  cudaFree(d_wp);
-  cudaFree(d_w);
-  cudaFree(d_g);
-  cudaFree(d_w16);
-
-  std::printf("loss: cpu %.9g, cuda bf16 GEMMs %.9g\n", loss_cpu, loss_gpu);
-  EXPECT_NEAR(loss_gpu, loss_cpu, 1e-2 * std::abs(loss_cpu));
-  EXPECT_EQ(loss_gpu, fwd_gpu);
+// Bounds of the bf16 GEMMs against the CPU model: loss within 1e-2 relative; each gradient
+// tensor within 3e-2 in relative L2 norm (bf16 keeps about 3 digits; a wrong operand, transpose
+// or offset is off by order 1).
+void ExpectWithinBf16(const Model& cpu, const Bf16Case& k, double loss_gpu,
+                      const std::vector<float>& g_gpu) {
+  EXPECT_NEAR(loss_gpu, k.loss_cpu, 1e-2 * std::abs(k.loss_cpu));
   for (const ParamInfo& p : cpu.params()) {
     double diff = 0.0, norm = 0.0;
     for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
-      const double d = static_cast<double>(g_gpu[i]) - g_cpu[i];
+      const double d = static_cast<double>(g_gpu[i]) - k.g_cpu[i];
       diff += d * d;
-      norm += static_cast<double>(g_cpu[i]) * g_cpu[i];
+      norm += static_cast<double>(k.g_cpu[i]) * k.g_cpu[i];
     }
     ASSERT_GT(norm, 0.0) << p.name;
     std::printf("  %-40s relative L2 error %.3g\n", p.name.c_str(), std::sqrt(diff / norm));
@@ -211,9 +190,87 @@ TEST_P(CudaModelTest, Bf16GemmsStayWithinBf16OfTheCpuModel) {
   }
 }
 
+// bf16 GEMMs (GemmInputs::kBf16, what bf16 training runs): the only difference from the CPU model
+// is the activations and gradients rounded to bf16 before each GEMM (ExpectWithinBf16's bounds).
+TEST_P(CudaModelTest, Bf16GemmsStayWithinBf16OfTheCpuModel) {
+  const ModelConfig c = Config(GetParam());
+  const int64_t B = 3, T = 37;
+  UCP_ASSERT_OK_AND_ASSIGN(Model cpu, Model::Create(c, B, T, 2));
+  UCP_ASSERT_OK_AND_ASSIGN(CudaModel gpu, CudaModel::Create(c, B, T, GemmInputs::kBf16));
+  EXPECT_EQ(gpu.gemm(), GemmInputs::kBf16);
+  const size_t n = static_cast<size_t>(cpu.num_params());
+  Bf16Case k(cpu, c, B, T, 11);
+  const Batch batch = k.batch(B, T);
+  // The bf16 weights are required, and refused by a model of fp32 GEMMs.
+  EXPECT_EQ(gpu.Forward(k.d_w, batch).status().code(), StatusCode::kInvalidArgument);
+  UCP_ASSERT_OK_AND_ASSIGN(double loss_gpu,
+                           gpu.ForwardBackward(k.d_w, k.d_g, batch, 1e-2f, nullptr, k.d_w16));
+  UCP_ASSERT_OK_AND_ASSIGN(double fwd_gpu, gpu.Forward(k.d_w, batch, k.d_w16));
+  const std::vector<float> g_gpu = k.DeviceGrads();
+  UCP_ASSERT_OK_AND_ASSIGN(CudaModel fp32, CudaModel::Create(c, B, T));
+  EXPECT_EQ(fp32.Forward(k.d_w, batch, k.d_w16).status().code(), StatusCode::kInvalidArgument);
+
+  // Fp32Layout::kPacked (what the trainer's device holds): the fp32 copy packed to
+  // Fp32ReadRanges gives the whole copy's loss and gradients bit for bit.
+  UCP_ASSERT_OK_AND_ASSIGN(auto ranges, Fp32ReadRanges(c));
+  std::vector<float> packed;
+  for (const auto& [b, e] : ranges) packed.insert(packed.end(), k.x.w.begin() + b, k.x.w.begin() + e);
+  ASSERT_EQ(static_cast<int64_t>(packed.size()), gpu.packed_fp32_elements());
+  EXPECT_LT(packed.size(), n);
+  float* d_wp = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_wp, packed.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_wp, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(k.d_g, 0, n * 4), cudaSuccess);
+  UCP_ASSERT_OK_AND_ASSIGN(double loss_packed,
+                           gpu.ForwardBackward(d_wp, k.d_g, batch, 1e-2f, nullptr, k.d_w16,
+                                               Fp32Layout::kPacked));
+  EXPECT_EQ(loss_packed, loss_gpu);
+  EXPECT_TRUE(k.DeviceGrads() == g_gpu) << "packed gradients differ from the whole copy's";
+  EXPECT_EQ(fp32.Forward(k.d_w, batch, nullptr, Fp32Layout::kPacked).status().code(),
+            StatusCode::kInvalidArgument);
+  cudaFree(d_wp);
+
+  std::printf("loss: cpu %.9g, cuda bf16 GEMMs %.9g\n", k.loss_cpu, loss_gpu);
+  EXPECT_EQ(loss_gpu, fwd_gpu);
+  ExpectWithinBf16(cpu, k, loss_gpu, g_gpu);
+}
+
+// AttentionKernel::kFlash: the flash kernels in place of the GEMM attention, on heads of 64
+// (what they take) and 100 tokens (two tiles, the second partial): within the same bounds of
+// the CPU model as the GEMM attention.
+TEST_P(CudaModelTest, FlashAttentionStaysWithinBf16OfTheCpuModel) {
+  ModelConfig c = Config(GetParam());
+  c.hidden = 128, c.heads = 2, c.head_dim = 64, c.max_positions = 128;
+  c.kv_heads = GetParam() == Family::kGpt ? 2 : 1;
+  const int64_t B = 2, T = 100;
+  UCP_ASSERT_OK_AND_ASSIGN(Model cpu, Model::Create(c, B, T, 2));
+  UCP_ASSERT_OK_AND_ASSIGN(CudaModel gpu, CudaModel::Create(c, B, T, GemmInputs::kBf16,
+                                                            AttentionKernel::kFlash));
+  EXPECT_EQ(gpu.attention(), AttentionKernel::kFlash);
+  Bf16Case k(cpu, c, B, T, 12);
+  const Batch batch = k.batch(B, T);
+  UCP_ASSERT_OK_AND_ASSIGN(double loss_gpu,
+                           gpu.ForwardBackward(k.d_w, k.d_g, batch, 1e-2f, nullptr, k.d_w16));
+  UCP_ASSERT_OK_AND_ASSIGN(double fwd_gpu, gpu.Forward(k.d_w, batch, k.d_w16));
+  std::printf("loss: cpu %.9g, cuda bf16 GEMMs + flash attention %.9g\n", k.loss_cpu, loss_gpu);
+  EXPECT_EQ(loss_gpu, fwd_gpu);
+  ExpectWithinBf16(cpu, k, loss_gpu, k.DeviceGrads());
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, CudaModelTest, ::testing::Values(Family::kGpt, Family::kLlama));
 
 TEST(CudaModelArgs, RefusedWithoutADeviceOrWithBadSizes) {
+  // The flash kernels: only beside the bf16 GEMMs, and only for heads of 64 or 128 (checked
+  // before any device is touched).
+  ModelConfig f = Config(Family::kLlama);
+  EXPECT_THAT(CudaModel::Create(f, 1, 8, GemmInputs::kBf16, AttentionKernel::kFlash).status(),
+              ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,
+                                       ::testing::HasSubstr("head_dim 64 or 128, not 16")));
+  f.hidden = 128, f.heads = 2, f.kv_heads = 1, f.head_dim = 64;
+  EXPECT_THAT(CudaModel::Create(f, 1, 8, GemmInputs::kFp32, AttentionKernel::kFlash).status(),
+              ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,
+                                       ::testing::HasSubstr("bf16 GEMMs")));
   if (DeviceCount() == 0) {
     EXPECT_EQ(CudaModel::Create(Config(Family::kGpt), 1, 8).status().code(),
               StatusCode::kDeviceError);

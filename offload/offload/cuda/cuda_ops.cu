@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
+#include "offload/cuda/cuda_kernels.cuh"
 #include "offload/cuda/cuda_ops.h"
 #include "offload/model/gpu_sizes.h"
 #include "ucp/base/status_macros.h"
@@ -28,14 +29,8 @@ int Grid(int64_t n, int per_block = kThreads) {
   return static_cast<int>(g < 65535 * 16 ? (g > 0 ? g : 1) : 65535 * 16);
 }
 
-Status Launched(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return DeviceError(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                       cudaGetErrorString(err) + ")");
-  }
-  return Status::Ok();
-}
+using internal::Launched;
+using internal::Qkv;
 
 Status Blased(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) {
@@ -82,16 +77,6 @@ __device__ inline float BlockMax(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
 }
-
-// Fused-QKV row offsets (ops_ref.cc's QkvLayout): group g holds [q of its hpg heads | k | v].
-struct Qkv {
-  int64_t hpg, hd, row;
-  __host__ __device__ int64_t Q(int64_t h) const {
-    return (h / hpg) * (hpg + 2) * hd + (h % hpg) * hd;
-  }
-  __host__ __device__ int64_t K(int64_t g) const { return g * (hpg + 2) * hd + hpg * hd; }
-  __host__ __device__ int64_t V(int64_t g) const { return K(g) + hd; }
-};
 
 // ---- encoder
 

@@ -93,6 +93,16 @@ TEST(CudaOpsArgs, CheckedWithoutADevice) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("kv_heads must divide heads")));
   EXPECT_THAT(AttentionForward(nullptr, nullptr, nullptr, 1, 1, 4, 2, 512, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("head_dim")));
+  // The flash kernels' sizes are checked before anything touches a device.
+  EXPECT_FALSE(FlashAttentionSupports(40));
+  EXPECT_TRUE(FlashAttentionSupports(64) && FlashAttentionSupports(128));
+  EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 1, 1, 4, 2, 40, nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("head_dim 40")));
+  EXPECT_THAT(AttentionBackwardFlash(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 6, 4, 64,
+                                     nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("kv_heads must divide heads")));
+  EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 2, 8, 40000, 40000, 64, nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("batch x heads")));
   EXPECT_THAT(GradNormChunks(nullptr, 10, 12, nullptr, nullptr, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("multiple of 8")));
 }
@@ -427,6 +437,52 @@ TEST_F(CudaOps, AttentionGemmWithGqaInPasses) {
   Dev<float> dq(qkv), out(static_cast<size_t>(B * T * NH * hd)), lse(static_cast<size_t>(B * NH * T));
   EXPECT_THAT(AttentionForwardGemm(blas, out.p, lse.p, dq.p, B, T, NH, KV, hd, tiny.p, small),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("scratch")));
+}
+
+// The flash kernels (bf16 training): against the double reference on the bf16-rounded qkv and
+// dout, with the GEMM attention's bounds (bf16 probabilities and dS: out and dqkv within 2e-2,
+// lse within 1e-4). Shapes: both head sizes; T = 37 (one partial tile), 200 (several tiles, the
+// diagonal inside a tile, a partial last one) and 64 (exact tiles); groups of 3 heads and of
+// one. dqkv starts non-zero (backward adds). Then the same inputs give the same bits.
+TEST_F(CudaOps, FlashAttentionWithGqa) {
+  auto Rounded = [](std::vector<float> v) {
+    for (float& x : v) x = FloatFromBf16(Bf16FromFloat(x));
+    return v;
+  };
+  struct Shape { int64_t B, T, NH, KV, hd; };
+  for (const Shape sh : {Shape{2, 37, 6, 2, 64}, Shape{1, 200, 6, 2, 128}, Shape{2, 64, 2, 2, 128},
+                         Shape{1, 200, 3, 3, 64}}) {
+    const auto [B, T, NH, KV, hd] = sh;
+    SCOPED_TRACE("B " + std::to_string(B) + " T " + std::to_string(T) + " NH " +
+                 std::to_string(NH) + " KV " + std::to_string(KV) + " hd " + std::to_string(hd));
+    const int64_t row = (NH + 2 * KV) * hd;
+    const auto qkv = Random(B * T * row, 50), d = Random(B * T * NH * hd, 51),
+               g0 = Random(B * T * row, 52);
+    const auto qkv_r = Rounded(qkv), d_r = Rounded(d);
+    std::vector<double> rout(B * T * NH * hd), rlse(B * NH * T), rg = D(g0);
+    ops::ref::AttentionForward<double>(rout.data(), rlse.data(), D(qkv_r).data(), B, T, NH, KV,
+                                       hd);
+    ops::ref::AttentionBackward<double>(rg.data(), D(d_r).data(), D(qkv_r).data(), rlse.data(), B,
+                                        T, NH, KV, hd);
+    Dev<float> dq(qkv), dd(d), out(static_cast<size_t>(B * T * NH * hd)),
+        lse(static_cast<size_t>(B * NH * T)), g(g0),
+        scratch(static_cast<size_t>(AttentionBackwardScratch(B, T, NH)));
+    UCP_ASSERT_OK(AttentionForwardFlash(out.p, lse.p, dq.p, B, T, NH, KV, hd, nullptr));
+    UCP_ASSERT_OK(AttentionBackwardFlash(g.p, dd.p, dq.p, lse.p, scratch.p, B, T, NH, KV, hd,
+                                         nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ExpectClose(out.Get(), rout, 2e-2, "flash attention forward");
+    ExpectClose(lse.Get(), rlse, 1e-4, "flash attention lse");
+    const auto first = g.Get();
+    ExpectClose(first, rg, 2e-2, "flash attention backward");
+    for (int run = 0; run < 2; ++run) {
+      Dev<float> again(g0);
+      UCP_ASSERT_OK(AttentionBackwardFlash(again.p, dd.p, dq.p, lse.p, scratch.p, B, T, NH, KV,
+                                           hd, nullptr));
+      const auto got = again.Get();
+      ASSERT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << "run " << run;
+    }
+  }
 }
 
 // The same inputs give the same bits (no atomics in any sum).

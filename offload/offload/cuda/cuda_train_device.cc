@@ -695,7 +695,9 @@ Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& 
   const bool bf16 = spec.gemm_bf16 && spec.weights == LowpDType::kBf16;
   UCP_ASSIGN_OR_RETURN(CudaModel model,
                        CudaModel::Create(spec.model, spec.max_batch, spec.seq_len,
-                                         bf16 ? GemmInputs::kBf16 : GemmInputs::kFp32));
+                                         bf16 ? GemmInputs::kBf16 : GemmInputs::kFp32,
+                                         bf16 && spec.flash_attention ? AttentionKernel::kFlash
+                                                                      : AttentionKernel::kGemm));
   auto dev = std::make_unique<CudaTrainDevice>(spec, std::move(model));
   UCP_RETURN_IF_ERROR(dev->Init());
   return std::unique_ptr<TrainDevice>(std::move(dev));

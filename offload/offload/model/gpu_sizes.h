@@ -78,7 +78,8 @@ inline int64_t AttentionGemmScratchBytes(int64_t B, int64_t T, int64_t NH, int64
 
 /// What CudaModel::Create allocates besides its activations (graph::Acts), for micro-batches of
 /// up to max_batch x max_seq_len tokens; gemm_bf16: the bf16 GEMMs' and GEMM attention's
-/// scratch too.
+/// scratch too; flash_attention (with gemm_bf16): the flash kernels instead of the GEMM
+/// attention, which need none of its scratch.
 struct ModelScratch {
   int64_t attn_floats = 0;      ///< AttentionBackwardScratch
   int64_t classifier_floats = 0;
@@ -94,7 +95,8 @@ struct ModelScratch {
 /// FFN's first GEMM is 2 x ffn_hidden wide (LLaMA's SwiGLU).
 template <typename Config>
 ModelScratch CudaModelScratch(const Config& c, bool gated_ffn, int64_t max_batch,
-                              int64_t max_seq_len, bool gemm_bf16) {
+                              int64_t max_seq_len, bool gemm_bf16,
+                              bool flash_attention = false) {
   ModelScratch s;
   const int64_t rows = max_batch * max_seq_len;
   s.attn_floats = AttentionBackwardScratch(max_batch, max_seq_len, c.heads);
@@ -111,7 +113,9 @@ ModelScratch CudaModelScratch(const Config& c, bool gated_ffn, int64_t max_batch
       s.gemm16 = std::max(s.gemm16, MixedMatmulScratch(rows, w[0], w[1]));
     }
     s.attn_gemm_bytes =
-        AttentionGemmScratchBytes(max_batch, max_seq_len, c.heads, c.kv_heads, c.head_dim);
+        flash_attention
+            ? 0
+            : AttentionGemmScratchBytes(max_batch, max_seq_len, c.heads, c.kv_heads, c.head_dim);
   }
   return s;
 }

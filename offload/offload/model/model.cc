@@ -769,7 +769,8 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
 }
 
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
-                                      int64_t max_seq_len, bool gemm_bf16) {
+                                      int64_t max_seq_len, bool gemm_bf16,
+                                      bool flash_attention) {
   if (max_batch < 1 || max_seq_len < 1) {
     return InvalidArgumentError("DeviceActivationBytes: batch=" + Str(max_batch) +
                                 ", seq_len=" + Str(max_seq_len) + " must be >= 1");
@@ -783,7 +784,7 @@ Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_bat
                         [&](std::vector<float>&, int64_t n) { elements += n; });
   return elements * static_cast<int64_t>(sizeof(float)) +
          gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
-                                gemm_bf16)
+                                gemm_bf16, gemm_bf16 && flash_attention)
              .bytes();
 }
 

@@ -60,6 +60,9 @@ struct TrainDeviceSpec {
   /// bf16 training only: the model's GEMMs read the bf16 weights, with bf16-rounded activations
   /// and fp32 accumulation (RunOptions::gpu_gemm "auto"); false: they read the fp32 copy.
   bool gemm_bf16 = false;
+  /// With gemm_bf16: attention through the flash kernels instead of the GEMM attention
+  /// (RunOptions::gpu_attention "flash").
+  bool flash_attention = false;
   /// Streamed weights (RunOptions::weights; docs/offload.md, "Weight streaming"): the device
   /// holds the embeddings' and the head's grad groups, and two windows of one layer each (the
   /// layer in use and the next). Each layer's weights cross from h_weights16 (h_weights32 for

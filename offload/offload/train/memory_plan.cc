@@ -124,7 +124,8 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   UCP_ASSIGN_OR_RETURN(int64_t host_act, ActivationBytes(in.config, 1, 1, in.threads, 1));
   UCP_ASSIGN_OR_RETURN(int64_t device_act,
                        DeviceActivationBytes(in.config, in.micro_batch, in.seq_len,
-                                             in.gpu_gemm_bf16 && in.dtype == LowpDType::kBf16));
+                                             in.gpu_gemm_bf16 && in.dtype == LowpDType::kBf16,
+                                             in.gpu_flash_attention));
   layout::Layout lay;
   lay.dp = in.dp;
   lay.sp = in.sp;

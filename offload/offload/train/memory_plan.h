@@ -77,6 +77,9 @@ struct PlanInput {
   /// On a GPU the matrix products read the bf16 weights (bf16 training with --gpu-gemm auto):
   /// the device then also holds the bf16 GEMMs' and the GEMM attention's scratch.
   bool gpu_gemm_bf16 = true;
+  /// With those bf16 GEMMs, attention through the flash kernels (--gpu-attention flash): no
+  /// GEMM attention scratch on the device.
+  bool gpu_flash_attention = false;
   /// Staged host buffers (RunOptions::host_buffers): the host's weights and gradients are two
   /// windows each of this many elements (at most the model); 0: whole copies. The weights then stay
   /// resident (the streamed placement reads the host's whole weights).

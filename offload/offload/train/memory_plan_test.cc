@@ -374,6 +374,15 @@ TEST(PlanDeviceActivations, AreTheCudaModelsBuffersAndScratch) {
   in.gpu_gemm_bf16 = false;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan32, PlanMemory(in, PlanMachine{}));
   EXPECT_EQ(plan32.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes, fp32);
+  // The flash kernels need none of the GEMM attention's scratch (their backward's per-query
+  // floats are attn_floats, counted either way); beside fp32 GEMMs they change nothing.
+  in.gpu_gemm_bf16 = true;
+  in.gpu_flash_attention = true;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan flash, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(flash.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes,
+            bf16 - s16.attn_gemm_bytes);
+  EXPECT_EQ(gpu::CudaModelScratch(c, true, 2, 64, true, true).attn_floats, s16.attn_floats);
+  EXPECT_EQ(gpu::CudaModelScratch(c, true, 2, 64, false, true).bytes(), s32.bytes());
   // A long sequence: one KV group of pairs (heads / kv_heads of them) even past the 2 GiB pass.
   const int64_t T = 32768, hpg = c.heads / c.kv_heads;
   const int64_t pass = gpu::AttentionGemmScratchBytes(1, T, c.heads, c.kv_heads, c.head_dim);

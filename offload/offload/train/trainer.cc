@@ -1484,6 +1484,14 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   if (opts.gpu_gemm != "auto" && opts.gpu_gemm != "fp32") {
     return InvalidArgumentError("--gpu-gemm " + opts.gpu_gemm + ": must be auto or fp32");
   }
+  if (opts.gpu_attention != "gemm" && opts.gpu_attention != "flash") {
+    return InvalidArgumentError("--gpu-attention " + opts.gpu_attention +
+                                ": must be gemm or flash");
+  }
+  if (opts.gpu_attention == "flash" && (opts.gpu_gemm != "auto" || dtype != DType::kBf16)) {
+    return InvalidArgumentError("--gpu-attention flash: only with bf16 training and --gpu-gemm "
+                                "auto (the flash kernels are the bf16 GEMMs' attention)");
+  }
   UCP_ASSIGN_OR_RETURN(const WeightChoice weights, ParseWeightChoice(opts.weights));
   if (opts.device == "cpu") {
     if (weights == WeightChoice::kStreamed) {
@@ -1530,6 +1538,7 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   ds.host_window = host_window;
   ds.adam = ac;
   ds.gemm_bf16 = opts.gpu_gemm == "auto" && dtype == DType::kBf16;
+  ds.flash_attention = ds.gemm_bf16 && opts.gpu_attention == "flash";
   // Weight placement (memory_plan.h): as asked, or with "auto" the plan's for the device's
   // memory when it is known.
   if (weights == WeightChoice::kStreamed) {
@@ -1964,6 +1973,7 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   in.weights = ParseWeightChoice(opts.weights).value_or(WeightChoice::kAuto);  // (checked above)
   // The twin's model is the CPU's: its GEMMs read fp32, so its device holds the whole copy.
   in.gpu_gemm_bf16 = opts.gpu_gemm == "auto" && opts.device != "twin";
+  in.gpu_flash_attention = opts.gpu_attention == "flash";
   // A run's choice once made (auto may have staged), else what the options ask.
   in.host_window = host_window > 0                 ? host_window
                    : opts.host_buffers == "staged" ? RequestedHostWindow(opts)

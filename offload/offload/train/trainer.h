@@ -112,6 +112,11 @@ struct RunOptions {
   /// fp32 otherwise) or "fp32" (the fp32 compute copy: within 1e-5 of the CPU engine). The CPU
   /// twin's model is the CPU's, fp32, either way.
   std::string gpu_gemm = "auto";
+  /// How the device's bf16 GEMMs run attention (TrainDeviceSpec::flash_attention): "gemm"
+  /// (batched tensor-core GEMMs over T x T score buffers) or "flash" (the tiled kernels of
+  /// cuda_flash.cu: causal FLOPs only, no T x T buffers; head_dim 64 or 128). Only with bf16
+  /// training and gpu_gemm "auto"; the twin's model is the CPU's either way.
+  std::string gpu_attention = "gemm";
   /// Where a device keeps the weights (memory_plan.h; docs/offload.md, "Weight streaming"):
   /// "resident" (all of them), "streamed" (the embeddings and the head, and two layer windows
   /// through which each layer crosses as forward and backward reach it; its gradients leave as

@@ -792,6 +792,28 @@ TEST(DeviceOptions, RefusedWhereNotRun) {
     // Refused after the run folder (and its tokenized data) was made: the folder is gone.
     EXPECT_FALSE(fs::exists(g.out)) << device;
   }
+  // --gpu-attention takes gemm or flash, and flash only where the bf16 GEMMs run (bf16 training,
+  // --gpu-gemm auto): the flash kernels are their attention.
+  struct BadAttention {
+    const char* attention;
+    const char* gemm;
+    const char* want;
+  };
+  for (const BadAttention& b : {BadAttention{"fused", "auto", "--gpu-attention fused"},
+                                BadAttention{"flash", "fp32", "--gpu-gemm auto"}}) {
+    for (const char* device : {"twin", "cpu"}) {
+      RunOptions a = Opts(tmp.path() / (std::string("a") + b.attention + device), device, 0);
+      a.gpu_attention = b.attention;
+      a.gpu_gemm = b.gemm;
+      EXPECT_THAT(Trainer::Create(c, a).status(),
+                  StatusIs(StatusCode::kInvalidArgument, HasSubstr(b.want)))
+          << device << " " << b.attention;
+    }
+  }
+  // Where it runs, it is taken (the twin's model is the CPU's either way).
+  RunOptions flash = Opts(tmp.path() / "flash", "twin", 0);
+  flash.gpu_attention = "flash";
+  UCP_EXPECT_OK(Trainer::Create(c, flash).status());
   // A folder that was there before is kept.
   RunOptions kept = Opts(tmp.path() / "kept", "twin", 0);
   kept.gpu_gemm = "bf16";
