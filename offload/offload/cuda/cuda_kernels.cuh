@@ -7,19 +7,12 @@
 #include <cstdint>
 #include <string>
 
+#include "offload/model/qkv_layout.h"
 #include "ucp/base/status.h"
 
 namespace ucp::offload::cuda::internal {
 
-// Fused-QKV row offsets (ops_ref.cc's QkvLayout): group g holds [q of its hpg heads | k | v].
-struct Qkv {
-  int64_t hpg, hd, row;
-  __host__ __device__ int64_t Q(int64_t h) const {
-    return (h / hpg) * (hpg + 2) * hd + (h % hpg) * hd;
-  }
-  __host__ __device__ int64_t K(int64_t g) const { return g * (hpg + 2) * hd + hpg * hd; }
-  __host__ __device__ int64_t V(int64_t g) const { return K(g) + hd; }
-};
+using Qkv = QkvLayout;  // model/qkv_layout.h
 
 // The last launch's error as a Status naming `what`.
 inline Status Launched(const char* what) {

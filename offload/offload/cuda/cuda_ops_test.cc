@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
+#include "offload/cuda/expect_close.h"
 #include "offload/model/ops.h"
 #include "offload/train/grad_norm.h"
 #include "tests/testutil/status_matchers.h"
@@ -62,22 +63,6 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
 
 std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double tol,
-                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double scale = 1.0, err = 0.0;
-  size_t worst = 0;
-  for (double w : want) scale = std::max(scale, std::abs(w));
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (!(e <= err)) {
-      err = e;
-      worst = i;
-    }
-  }
-  EXPECT_LE(err, tol * scale) << what << ": worst element " << worst << " got " << got[worst]
-                              << " want " << want[worst];
-}
 
 class CudaOps : public ::testing::Test {
  protected:

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 
+#include "offload/model/qkv_layout.h"
 #include "ucp/base/check.h"
 
 namespace ucp::offload {
@@ -175,13 +176,6 @@ inline float LaneMax(const float* x, int64_t n) {
 inline void Axpy(float* __restrict y, float a, const float* __restrict x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) y[j] += a * x[j];
 }
-
-struct QkvLayout {
-  int64_t hpg, hd, row;
-  int64_t Q(int64_t h) const { return (h / hpg) * (hpg + 2) * hd + (h % hpg) * hd; }
-  int64_t K(int64_t g) const { return g * (hpg + 2) * hd + hpg * hd; }
-  int64_t V(int64_t g) const { return K(g) + hd; }
-};
 
 }  // namespace
 

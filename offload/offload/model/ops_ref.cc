@@ -8,20 +8,9 @@
 #include <vector>
 
 #include "offload/model/ops.h"
+#include "offload/model/qkv_layout.h"
 
 namespace ucp::offload::ops::ref {
-namespace {
-
-// Row offsets inside one fused QKV row of (NH + 2 KV) * hd elements (Megatron interleaved
-// groups): group g = h / (NH / KV) holds [q of its NH/KV heads | k | v], hd each.
-struct QkvLayout {
-  int64_t hpg, hd, row;
-  int64_t Q(int64_t h) const { return (h / hpg) * (hpg + 2) * hd + (h % hpg) * hd; }
-  int64_t K(int64_t g) const { return g * (hpg + 2) * hd + hpg * hd; }
-  int64_t V(int64_t g) const { return K(g) + hd; }
-};
-
-}  // namespace
 
 template <typename T>
 void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,

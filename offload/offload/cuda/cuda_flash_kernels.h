@@ -1,0 +1,402 @@
+// The flash attention kernels (cuda_flash.cu launches them; see there and cuda_ops.h). A header
+// so that flash_emulated_test.cc can also compile them for the host, over simt_emulation.h's
+// threads (UCP_SIMT_EMULATION): the kernels' indexing, masking, synchronisation and sums are
+// then checked on a CPU, where CI runs; the GPU's own run checks the rest.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "offload/model/qkv_layout.h"
+
+#ifdef UCP_SIMT_EMULATION
+#include "offload/cuda/simt_emulation.h"
+#define UCP_FLASH_SMEM(name) unsigned char* name = ::simt::DynamicSmem()
+#else
+#include <cuda_bf16.h>
+#include <mma.h>
+#define UCP_FLASH_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
+namespace ucp::offload::cuda::flash {
+
+using namespace nvcuda;
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kRows = 16 * kWarps;  // a block's own rows; also the tile of the other side
+constexpr int kThreadsPerBlock = 32 * kWarps;
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// Shared-memory strides, padded against bank conflicts; WMMA wants 32-byte aligned fragment
+// pointers and strides of a multiple of 8 (bf16) or 4 (float) elements.
+template <int HD>
+struct Smem {
+  static constexpr int kLdh = HD + 8;     // a bf16 row of a q, k, v or dout tile
+  static constexpr int kLds = kRows + 4;  // an fp32 row of scores
+  static constexpr int kLdp = kRows + 8;  // a bf16 row of probabilities or dS
+  static constexpr int kTile = kRows * kLdh;  // bf16 elements of a tile
+  static constexpr int kScores = kRows * kLds;
+  static constexpr int kProbs = kRows * kLdp;
+};
+
+// A kernel's shared memory, carved in one order: TILES bf16 tiles, the fp32 scores, PROBS bf16
+// probability (or dS) blocks, then per row of the other side's tile its lse and D, and the 256
+// element places. kBytes is what the launch asks for.
+template <int HD, int TILES, int PROBS>
+struct Carved {
+  using M = Smem<HD>;
+  static constexpr int kBytes =
+      TILES * M::kTile * 2 + M::kScores * 4 + PROBS * M::kProbs * 2 + (2 * kRows + 256) * 4;
+  unsigned char* base;
+  __device__ explicit Carved(unsigned char* smem) : base(smem) {}
+  __device__ bf16* tile(int i) const { return reinterpret_cast<bf16*>(base) + i * M::kTile; }
+  __device__ float* scores() const { return reinterpret_cast<float*>(tile(TILES)); }
+  __device__ bf16* probs(int i) const {
+    return reinterpret_cast<bf16*>(scores() + M::kScores) + i * M::kProbs;
+  }
+  __device__ float* lse() const { return reinterpret_cast<float*>(probs(PROBS)); }
+  __device__ float* d() const { return lse() + kRows; }
+  __device__ float* pos() const { return d() + kRows; }
+};
+
+// The element places: pos.x[i] = 16 r + c for element i at (r, c) of any FragC.
+__device__ inline void LoadPlaces(FragC& pos, float* scratch256) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) scratch256[i] = static_cast<float>(i);
+  __syncthreads();
+  wmma::load_matrix_sync(pos, scratch256, 16, wmma::mem_row_major);
+}
+__device__ inline int PlaceRow(float p) { return static_cast<int>(p) >> 4; }
+__device__ inline int PlaceCol(float p) { return static_cast<int>(p) & 15; }
+
+// rows [r0, r0 + kRows) of the head at `off` in each fused row of `src` (row stride `stride`
+// floats), rounded to bf16 into dst (kLdh stride); rows at or past T are zeros.
+template <int HD>
+__device__ inline void LoadTile(bf16* dst, const float* src, int64_t stride, int64_t off,
+                                int64_t r0, int64_t T) {
+  for (int i = threadIdx.x; i < kRows * HD; i += blockDim.x) {
+    const int r = i / HD, c = i % HD;
+    const int64_t t = r0 + r;
+    dst[r * Smem<HD>::kLdh + c] = __float2bfloat16_rn(t < T ? src[t * stride + off + c] : 0.0f);
+  }
+}
+
+// acc (16 x 16) = the 16 rows at a times the 16 rows at b, transposed (each row HD bf16 of a
+// tile, stride kLdh): the dot products of two row blocks.
+template <int HD>
+__device__ inline void RowsDotRows(FragC& acc, const bf16* a, const bf16* b) {
+  constexpr int L = Smem<HD>::kLdh;
+  wmma::fill_fragment(acc, 0.0f);
+  for (int k = 0; k < HD / 16; ++k) {
+    FragA fa;
+    FragBCol fb;
+    wmma::load_matrix_sync(fa, a + k * 16, L);
+    wmma::load_matrix_sync(fb, b + k * 16, L);
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+}
+
+// The scores of 16 rows (at a) against a tile's kRows rows (at bt), into s (stride kLds) for
+// the softmax.
+template <int HD>
+__device__ inline void ScoresToSmem(float* s, const bf16* a, const bf16* bt) {
+  for (int n = 0; n < kRows / 16; ++n) {
+    FragC acc;
+    RowsDotRows<HD>(acc, a, bt + n * 16 * Smem<HD>::kLdh);
+    wmma::store_matrix_sync(s + n * 16, acc, Smem<HD>::kLds, wmma::mem_row_major);
+  }
+}
+
+// acc[f] += P (16 x kRows, bf16 at p, stride kLdp) times the rows of m (kRows x HD at m).
+template <int HD>
+__device__ inline void AccumulateProduct(FragC (&acc)[HD / 16], const bf16* p, const bf16* m) {
+  for (int k = 0; k < kRows / 16; ++k) {
+    FragA fa;
+    wmma::load_matrix_sync(fa, p + k * 16, Smem<HD>::kLdp);
+    for (int f = 0; f < HD / 16; ++f) {
+      FragBRow fb;
+      wmma::load_matrix_sync(fb, m + k * 16 * Smem<HD>::kLdh + f * 16, Smem<HD>::kLdh);
+      wmma::mma_sync(acc[f], fa, fb, acc[f]);
+    }
+  }
+}
+
+// ---- forward: a block per (64 queries, sequence, head); keys tile by tile with the online
+// softmax. Heavier blocks (later queries: more keys) start first.
+template <int HD>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    FlashForwardKernel(float* out, float* lse, const float* qkv, int64_t T, int64_t NH,
+                       int64_t KV, float scale) {
+  using M = Smem<HD>;
+  UCP_FLASH_SMEM(smem);
+  const Carved<HD, 3, 1> sm(smem);
+  bf16 *sQ = sm.tile(0), *sK = sm.tile(1), *sV = sm.tile(2), *sP = sm.probs(0);
+  float *sS = sm.scores(), *sRow = sm.lse(), *sPos = sm.pos();  // sRow: each row's factor
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t q0 = (gridDim.x - 1 - blockIdx.x) * int64_t{kRows};
+  const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const QkvLayout L{NH / KV, HD, (NH + 2 * KV) * HD};
+  const int64_t g = h / L.hpg;
+  const float* base = qkv + b * T * L.row;
+
+  LoadTile<HD>(sQ, base, L.row, L.Q(h), q0, T);
+  FragC pos;
+  LoadPlaces(pos, sPos);  // (synchronises the block: sQ is complete)
+
+  const int wr = warp * 16;                  // the warp's rows in the block
+  const int r = lane / 2, half = lane % 2;   // this lane's row and half of the key tile
+  const int64_t query = q0 + wr + r;
+  float* sw = sS + wr * M::kLds;
+  bf16* pw = sP + wr * M::kLdp;
+  FragC o[HD / 16];
+  for (auto& f : o) wmma::fill_fragment(f, 0.0f);
+  float m = -INFINITY, l = 0.0f;
+
+  const int64_t kend = T < q0 + kRows ? T : q0 + kRows;
+  for (int64_t k0 = 0; k0 < kend; k0 += kRows) {
+    __syncthreads();  // every warp is done with the previous K, V
+    LoadTile<HD>(sK, base, L.row, L.K(g), k0, T);
+    LoadTile<HD>(sV, base, L.row, L.V(g), k0, T);
+    __syncthreads();
+    // A warp whose queries all precede the tile has nothing to add (warp-uniform). Otherwise
+    // k0 <= its first query (both multiples of 16), so each of its rows has an unmasked key.
+    if (k0 > q0 + wr + 15) continue;
+    ScoresToSmem<HD>(sw, sQ + wr * M::kLdh, sK);
+    __syncwarp();
+    const float* srow = sw + r * M::kLds + half * 32;
+    float mx = -INFINITY;
+    for (int c = 0; c < 32; ++c) {
+      const int64_t key = k0 + half * 32 + c;
+      if (key <= query && key < T) mx = fmaxf(mx, srow[c] * scale);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float m_new = fmaxf(m, mx);
+    const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf, m_new finite)
+    float sum = 0.0f;
+    bf16* prow = pw + r * M::kLdp + half * 32;
+    for (int c = 0; c < 32; ++c) {
+      const int64_t key = k0 + half * 32 + c;
+      const float p = key <= query && key < T ? expf(srow[c] * scale - m_new) : 0.0f;
+      sum += p;
+      prow[c] = __float2bfloat16_rn(p);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * corr + sum;
+    m = m_new;
+    if (half == 0) sRow[wr + r] = corr;
+    __syncwarp();
+    for (auto& f : o) {
+      for (int i = 0; i < f.num_elements; ++i) f.x[i] *= sRow[wr + PlaceRow(pos.x[i])];
+    }
+    AccumulateProduct<HD>(o, pw, sV);
+    __syncwarp();  // the next tile's scores overwrite sw, its factors sRow
+  }
+  // Rows past T (a last partial block) computed on zeros; only real rows are written.
+  if (half == 0) sRow[wr + r] = 1.0f / l;
+  __syncwarp();
+  for (int f = 0; f < HD / 16; ++f) {
+    for (int i = 0; i < o[f].num_elements; ++i) {
+      const int rr = PlaceRow(pos.x[i]);
+      const int64_t t = q0 + wr + rr;
+      if (t < T) {
+        out[(b * T + t) * NH * HD + h * HD + f * 16 + PlaceCol(pos.x[i])] =
+            o[f].x[i] * sRow[wr + rr];
+      }
+    }
+  }
+  if (half == 0 && query < T) lse[(b * NH + h) * T + query] = m + logf(l);
+}
+
+// ---- backward, queries: a block per (64 queries, sequence, head). Pass 1 over the keys: D =
+// rowsum(P o dP) into `dsum`; pass 2: dS = P (dP - D) scale, dq += dS k.
+template <int HD>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    FlashBackwardQueryKernel(float* dqkv, float* dsum, const float* dout, const float* qkv,
+                             const float* lse, int64_t T, int64_t NH, int64_t KV, float scale) {
+  using M = Smem<HD>;
+  UCP_FLASH_SMEM(smem);
+  const Carved<HD, 4, 1> sm(smem);
+  bf16 *sQ = sm.tile(0), *sDO = sm.tile(1), *sK = sm.tile(2), *sV = sm.tile(3), *sP = sm.probs(0);
+  float *sS = sm.scores(), *sLse = sm.lse(), *sD = sm.d(), *sPos = sm.pos();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t q0 = (gridDim.x - 1 - blockIdx.x) * int64_t{kRows};
+  const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const QkvLayout L{NH / KV, HD, (NH + 2 * KV) * HD};
+  const int64_t g = h / L.hpg, ah = NH * HD;
+  const float* base = qkv + b * T * L.row;
+  const int64_t row0 = (b * NH + h) * T;
+
+  LoadTile<HD>(sQ, base, L.row, L.Q(h), q0, T);
+  LoadTile<HD>(sDO, dout + b * T * ah, ah, h * HD, q0, T);
+  for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
+    sLse[i] = q0 + i < T ? lse[row0 + q0 + i] : 0.0f;
+  }
+  FragC pos;
+  LoadPlaces(pos, sPos);
+
+  const int wr = warp * 16;
+  const int r = lane / 2, half = lane % 2;
+  const int64_t query = q0 + wr + r;
+  float* sw = sS + wr * M::kLds;
+  bf16* pw = sP + wr * M::kLdp;
+  const bf16* qw = sQ + wr * M::kLdh;
+  const bf16* dow = sDO + wr * M::kLdh;
+  const int64_t kend = T < q0 + kRows ? T : q0 + kRows;
+  FragC dq[HD / 16];
+  for (auto& f : dq) wmma::fill_fragment(f, 0.0f);
+  float d_acc = 0.0f;
+
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {
+      d_acc += __shfl_xor_sync(0xffffffffu, d_acc, 1);
+      if (half == 0) sD[wr + r] = d_acc;
+      if (half == 0 && query < T) dsum[row0 + query] = d_acc;
+      __syncwarp();
+    }
+    for (int64_t k0 = 0; k0 < kend; k0 += kRows) {
+      __syncthreads();
+      LoadTile<HD>(sK, base, L.row, L.K(g), k0, T);
+      LoadTile<HD>(sV, base, L.row, L.V(g), k0, T);
+      __syncthreads();
+      if (k0 > q0 + wr + 15) continue;
+      // P in place of the scores.
+      ScoresToSmem<HD>(sw, qw, sK);
+      __syncwarp();
+      float* srow = sw + r * M::kLds + half * 32;
+      const float l = sLse[wr + r];
+      for (int c = 0; c < 32; ++c) {
+        const int64_t key = k0 + half * 32 + c;
+        srow[c] = key <= query && key < T ? expf(srow[c] * scale - l) : 0.0f;
+      }
+      __syncwarp();
+      // dP = dout v^T, 16 x 16 at a time, met with P element by element in registers.
+      for (int n = 0; n < kRows / 16; ++n) {
+        FragC dp;
+        RowsDotRows<HD>(dp, dow, sV + n * 16 * M::kLdh);
+        for (int i = 0; i < dp.num_elements; ++i) {
+          const int rr = PlaceRow(pos.x[i]), cc = n * 16 + PlaceCol(pos.x[i]);
+          const float p = sw[rr * M::kLds + cc];
+          if (pass == 0) {
+            sw[rr * M::kLds + cc] = p * dp.x[i];  // summed by row below, in a fixed order
+          } else {
+            pw[rr * M::kLdp + cc] = __float2bfloat16_rn(p * (dp.x[i] - sD[wr + rr]) * scale);
+          }
+        }
+      }
+      __syncwarp();
+      if (pass == 0) {
+        for (int c = 0; c < 32; ++c) d_acc += srow[c];
+      } else {
+        AccumulateProduct<HD>(dq, pw, sK);
+      }
+      __syncwarp();
+    }
+  }
+  for (int f = 0; f < HD / 16; ++f) {
+    for (int i = 0; i < dq[f].num_elements; ++i) {
+      const int64_t t = q0 + wr + PlaceRow(pos.x[i]);
+      if (t < T) dqkv[(b * T + t) * L.row + L.Q(h) + f * 16 + PlaceCol(pos.x[i])] += dq[f].x[i];
+    }
+  }
+}
+
+// ---- backward, keys: a block per (64 keys, sequence, KV group); the group's heads in order,
+// each over the query tiles from the block's own: dv += P^T dout, dk += dS^T q. Reads the D the
+// query kernel left in `dsum`.
+template <int HD>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    FlashBackwardKeyKernel(float* dqkv, const float* dsum, const float* dout, const float* qkv,
+                           const float* lse, int64_t T, int64_t NH, int64_t KV, float scale) {
+  using M = Smem<HD>;
+  UCP_FLASH_SMEM(smem);
+  const Carved<HD, 4, 2> sm(smem);
+  bf16 *sK = sm.tile(0), *sV = sm.tile(1), *sQ = sm.tile(2), *sDO = sm.tile(3);
+  bf16 *sP = sm.probs(0), *sDS = sm.probs(1);
+  float *sS = sm.scores(), *sLse = sm.lse(), *sD = sm.d(), *sPos = sm.pos();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t k0 = blockIdx.x * int64_t{kRows};
+  const int64_t b = blockIdx.y / KV, g = blockIdx.y % KV;
+  const QkvLayout L{NH / KV, HD, (NH + 2 * KV) * HD};
+  const int64_t ah = NH * HD;
+  const float* base = qkv + b * T * L.row;
+
+  LoadTile<HD>(sK, base, L.row, L.K(g), k0, T);
+  LoadTile<HD>(sV, base, L.row, L.V(g), k0, T);
+  FragC pos;
+  LoadPlaces(pos, sPos);
+
+  const int wr = warp * 16;
+  const int r = lane / 2, half = lane % 2;
+  const int64_t key = k0 + wr + r;
+  float* sw = sS + wr * M::kLds;
+  bf16* pw = sP + wr * M::kLdp;
+  bf16* dsw = sDS + wr * M::kLdp;
+  const bf16* kw = sK + wr * M::kLdh;
+  const bf16* vw = sV + wr * M::kLdh;
+  FragC dk[HD / 16], dv[HD / 16];
+  for (auto& f : dk) wmma::fill_fragment(f, 0.0f);
+  for (auto& f : dv) wmma::fill_fragment(f, 0.0f);
+
+  for (int64_t h = g * L.hpg; h < (g + 1) * L.hpg; ++h) {
+    const int64_t row0 = (b * NH + h) * T;
+    for (int64_t q0 = k0; q0 < T; q0 += kRows) {
+      __syncthreads();
+      LoadTile<HD>(sQ, base, L.row, L.Q(h), q0, T);
+      LoadTile<HD>(sDO, dout + b * T * ah, ah, h * HD, q0, T);
+      for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
+        sLse[i] = q0 + i < T ? lse[row0 + q0 + i] : 0.0f;
+        sD[i] = q0 + i < T ? dsum[row0 + q0 + i] : 0.0f;
+      }
+      __syncthreads();
+      // S^T (this warp's 16 keys against the tile's queries), then P^T: fp32 in place for dS,
+      // bf16 for dv's product.
+      ScoresToSmem<HD>(sw, kw, sQ);
+      __syncwarp();
+      float* srow = sw + r * M::kLds + half * 32;
+      bf16* prow = pw + r * M::kLdp + half * 32;
+      for (int c = 0; c < 32; ++c) {
+        const int q = half * 32 + c;
+        const int64_t query = q0 + q;
+        const float p = key <= query && query < T ? expf(srow[c] * scale - sLse[q]) : 0.0f;
+        srow[c] = p;
+        prow[c] = __float2bfloat16_rn(p);
+      }
+      __syncwarp();
+      // dP^T = v dout^T, met with P^T element by element: dS^T.
+      for (int n = 0; n < kRows / 16; ++n) {
+        FragC dp;
+        RowsDotRows<HD>(dp, vw, sDO + n * 16 * M::kLdh);
+        for (int i = 0; i < dp.num_elements; ++i) {
+          const int rr = PlaceRow(pos.x[i]), cc = n * 16 + PlaceCol(pos.x[i]);
+          dsw[rr * M::kLdp + cc] =
+              __float2bfloat16_rn(sw[rr * M::kLds + cc] * (dp.x[i] - sD[cc]) * scale);
+        }
+      }
+      __syncwarp();
+      AccumulateProduct<HD>(dv, pw, sDO);
+      AccumulateProduct<HD>(dk, dsw, sQ);
+    }
+  }
+  const int64_t kslot = L.K(g), vslot = L.V(g);
+  for (int f = 0; f < HD / 16; ++f) {
+    for (int i = 0; i < dk[f].num_elements; ++i) {
+      const int64_t j = k0 + wr + PlaceRow(pos.x[i]);
+      if (j < T) {
+        float* at = dqkv + (b * T + j) * L.row + f * 16 + PlaceCol(pos.x[i]);
+        at[kslot] += dk[f].x[i];
+        at[vslot] += dv[f].x[i];
+      }
+    }
+  }
+}
+
+inline unsigned Tiles(int64_t T) { return static_cast<unsigned>((T + kRows - 1) / kRows); }
+
+}  // namespace ucp::offload::cuda::flash

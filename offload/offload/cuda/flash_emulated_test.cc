@@ -1,0 +1,103 @@
+// The flash attention kernels (cuda_flash_kernels.h) compiled for the host and run over
+// simt_emulation.h's threads: their tiling, masking, online softmax, the backward's two passes,
+// the group sums and every shared-memory index, against the double reference ops (ops::ref) on
+// the bf16-rounded inputs, with offload_cuda_ops_test's bounds for the GPU (bf16 probabilities
+// and dS: out and dqkv within 2e-2 of max(1, max |ref|), lse within 1e-4). Runs in CI, where no
+// GPU is; what it cannot check (WMMA's real layouts, the launch, speed) the GPU test does.
+// Shapes: one partial tile; several tiles with the diagonal inside them and a partial last one;
+// exact tiles; GQA groups of 1, 2 and 3 heads; both head sizes. Then the same bits on a rerun
+// (no atomics), no WMMA rule broken, and shared memory read only where written (it starts as
+// NaNs).
+#define UCP_SIMT_EMULATION
+#include "offload/cuda/cuda_flash_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "offload/cuda/expect_close.h"
+#include "offload/model/ops.h"
+#include "ucp/tensor/float_bits.h"
+
+namespace ucp::offload::cuda::flash {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<double> Rounded(const std::vector<float>& v) {
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = FloatFromBf16(Bf16FromFloat(v[i]));
+  return r;
+}
+
+struct Shape {
+  int64_t B, T, NH, KV, hd;
+};
+
+// As cuda_flash.cu launches them.
+template <int HD>
+void RunFlash(const Shape& s, std::vector<float>& out, std::vector<float>& lse, std::vector<float>& g,
+         const std::vector<float>& qkv, const std::vector<float>& dout) {
+  std::vector<float> dsum(static_cast<size_t>(s.B * s.NH * s.T));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
+  const unsigned tiles = Tiles(s.T);
+  simt::Launch(FlashForwardKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.NH), 1},
+               kThreadsPerBlock, Carved<HD, 3, 1>::kBytes, out.data(), lse.data(), qkv.data(),
+               s.T, s.NH, s.KV, scale);
+  simt::Launch(FlashBackwardQueryKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.NH), 1},
+               kThreadsPerBlock, Carved<HD, 4, 1>::kBytes, g.data(), dsum.data(), dout.data(),
+               qkv.data(), static_cast<const float*>(lse.data()), s.T, s.NH, s.KV, scale);
+  simt::Launch(FlashBackwardKeyKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.KV), 1},
+               kThreadsPerBlock, Carved<HD, 4, 2>::kBytes, g.data(),
+               static_cast<const float*>(dsum.data()), dout.data(), qkv.data(),
+               static_cast<const float*>(lse.data()), s.T, s.NH, s.KV, scale);
+}
+
+class FlashEmulated : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(FlashEmulated, MatchesTheReferenceOnBf16Inputs) {
+  const Shape s = GetParam();
+  const auto [B, T, NH, KV, hd] = s;
+  const int64_t row = (NH + 2 * KV) * hd;
+  const auto qkv = Random(B * T * row, 60), d = Random(B * T * NH * hd, 61),
+             g0 = Random(B * T * row, 62);
+  std::vector<double> rout(B * T * NH * hd), rlse(B * NH * T), rg(g0.begin(), g0.end());
+  const std::vector<double> qkv_r = Rounded(qkv), d_r = Rounded(d);
+  ops::ref::AttentionForward<double>(rout.data(), rlse.data(), qkv_r.data(), B, T, NH, KV, hd);
+  ops::ref::AttentionBackward<double>(rg.data(), d_r.data(), qkv_r.data(), rlse.data(), B, T, NH,
+                                      KV, hd);
+  std::vector<float> out(rout.size()), lse(rlse.size()), g = g0;
+  (hd == 64 ? RunFlash<64> : RunFlash<128>)(s, out, lse, g, qkv, d);
+  EXPECT_EQ(simt::Violations(), std::vector<std::string>{});
+  ExpectClose(out, rout, 2e-2, "forward");
+  ExpectClose(lse, rlse, 1e-4, "lse");
+  ExpectClose(g, rg, 2e-2, "backward (dqkv added to its start)");
+  std::vector<float> out2(out.size()), lse2(lse.size()), g2 = g0;
+  (hd == 64 ? RunFlash<64> : RunFlash<128>)(s, out2, lse2, g2, qkv, d);
+  EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
+  EXPECT_EQ(0, std::memcmp(g.data(), g2.data(), g.size() * 4)) << "not deterministic";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FlashEmulated,
+    ::testing::Values(Shape{2, 37, 4, 2, 64}, Shape{1, 150, 3, 1, 64}, Shape{1, 64, 2, 2, 64},
+                      Shape{1, 90, 3, 1, 128}),
+    [](const ::testing::TestParamInfo<Shape>& i) {
+      const Shape& s = i.param;
+      return "B" + std::to_string(s.B) + "T" + std::to_string(s.T) + "NH" + std::to_string(s.NH) +
+             "KV" + std::to_string(s.KV) + "hd" + std::to_string(s.hd);
+    });
+
+}  // namespace
+}  // namespace ucp::offload::cuda::flash
