@@ -13,11 +13,11 @@
 // rescaling and the read-modify-writes of the outputs run on the fragments in registers.
 //
 // Determinism: no atomics. Each output element has one writer; every sum runs in a fixed order
-// (a query's keys tile by tile, a key's queries tile by tile and its group's heads in order).
-// The backward computes each query's D = sum_j p_j dp_j itself (the contract gives no forward
-// output): the dq kernel walks its keys twice, first for D (kept in the scratch for the dk/dv
-// kernel), then for dq: 9 tile products per (query tile, key tile) where FlashAttention-2 needs
-// 5. The kernels live in cuda_flash_kernels.h, which flash_emulated_test.cc also runs on a CPU.
+// (a query's keys tile by tile, a key's queries tile by tile and its group's heads in order), so
+// dq has its own kernel (FlashAttention-2 adds it up in atomics). Each query's D = sum_j p_j dp_j
+// is dout . out when the forward's output is given (7 tile products per tile pair), else the dq
+// kernel first walks its keys for it (9). The kernels live in cuda_flash_kernels.h, which
+// flash_emulated_test.cc also runs on a CPU.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -73,16 +73,24 @@ Status Forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, i
 }
 
 template <int HD>
-Status Backward(float* dqkv, const float* dout, const float* qkv, const float* lse, float* dsum,
-                int64_t B, int64_t T, int64_t NH, int64_t KV, cudaStream_t st) {
+Status Backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                const float* lse, float* dsum, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                cudaStream_t st) {
   constexpr int qbytes = Carved<HD, 4, 1>::kBytes, kbytes = Carved<HD, 4, 2>::kBytes;
   UCP_RETURN_IF_ERROR(
       AllowSmem(FlashBackwardQueryKernel<HD>, qbytes, "flash attention backward (queries)"));
   UCP_RETURN_IF_ERROR(
       AllowSmem(FlashBackwardKeyKernel<HD>, kbytes, "flash attention backward (keys)"));
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  if (out != nullptr) {
+    const int64_t rows = B * NH * T;
+    FlashRowDotKernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, st>>>(
+        dsum, dout, out, B, T, NH, HD);
+    UCP_RETURN_IF_ERROR(Launched("flash attention backward (D)"));
+  }
   FlashBackwardQueryKernel<HD><<<dim3(Tiles(T), static_cast<unsigned>(B * NH)), kThreadsPerBlock,
-                                 qbytes, st>>>(dqkv, dsum, dout, qkv, lse, T, NH, KV, scale);
+                                 qbytes, st>>>(dqkv, dsum, dout, qkv, lse, T, NH, KV, scale,
+                                               out != nullptr);
   UCP_RETURN_IF_ERROR(Launched("flash attention backward (queries)"));
   FlashBackwardKeyKernel<HD><<<dim3(Tiles(T), static_cast<unsigned>(B * KV)), kThreadsPerBlock,
                                kbytes, st>>>(dqkv, dsum, dout, qkv, lse, T, NH, KV, scale);
@@ -102,14 +110,14 @@ Status AttentionForwardFlash(float* out, float* lse, const float* qkv, int64_t B
                   : Forward<128>(out, lse, qkv, B, T, NH, KV, st);
 }
 
-Status AttentionBackwardFlash(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                              float* scratch, int64_t B, int64_t T, int64_t NH, int64_t KV,
-                              int64_t hd, void* stream) {
+Status AttentionBackwardFlash(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, float* scratch, int64_t B, int64_t T, int64_t NH,
+                              int64_t KV, int64_t hd, void* stream) {
   UCP_RETURN_IF_ERROR(CheckFlash("flash attention backward", B, T, NH, KV, hd));
   if (B * T == 0) return Status::Ok();
   auto st = static_cast<cudaStream_t>(stream);
-  return hd == 64 ? Backward<64>(dqkv, dout, qkv, lse, scratch, B, T, NH, KV, st)
-                  : Backward<128>(dqkv, dout, qkv, lse, scratch, B, T, NH, KV, st);
+  return hd == 64 ? Backward<64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, st)
+                  : Backward<128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, st);
 }
 
 }  // namespace ucp::offload::cuda

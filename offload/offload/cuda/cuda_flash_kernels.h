@@ -212,12 +212,31 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   if (half == 0 && query < T) lse[(b * NH + h) * T + query] = m + logf(l);
 }
 
-// ---- backward, queries: a block per (64 queries, sequence, head). Pass 1 over the keys: D =
-// rowsum(P o dP) into `dsum`; pass 2: dS = P (dP - D) scale, dq += dS k.
+// ---- backward, D from the forward's output: dsum[b, h, t] = dout_t . out_t (a warp per row,
+// lanes over the head dimension, a fixed tree: deterministic).
+__global__ void FlashRowDotKernel(float* dsum, const float* dout, const float* out, int64_t B,
+                                  int64_t T, int64_t NH, int64_t hd) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const bool live = row < B * NH * T;  // (every lane takes part in the shuffles)
+  const int64_t t = live ? row % T : 0, h = live ? (row / T) % NH : 0, b = live ? row / (T * NH) : 0;
+  float s = 0.0f;
+  if (live) {
+    const int64_t at = (b * T + t) * NH * hd + h * hd;
+    for (int64_t i = lane; i < hd; i += 32) s += dout[at + i] * out[at + i];
+  }
+  for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (live && lane == 0) dsum[row] = s;
+}
+
+// ---- backward, queries: a block per (64 queries, sequence, head). Without `d_given`, a first
+// pass over the keys: D = rowsum(P o dP) into `dsum`; with it, dsum already holds D
+// (FlashRowDotKernel). Then dS = P (dP - D) scale, dq += dS k.
 template <int HD>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     FlashBackwardQueryKernel(float* dqkv, float* dsum, const float* dout, const float* qkv,
-                             const float* lse, int64_t T, int64_t NH, int64_t KV, float scale) {
+                             const float* lse, int64_t T, int64_t NH, int64_t KV, float scale,
+                             bool d_given) {
   using M = Smem<HD>;
   UCP_FLASH_SMEM(smem);
   const Carved<HD, 4, 1> sm(smem);
@@ -252,11 +271,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   for (auto& f : dq) wmma::fill_fragment(f, 0.0f);
   float d_acc = 0.0f;
 
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = d_given ? 1 : 0; pass < 2; ++pass) {
     if (pass == 1) {
-      d_acc += __shfl_xor_sync(0xffffffffu, d_acc, 1);
-      if (half == 0) sD[wr + r] = d_acc;
-      if (half == 0 && query < T) dsum[row0 + query] = d_acc;
+      if (d_given) {
+        if (half == 0) sD[wr + r] = query < T ? dsum[row0 + query] : 0.0f;
+      } else {
+        d_acc += __shfl_xor_sync(0xffffffffu, d_acc, 1);
+        if (half == 0) sD[wr + r] = d_acc;
+        if (half == 0 && query < T) dsum[row0 + query] = d_acc;
+      }
       __syncwarp();
     }
     for (int64_t k0 = 0; k0 < kend; k0 += kRows) {

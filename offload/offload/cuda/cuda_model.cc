@@ -214,15 +214,21 @@ struct CudaOps {
                                                   attn_gemm, attn_gemm_bytes)
                      : cuda::AttentionForward(out, lse, qkv, B, T, NH, KV, hd, stream));
   }
-  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                         int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  // graph::TakesAttentionOutput: the flash kernels' backward reads the forward's output (out).
+  void AttentionBackwardWithOutput(float* dqkv, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int64_t B, int64_t T,
+                                   int64_t NH, int64_t KV, int64_t hd) {
     Mark(Named("attention bwd"), 4.0 * B * NH * T * T * hd);
-    Keep(flash       ? cuda::AttentionBackwardFlash(dqkv, dout, qkv, lse, attn_scratch, B, T, NH,
-                                                    KV, hd, stream)
+    Keep(flash       ? cuda::AttentionBackwardFlash(dqkv, dout, qkv, out, lse, attn_scratch, B, T,
+                                                    NH, KV, hd, stream)
          : attn_gemm ? cuda::AttentionBackwardGemm(*blas, dqkv, dout, qkv, lse, B, T, NH, KV, hd,
                                                    attn_gemm, attn_gemm_bytes)
                      : cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV,
                                                hd, stream));
+  }
+  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                         int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+    AttentionBackwardWithOutput(dqkv, dout, qkv, nullptr, lse, B, T, NH, KV, hd);
   }
   double Classifier(float* dx, float* dw, const float* x, GemmW w, const int32_t* targets,
                     int64_t N, int64_t C, int64_t V, float grad_scale) {

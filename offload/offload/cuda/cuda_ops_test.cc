@@ -83,8 +83,8 @@ TEST(CudaOpsArgs, CheckedWithoutADevice) {
   EXPECT_TRUE(FlashAttentionSupports(64) && FlashAttentionSupports(128));
   EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 1, 1, 4, 2, 40, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("head_dim 40")));
-  EXPECT_THAT(AttentionBackwardFlash(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 6, 4, 64,
-                                     nullptr),
+  EXPECT_THAT(AttentionBackwardFlash(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1,
+                                     6, 4, 64, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("kv_heads must divide heads")));
   EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 2, 8, 40000, 40000, 64, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("batch x heads")));
@@ -450,22 +450,27 @@ TEST_F(CudaOps, FlashAttentionWithGqa) {
     ops::ref::AttentionBackward<double>(rg.data(), D(d_r).data(), D(qkv_r).data(), rlse.data(), B,
                                         T, NH, KV, hd);
     Dev<float> dq(qkv), dd(d), out(static_cast<size_t>(B * T * NH * hd)),
-        lse(static_cast<size_t>(B * NH * T)), g(g0),
+        lse(static_cast<size_t>(B * NH * T)),
         scratch(static_cast<size_t>(AttentionBackwardScratch(B, T, NH)));
     UCP_ASSERT_OK(AttentionForwardFlash(out.p, lse.p, dq.p, B, T, NH, KV, hd, nullptr));
-    UCP_ASSERT_OK(AttentionBackwardFlash(g.p, dd.p, dq.p, lse.p, scratch.p, B, T, NH, KV, hd,
-                                         nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ExpectClose(out.Get(), rout, 2e-2, "flash attention forward");
     ExpectClose(lse.Get(), rlse, 1e-4, "flash attention lse");
-    const auto first = g.Get();
-    ExpectClose(first, rg, 2e-2, "flash attention backward");
-    for (int run = 0; run < 2; ++run) {
-      Dev<float> again(g0);
-      UCP_ASSERT_OK(AttentionBackwardFlash(again.p, dd.p, dq.p, lse.p, scratch.p, B, T, NH, KV,
-                                           hd, nullptr));
-      const auto got = again.Get();
-      ASSERT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << "run " << run;
+    // D from a walk over the keys (no output given), then from the forward's output.
+    for (const float* o : {static_cast<const float*>(nullptr), static_cast<const float*>(out.p)}) {
+      SCOPED_TRACE(o ? "D = dout . out" : "D from the keys");
+      Dev<float> g(g0);
+      UCP_ASSERT_OK(AttentionBackwardFlash(g.p, dd.p, dq.p, o, lse.p, scratch.p, B, T, NH, KV, hd,
+                                           nullptr));
+      const auto first = g.Get();
+      ExpectClose(first, rg, 2e-2, "flash attention backward");
+      for (int run = 0; run < 2; ++run) {
+        Dev<float> again(g0);
+        UCP_ASSERT_OK(AttentionBackwardFlash(again.p, dd.p, dq.p, o, lse.p, scratch.p, B, T, NH,
+                                             KV, hd, nullptr));
+        const auto got = again.Get();
+        ASSERT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << "run " << run;
+      }
     }
   }
 }

@@ -45,19 +45,26 @@ struct Shape {
   int64_t B, T, NH, KV, hd;
 };
 
-// As cuda_flash.cu launches them.
+// As cuda_flash.cu launches them; with_out: the backward reads the forward's output for D.
 template <int HD>
 void RunFlash(const Shape& s, std::vector<float>& out, std::vector<float>& lse, std::vector<float>& g,
-         const std::vector<float>& qkv, const std::vector<float>& dout) {
-  std::vector<float> dsum(static_cast<size_t>(s.B * s.NH * s.T));
+              const std::vector<float>& qkv, const std::vector<float>& dout, bool with_out) {
+  std::vector<float> dsum(static_cast<size_t>(s.B * s.NH * s.T), std::nanf(""));
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const unsigned tiles = Tiles(s.T);
   simt::Launch(FlashForwardKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.NH), 1},
                kThreadsPerBlock, Carved<HD, 3, 1>::kBytes, out.data(), lse.data(), qkv.data(),
                s.T, s.NH, s.KV, scale);
+  if (with_out) {
+    const int64_t rows = s.B * s.NH * s.T;
+    simt::Launch(FlashRowDotKernel, {static_cast<unsigned>((rows * 32 + 255) / 256), 1, 1}, 256, 0,
+                 dsum.data(), dout.data(), static_cast<const float*>(out.data()), s.B, s.T, s.NH,
+                 int64_t{HD});
+  }
   simt::Launch(FlashBackwardQueryKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.NH), 1},
                kThreadsPerBlock, Carved<HD, 4, 1>::kBytes, g.data(), dsum.data(), dout.data(),
-               qkv.data(), static_cast<const float*>(lse.data()), s.T, s.NH, s.KV, scale);
+               qkv.data(), static_cast<const float*>(lse.data()), s.T, s.NH, s.KV, scale,
+               with_out);
   simt::Launch(FlashBackwardKeyKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.KV), 1},
                kThreadsPerBlock, Carved<HD, 4, 2>::kBytes, g.data(),
                static_cast<const float*>(dsum.data()), dout.data(), qkv.data(),
@@ -77,16 +84,21 @@ TEST_P(FlashEmulated, MatchesTheReferenceOnBf16Inputs) {
   ops::ref::AttentionForward<double>(rout.data(), rlse.data(), qkv_r.data(), B, T, NH, KV, hd);
   ops::ref::AttentionBackward<double>(rg.data(), d_r.data(), qkv_r.data(), rlse.data(), B, T, NH,
                                       KV, hd);
-  std::vector<float> out(rout.size()), lse(rlse.size()), g = g0;
-  (hd == 64 ? RunFlash<64> : RunFlash<128>)(s, out, lse, g, qkv, d);
-  EXPECT_EQ(simt::Violations(), std::vector<std::string>{});
-  ExpectClose(out, rout, 2e-2, "forward");
-  ExpectClose(lse, rlse, 1e-4, "lse");
-  ExpectClose(g, rg, 2e-2, "backward (dqkv added to its start)");
-  std::vector<float> out2(out.size()), lse2(lse.size()), g2 = g0;
-  (hd == 64 ? RunFlash<64> : RunFlash<128>)(s, out2, lse2, g2, qkv, d);
-  EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
-  EXPECT_EQ(0, std::memcmp(g.data(), g2.data(), g.size() * 4)) << "not deterministic";
+  auto run = hd == 64 ? RunFlash<64> : RunFlash<128>;
+  // D from a first walk over the keys, then from the forward's output (dout . out).
+  for (bool with_out : {false, true}) {
+    SCOPED_TRACE(with_out ? "D = dout . out" : "D from the keys");
+    std::vector<float> out(rout.size()), lse(rlse.size()), g = g0;
+    run(s, out, lse, g, qkv, d, with_out);
+    EXPECT_EQ(simt::Violations(), std::vector<std::string>{});
+    ExpectClose(out, rout, 2e-2, "forward");
+    ExpectClose(lse, rlse, 1e-4, "lse");
+    ExpectClose(g, rg, 2e-2, "backward (dqkv added to its start)");
+    std::vector<float> out2(out.size()), lse2(lse.size()), g2 = g0;
+    run(s, out2, lse2, g2, qkv, d, with_out);
+    EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), out.size() * 4));
+    EXPECT_EQ(0, std::memcmp(g.data(), g2.data(), g.size() * 4)) << "not deterministic";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

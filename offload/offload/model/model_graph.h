@@ -164,6 +164,15 @@ concept OwnsWeights = requires(Ops& ops, int64_t off, const T* p) {
   ops.GemmWeight(off, p);
 };
 
+// A policy whose attention backward can use the forward's output (the CUDA flash kernels: each
+// query's D = dout . out instead of a second walk over the keys) has
+//   AttentionBackwardWithOutput(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd)
+// and RunGraph passes it the output where it still holds (no sequence parallelism).
+template <typename Ops, typename T>
+concept TakesAttentionOutput = requires(Ops& ops, T* d, const T* c, int64_t n) {
+  ops.AttentionBackwardWithOutput(d, c, c, c, c, n, n, n, n, n);
+};
+
 // The scalar reference ops in T (the double reference, model.h RefForwardBackward).
 template <typename T>
 struct RefOps {
@@ -414,8 +423,14 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
                        M(o.proj_w), N, ah, C);
     ops.Zero(a.dqkv.data(), N * qkv_dim);
     if (sp == nullptr) {
-      ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH, KV,
-                            hd);
+      if constexpr (TakesAttentionOutput<Ops, T>) {
+        // atty still holds the forward's output (the projection's backward just read it).
+        ops.AttentionBackwardWithOutput(a.dqkv.data(), a.datty.data(), qkv, At(a.atty, l, ah),
+                                        At(a.lse, l, NH), B, Tn, NH, KV, hd);
+      } else {
+        ops.AttentionBackward(a.dqkv.data(), a.datty.data(), qkv, At(a.lse, l, NH), B, Tn, NH,
+                              KV, hd);
+      }
     } else {
       const auto& u = sp->geo();
       UCP_RETURN_IF_ERROR(sp->SeqToHeads(a.datty.data(), sp->att_full(), B, Tn),
