@@ -22,9 +22,11 @@
 
 #include <string>
 
+#include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_flash_kernels.h"
 #include "offload/cuda/cuda_kernels.cuh"
 #include "offload/cuda/cuda_ops.h"
+#include "offload/model/gpu_sizes.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::offload::cuda {
@@ -43,7 +45,8 @@ Status AllowSmem(Kernel kernel, int bytes, const char* what) {
   return Status::Ok();
 }
 
-Status CheckFlash(const char* what, int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+Status CheckFlash(const char* what, int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
+                  int64_t scratch_bytes) {
   for (int64_t s : {B, T, NH, KV, hd}) {
     if (s < 0) return InvalidArgumentError(std::string(what) + ": negative size " + std::to_string(s));
   }
@@ -58,29 +61,49 @@ Status CheckFlash(const char* what, int64_t B, int64_t T, int64_t NH, int64_t KV
     return InvalidArgumentError(std::string(what) + ": batch x heads " + std::to_string(B * NH) +
                                 " > 65535");
   }
+  const int64_t need = gpu::FlashAttentionScratchBytes(B, T, NH, KV, hd);
+  if (scratch_bytes < need) {
+    return InvalidArgumentError(std::string(what) + ": " + std::to_string(scratch_bytes) +
+                                " bytes of scratch, " + std::to_string(need) +
+                                " needed (FlashAttentionScratchBytes)");
+  }
   return Status::Ok();
 }
 
+// The kernels read bf16 tiles (cp.async, 16-byte pieces): qkv, and for the backward dout, are
+// rounded into the scratch first (nearest even, as the GEMM attention rounds them).
 template <int HD>
 Status Forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
-               int64_t KV, cudaStream_t st) {
+               int64_t KV, char* scratch, cudaStream_t st) {
   constexpr int bytes = Carved<HD, 3, 1>::kBytes;
   UCP_RETURN_IF_ERROR(AllowSmem(FlashForwardKernel<HD>, bytes, "flash attention forward"));
+  const gpu::FlashScratch f = gpu::FlashLayout(B, T, NH, KV, HD);
+  auto* qkv16 = reinterpret_cast<bf16*>(scratch + f.qkv16);
+  UCP_RETURN_IF_ERROR(CastFp32ToBf16(qkv, reinterpret_cast<uint16_t*>(qkv16),
+                                     B * T * (NH + 2 * KV) * HD, st));
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
   FlashForwardKernel<HD><<<dim3(Tiles(T), static_cast<unsigned>(B * NH)), kThreadsPerBlock, bytes,
-                           st>>>(out, lse, qkv, T, NH, KV, scale);
+                           st>>>(out, lse, qkv16, T, NH, KV, scale);
   return Launched("flash attention forward");
 }
 
 template <int HD>
 Status Backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                const float* lse, float* dsum, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV, char* scratch,
                 cudaStream_t st) {
   constexpr int qbytes = Carved<HD, 4, 1>::kBytes, kbytes = Carved<HD, 4, 2>::kBytes;
   UCP_RETURN_IF_ERROR(
       AllowSmem(FlashBackwardQueryKernel<HD>, qbytes, "flash attention backward (queries)"));
   UCP_RETURN_IF_ERROR(
       AllowSmem(FlashBackwardKeyKernel<HD>, kbytes, "flash attention backward (keys)"));
+  const gpu::FlashScratch f = gpu::FlashLayout(B, T, NH, KV, HD);
+  auto* qkv16 = reinterpret_cast<bf16*>(scratch + f.qkv16);
+  auto* dout16 = reinterpret_cast<bf16*>(scratch + f.dout16);
+  auto* dsum = reinterpret_cast<float*>(scratch + f.d);
+  UCP_RETURN_IF_ERROR(CastFp32ToBf16(qkv, reinterpret_cast<uint16_t*>(qkv16),
+                                     B * T * (NH + 2 * KV) * HD, st));
+  UCP_RETURN_IF_ERROR(
+      CastFp32ToBf16(dout, reinterpret_cast<uint16_t*>(dout16), B * T * NH * HD, st));
   const float scale = 1.0f / sqrtf(static_cast<float>(HD));
   if (out != nullptr) {
     const int64_t rows = B * NH * T;
@@ -89,11 +112,11 @@ Status Backward(float* dqkv, const float* dout, const float* qkv, const float* o
     UCP_RETURN_IF_ERROR(Launched("flash attention backward (D)"));
   }
   FlashBackwardQueryKernel<HD><<<dim3(Tiles(T), static_cast<unsigned>(B * NH)), kThreadsPerBlock,
-                                 qbytes, st>>>(dqkv, dsum, dout, qkv, lse, T, NH, KV, scale,
+                                 qbytes, st>>>(dqkv, dsum, dout16, qkv16, lse, T, NH, KV, scale,
                                                out != nullptr);
   UCP_RETURN_IF_ERROR(Launched("flash attention backward (queries)"));
   FlashBackwardKeyKernel<HD><<<dim3(Tiles(T), static_cast<unsigned>(B * KV)), kThreadsPerBlock,
-                               kbytes, st>>>(dqkv, dsum, dout, qkv, lse, T, NH, KV, scale);
+                               kbytes, st>>>(dqkv, dsum, dout16, qkv16, lse, T, NH, KV, scale);
   return Launched("flash attention backward (keys)");
 }
 
@@ -101,23 +124,30 @@ Status Backward(float* dqkv, const float* dout, const float* qkv, const float* o
 
 bool FlashAttentionSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
+int64_t FlashAttentionScratchBytes(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  return gpu::FlashAttentionScratchBytes(B, T, NH, KV, hd);
+}
+
 Status AttentionForwardFlash(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                             int64_t NH, int64_t KV, int64_t hd, void* stream) {
-  UCP_RETURN_IF_ERROR(CheckFlash("flash attention forward", B, T, NH, KV, hd));
+                             int64_t NH, int64_t KV, int64_t hd, void* scratch,
+                             int64_t scratch_bytes, void* stream) {
+  UCP_RETURN_IF_ERROR(CheckFlash("flash attention forward", B, T, NH, KV, hd, scratch_bytes));
   if (B * T == 0) return Status::Ok();
   auto st = static_cast<cudaStream_t>(stream);
-  return hd == 64 ? Forward<64>(out, lse, qkv, B, T, NH, KV, st)
-                  : Forward<128>(out, lse, qkv, B, T, NH, KV, st);
+  auto* sc = static_cast<char*>(scratch);
+  return hd == 64 ? Forward<64>(out, lse, qkv, B, T, NH, KV, sc, st)
+                  : Forward<128>(out, lse, qkv, B, T, NH, KV, sc, st);
 }
 
 Status AttentionBackwardFlash(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, float* scratch, int64_t B, int64_t T, int64_t NH,
-                              int64_t KV, int64_t hd, void* stream) {
-  UCP_RETURN_IF_ERROR(CheckFlash("flash attention backward", B, T, NH, KV, hd));
+                              const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                              int64_t hd, void* scratch, int64_t scratch_bytes, void* stream) {
+  UCP_RETURN_IF_ERROR(CheckFlash("flash attention backward", B, T, NH, KV, hd, scratch_bytes));
   if (B * T == 0) return Status::Ok();
   auto st = static_cast<cudaStream_t>(stream);
-  return hd == 64 ? Backward<64>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, st)
-                  : Backward<128>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, st);
+  auto* sc = static_cast<char*>(scratch);
+  return hd == 64 ? Backward<64>(dqkv, dout, qkv, out, lse, B, T, NH, KV, sc, st)
+                  : Backward<128>(dqkv, dout, qkv, out, lse, B, T, NH, KV, sc, st);
 }
 
 }  // namespace ucp::offload::cuda

@@ -14,6 +14,7 @@
 #define UCP_FLASH_SMEM(name) unsigned char* name = ::simt::DynamicSmem()
 #else
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 #define UCP_FLASH_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
@@ -64,24 +65,31 @@ struct Carved {
   __device__ float* pos() const { return d() + kRows; }
 };
 
-// The element places: pos.x[i] = 16 r + c for element i at (r, c) of any FragC.
-__device__ inline void LoadPlaces(FragC& pos, float* scratch256) {
+// The element places: the numbers 16 r + c at (r, c) of a 16 x 16 matrix, which each warp loads
+// (after a __syncthreads) into a FragC `pos`: pos.x[i] is then element i's place in any FragC.
+__device__ inline void FillPlaces(float* scratch256) {
   for (int i = threadIdx.x; i < 256; i += blockDim.x) scratch256[i] = static_cast<float>(i);
-  __syncthreads();
-  wmma::load_matrix_sync(pos, scratch256, 16, wmma::mem_row_major);
 }
 __device__ inline int PlaceRow(float p) { return static_cast<int>(p) >> 4; }
 __device__ inline int PlaceCol(float p) { return static_cast<int>(p) & 15; }
 
-// rows [r0, r0 + kRows) of the head at `off` in each fused row of `src` (row stride `stride`
-// floats), rounded to bf16 into dst (kLdh stride); rows at or past T are zeros.
+// Queues the copy of rows [r0, r0 + kRows) of the head at `off` in each bf16 row of `src` (row
+// stride `stride` elements) into dst (kLdh stride), in 16-byte pieces (cp.async: the caller
+// commits them as a group and waits for it before a __syncthreads); rows at or past T are zeroed
+// at once. 16-byte aligned: the launcher checks the strides and offsets are multiples of 8.
 template <int HD>
-__device__ inline void LoadTile(bf16* dst, const float* src, int64_t stride, int64_t off,
-                                int64_t r0, int64_t T) {
-  for (int i = threadIdx.x; i < kRows * HD; i += blockDim.x) {
-    const int r = i / HD, c = i % HD;
+__device__ inline void TileAsync(bf16* dst, const bf16* src, int64_t stride, int64_t off,
+                                 int64_t r0, int64_t T) {
+  constexpr int kPieces = HD / 8;  // per row
+  for (int i = threadIdx.x; i < kRows * kPieces; i += blockDim.x) {
+    const int r = i / kPieces, c = (i % kPieces) * 8;
+    bf16* d = dst + r * Smem<HD>::kLdh + c;
     const int64_t t = r0 + r;
-    dst[r * Smem<HD>::kLdh + c] = __float2bfloat16_rn(t < T ? src[t * stride + off + c] : 0.0f);
+    if (t < T) {
+      __pipeline_memcpy_async(d, src + t * stride + off + c, 16);
+    } else {
+      *reinterpret_cast<uint4*>(d) = uint4{0, 0, 0, 0};
+    }
   }
 }
 
@@ -126,10 +134,12 @@ __device__ inline void AccumulateProduct(FragC (&acc)[HD / 16], const bf16* p, c
 }
 
 // ---- forward: a block per (64 queries, sequence, head); keys tile by tile with the online
-// softmax. Heavier blocks (later queries: more keys) start first.
+// softmax. Heavier blocks (later queries: more keys) start first. One K and one V buffer, their
+// loads staggered: the next K lands while this tile's softmax and P V run, the next V while the
+// next scores do.
 template <int HD>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    FlashForwardKernel(float* out, float* lse, const float* qkv, int64_t T, int64_t NH,
+    FlashForwardKernel(float* out, float* lse, const bf16* qkv16, int64_t T, int64_t NH,
                        int64_t KV, float scale) {
   using M = Smem<HD>;
   UCP_FLASH_SMEM(smem);
@@ -142,11 +152,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
   const QkvLayout L{NH / KV, HD, (NH + 2 * KV) * HD};
   const int64_t g = h / L.hpg;
-  const float* base = qkv + b * T * L.row;
+  const bf16* base = qkv16 + b * T * L.row;
 
-  LoadTile<HD>(sQ, base, L.row, L.Q(h), q0, T);
+  FillPlaces(sPos);
+  TileAsync<HD>(sQ, base, L.row, L.Q(h), q0, T);
+  TileAsync<HD>(sK, base, L.row, L.K(g), 0, T);
+  TileAsync<HD>(sV, base, L.row, L.V(g), 0, T);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
   FragC pos;
-  LoadPlaces(pos, sPos);  // (synchronises the block: sQ is complete)
+  wmma::load_matrix_sync(pos, sPos, 16, wmma::mem_row_major);
 
   const int wr = warp * 16;                  // the warp's rows in the block
   const int r = lane / 2, half = lane % 2;   // this lane's row and half of the key tile
@@ -159,42 +175,50 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
   const int64_t kend = T < q0 + kRows ? T : q0 + kRows;
   for (int64_t k0 = 0; k0 < kend; k0 += kRows) {
-    __syncthreads();  // every warp is done with the previous K, V
-    LoadTile<HD>(sK, base, L.row, L.K(g), k0, T);
-    LoadTile<HD>(sV, base, L.row, L.V(g), k0, T);
-    __syncthreads();
+    const bool more = k0 + kRows < kend;
     // A warp whose queries all precede the tile has nothing to add (warp-uniform). Otherwise
     // k0 <= its first query (both multiples of 16), so each of its rows has an unmasked key.
-    if (k0 > q0 + wr + 15) continue;
-    ScoresToSmem<HD>(sw, sQ + wr * M::kLdh, sK);
-    __syncwarp();
-    const float* srow = sw + r * M::kLds + half * 32;
-    float mx = -INFINITY;
-    for (int c = 0; c < 32; ++c) {
-      const int64_t key = k0 + half * 32 + c;
-      if (key <= query && key < T) mx = fmaxf(mx, srow[c] * scale);
+    const bool active = k0 <= q0 + wr + 15;
+    if (active) ScoresToSmem<HD>(sw, sQ + wr * M::kLdh, sK);
+    __syncthreads();  // every warp is done with this K
+    if (more) TileAsync<HD>(sK, base, L.row, L.K(g), k0 + kRows, T);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // this tile's V (the group before the next K)
+    __syncthreads();
+    if (active) {
+      const float* srow = sw + r * M::kLds + half * 32;
+      float mx = -INFINITY;
+      for (int c = 0; c < 32; ++c) {
+        const int64_t key = k0 + half * 32 + c;
+        if (key <= query && key < T) mx = fmaxf(mx, srow[c] * scale);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      const float m_new = fmaxf(m, mx);
+      const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf, m_new finite)
+      float sum = 0.0f;
+      bf16* prow = pw + r * M::kLdp + half * 32;
+      for (int c = 0; c < 32; ++c) {
+        const int64_t key = k0 + half * 32 + c;
+        const float p = key <= query && key < T ? expf(srow[c] * scale - m_new) : 0.0f;
+        sum += p;
+        prow[c] = __float2bfloat16_rn(p);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      l = l * corr + sum;
+      m = m_new;
+      if (half == 0) sRow[wr + r] = corr;
+      __syncwarp();
+      for (auto& f : o) {
+        for (int i = 0; i < f.num_elements; ++i) f.x[i] *= sRow[wr + PlaceRow(pos.x[i])];
+      }
+      AccumulateProduct<HD>(o, pw, sV);
+      __syncwarp();  // the next tile's scores overwrite sw, its factors sRow
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf, m_new finite)
-    float sum = 0.0f;
-    bf16* prow = pw + r * M::kLdp + half * 32;
-    for (int c = 0; c < 32; ++c) {
-      const int64_t key = k0 + half * 32 + c;
-      const float p = key <= query && key < T ? expf(srow[c] * scale - m_new) : 0.0f;
-      sum += p;
-      prow[c] = __float2bfloat16_rn(p);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * corr + sum;
-    m = m_new;
-    if (half == 0) sRow[wr + r] = corr;
-    __syncwarp();
-    for (auto& f : o) {
-      for (int i = 0; i < f.num_elements; ++i) f.x[i] *= sRow[wr + PlaceRow(pos.x[i])];
-    }
-    AccumulateProduct<HD>(o, pw, sV);
-    __syncwarp();  // the next tile's scores overwrite sw, its factors sRow
+    __syncthreads();  // every warp is done with this V
+    if (more) TileAsync<HD>(sV, base, L.row, L.V(g), k0 + kRows, T);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // the next K
+    __syncthreads();
   }
   // Rows past T (a last partial block) computed on zeros; only real rows are written.
   if (half == 0) sRow[wr + r] = 1.0f / l;
@@ -230,11 +254,12 @@ __global__ void FlashRowDotKernel(float* dsum, const float* dout, const float* o
 }
 
 // ---- backward, queries: a block per (64 queries, sequence, head). Without `d_given`, a first
-// pass over the keys: D = rowsum(P o dP) into `dsum`; with it, dsum already holds D
-// (FlashRowDotKernel). Then dS = P (dP - D) scale, dq += dS k.
+// walk over the keys: D = rowsum(P o dP) into `dsum`; with it, dsum already holds D
+// (FlashRowDotKernel). Then dS = P (dP - D) scale, dq += dS k. The next V lands while dq's
+// product runs (K is read by the scores and by dq, so the next K waits for both).
 template <int HD>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    FlashBackwardQueryKernel(float* dqkv, float* dsum, const float* dout, const float* qkv,
+    FlashBackwardQueryKernel(float* dqkv, float* dsum, const bf16* dout16, const bf16* qkv16,
                              const float* lse, int64_t T, int64_t NH, int64_t KV, float scale,
                              bool d_given) {
   using M = Smem<HD>;
@@ -248,16 +273,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t b = blockIdx.y / NH, h = blockIdx.y % NH;
   const QkvLayout L{NH / KV, HD, (NH + 2 * KV) * HD};
   const int64_t g = h / L.hpg, ah = NH * HD;
-  const float* base = qkv + b * T * L.row;
+  const bf16* base = qkv16 + b * T * L.row;
   const int64_t row0 = (b * NH + h) * T;
 
-  LoadTile<HD>(sQ, base, L.row, L.Q(h), q0, T);
-  LoadTile<HD>(sDO, dout + b * T * ah, ah, h * HD, q0, T);
+  FillPlaces(sPos);
+  TileAsync<HD>(sQ, base, L.row, L.Q(h), q0, T);
+  TileAsync<HD>(sDO, dout16 + b * T * ah, ah, h * HD, q0, T);
+  TileAsync<HD>(sK, base, L.row, L.K(g), 0, T);
+  TileAsync<HD>(sV, base, L.row, L.V(g), 0, T);
+  __pipeline_commit();
   for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
     sLse[i] = q0 + i < T ? lse[row0 + q0 + i] : 0.0f;
+    if (d_given) sD[i] = q0 + i < T ? dsum[row0 + q0 + i] : 0.0f;
   }
+  __pipeline_wait_prior(0);
+  __syncthreads();
   FragC pos;
-  LoadPlaces(pos, sPos);
+  wmma::load_matrix_sync(pos, sPos, 16, wmma::mem_row_major);
 
   const int wr = warp * 16;
   const int r = lane / 2, half = lane % 2;
@@ -267,31 +299,30 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const bf16* qw = sQ + wr * M::kLdh;
   const bf16* dow = sDO + wr * M::kLdh;
   const int64_t kend = T < q0 + kRows ? T : q0 + kRows;
+  const int tiles = static_cast<int>((kend + kRows - 1) / kRows);
+  const int first_pass = d_given ? 1 : 0;
   FragC dq[HD / 16];
   for (auto& f : dq) wmma::fill_fragment(f, 0.0f);
   float d_acc = 0.0f;
 
-  for (int pass = d_given ? 1 : 0; pass < 2; ++pass) {
-    if (pass == 1) {
-      if (d_given) {
-        if (half == 0) sD[wr + r] = query < T ? dsum[row0 + query] : 0.0f;
-      } else {
-        d_acc += __shfl_xor_sync(0xffffffffu, d_acc, 1);
-        if (half == 0) sD[wr + r] = d_acc;
-        if (half == 0 && query < T) dsum[row0 + query] = d_acc;
-      }
+  // Step s: tile s % tiles of pass first_pass + s / tiles.
+  for (int s = 0; s < (2 - first_pass) * tiles; ++s) {
+    const int pass = first_pass + s / tiles;
+    const int64_t k0 = int64_t{s % tiles} * kRows;
+    const int64_t next_k0 = int64_t{(s + 1) % tiles} * kRows;
+    const bool more = s + 1 < (2 - first_pass) * tiles;
+    if (pass == 1 && !d_given && s == tiles) {  // the first walk's sums are D
+      d_acc += __shfl_xor_sync(0xffffffffu, d_acc, 1);
+      if (half == 0) sD[wr + r] = d_acc;
+      if (half == 0 && query < T) dsum[row0 + query] = d_acc;
       __syncwarp();
     }
-    for (int64_t k0 = 0; k0 < kend; k0 += kRows) {
-      __syncthreads();
-      LoadTile<HD>(sK, base, L.row, L.K(g), k0, T);
-      LoadTile<HD>(sV, base, L.row, L.V(g), k0, T);
-      __syncthreads();
-      if (k0 > q0 + wr + 15) continue;
+    const bool active = k0 <= q0 + wr + 15;  // as in the forward
+    float* srow = sw + r * M::kLds + half * 32;
+    if (active) {
       // P in place of the scores.
       ScoresToSmem<HD>(sw, qw, sK);
       __syncwarp();
-      float* srow = sw + r * M::kLds + half * 32;
       const float l = sLse[wr + r];
       for (int c = 0; c < 32; ++c) {
         const int64_t key = k0 + half * 32 + c;
@@ -312,14 +343,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
           }
         }
       }
-      __syncwarp();
+    }
+    __syncthreads();  // every warp is done with this V (and has written its P o dP or dS)
+    if (more) TileAsync<HD>(sV, base, L.row, L.V(g), next_k0, T);
+    __pipeline_commit();
+    if (active) {
       if (pass == 0) {
         for (int c = 0; c < 32; ++c) d_acc += srow[c];
       } else {
         AccumulateProduct<HD>(dq, pw, sK);
       }
-      __syncwarp();
     }
+    __syncthreads();  // every warp is done with this K
+    if (more) TileAsync<HD>(sK, base, L.row, L.K(g), next_k0, T);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
   }
   for (int f = 0; f < HD / 16; ++f) {
     for (int i = 0; i < dq[f].num_elements; ++i) {
@@ -331,10 +370,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 // ---- backward, keys: a block per (64 keys, sequence, KV group); the group's heads in order,
 // each over the query tiles from the block's own: dv += P^T dout, dk += dS^T q. Reads the D the
-// query kernel left in `dsum`.
+// query kernel left in `dsum`. The next q lands while dv's product runs, the next dout while the
+// next scores do.
 template <int HD>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    FlashBackwardKeyKernel(float* dqkv, const float* dsum, const float* dout, const float* qkv,
+    FlashBackwardKeyKernel(float* dqkv, const float* dsum, const bf16* dout16, const bf16* qkv16,
                            const float* lse, int64_t T, int64_t NH, int64_t KV, float scale) {
   using M = Smem<HD>;
   UCP_FLASH_SMEM(smem);
@@ -348,12 +388,33 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t b = blockIdx.y / KV, g = blockIdx.y % KV;
   const QkvLayout L{NH / KV, HD, (NH + 2 * KV) * HD};
   const int64_t ah = NH * HD;
-  const float* base = qkv + b * T * L.row;
+  const bf16* base = qkv16 + b * T * L.row;
+  const bf16* dbase = dout16 + b * T * ah;
+  // Step s: head g hpg + s / nq, query tile k0 + (s % nq) kRows.
+  const int nq = static_cast<int>((T - k0 + kRows - 1) / kRows);
+  const int steps = static_cast<int>(L.hpg) * nq;
+  auto head = [&](int step) { return g * L.hpg + step / nq; };
+  auto tile = [&](int step) { return k0 + int64_t{step % nq} * kRows; };
+  // The step's log-sum-exps and D into shared memory (plain loads).
+  auto rows = [&](int step) {
+    const int64_t row0 = (b * NH + head(step)) * T, q0 = tile(step);
+    for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
+      sLse[i] = q0 + i < T ? lse[row0 + q0 + i] : 0.0f;
+      sD[i] = q0 + i < T ? dsum[row0 + q0 + i] : 0.0f;
+    }
+  };
 
-  LoadTile<HD>(sK, base, L.row, L.K(g), k0, T);
-  LoadTile<HD>(sV, base, L.row, L.V(g), k0, T);
+  FillPlaces(sPos);
+  TileAsync<HD>(sK, base, L.row, L.K(g), k0, T);
+  TileAsync<HD>(sV, base, L.row, L.V(g), k0, T);
+  TileAsync<HD>(sQ, base, L.row, L.Q(head(0)), tile(0), T);
+  TileAsync<HD>(sDO, dbase, ah, head(0) * HD, tile(0), T);
+  __pipeline_commit();
+  rows(0);
+  __pipeline_wait_prior(0);
+  __syncthreads();
   FragC pos;
-  LoadPlaces(pos, sPos);
+  wmma::load_matrix_sync(pos, sPos, 16, wmma::mem_row_major);
 
   const int wr = warp * 16;
   const int r = lane / 2, half = lane % 2;
@@ -367,45 +428,48 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   for (auto& f : dk) wmma::fill_fragment(f, 0.0f);
   for (auto& f : dv) wmma::fill_fragment(f, 0.0f);
 
-  for (int64_t h = g * L.hpg; h < (g + 1) * L.hpg; ++h) {
-    const int64_t row0 = (b * NH + h) * T;
-    for (int64_t q0 = k0; q0 < T; q0 += kRows) {
-      __syncthreads();
-      LoadTile<HD>(sQ, base, L.row, L.Q(h), q0, T);
-      LoadTile<HD>(sDO, dout + b * T * ah, ah, h * HD, q0, T);
-      for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
-        sLse[i] = q0 + i < T ? lse[row0 + q0 + i] : 0.0f;
-        sD[i] = q0 + i < T ? dsum[row0 + q0 + i] : 0.0f;
-      }
-      __syncthreads();
-      // S^T (this warp's 16 keys against the tile's queries), then P^T: fp32 in place for dS,
-      // bf16 for dv's product.
-      ScoresToSmem<HD>(sw, kw, sQ);
-      __syncwarp();
-      float* srow = sw + r * M::kLds + half * 32;
-      bf16* prow = pw + r * M::kLdp + half * 32;
-      for (int c = 0; c < 32; ++c) {
-        const int q = half * 32 + c;
-        const int64_t query = q0 + q;
-        const float p = key <= query && query < T ? expf(srow[c] * scale - sLse[q]) : 0.0f;
-        srow[c] = p;
-        prow[c] = __float2bfloat16_rn(p);
-      }
-      __syncwarp();
-      // dP^T = v dout^T, met with P^T element by element: dS^T.
-      for (int n = 0; n < kRows / 16; ++n) {
-        FragC dp;
-        RowsDotRows<HD>(dp, vw, sDO + n * 16 * M::kLdh);
-        for (int i = 0; i < dp.num_elements; ++i) {
-          const int rr = PlaceRow(pos.x[i]), cc = n * 16 + PlaceCol(pos.x[i]);
-          dsw[rr * M::kLdp + cc] =
-              __float2bfloat16_rn(sw[rr * M::kLds + cc] * (dp.x[i] - sD[cc]) * scale);
-        }
-      }
-      __syncwarp();
-      AccumulateProduct<HD>(dv, pw, sDO);
-      AccumulateProduct<HD>(dk, dsw, sQ);
+  for (int s = 0; s < steps; ++s) {
+    const int64_t q0 = tile(s);
+    const bool more = s + 1 < steps;
+    // S^T (this warp's 16 keys against the tile's queries), then P^T: fp32 in place for dS,
+    // bf16 for dv's product.
+    ScoresToSmem<HD>(sw, kw, sQ);
+    __syncwarp();
+    float* srow = sw + r * M::kLds + half * 32;
+    bf16* prow = pw + r * M::kLdp + half * 32;
+    for (int c = 0; c < 32; ++c) {
+      const int q = half * 32 + c;
+      const int64_t query = q0 + q;
+      const float p = key <= query && query < T ? expf(srow[c] * scale - sLse[q]) : 0.0f;
+      srow[c] = p;
+      prow[c] = __float2bfloat16_rn(p);
     }
+    __pipeline_wait_prior(0);  // this step's dout
+    __syncthreads();
+    // dP^T = v dout^T, met with P^T element by element: dS^T.
+    for (int n = 0; n < kRows / 16; ++n) {
+      FragC dp;
+      RowsDotRows<HD>(dp, vw, sDO + n * 16 * M::kLdh);
+      for (int i = 0; i < dp.num_elements; ++i) {
+        const int rr = PlaceRow(pos.x[i]), cc = n * 16 + PlaceCol(pos.x[i]);
+        dsw[rr * M::kLdp + cc] =
+            __float2bfloat16_rn(sw[rr * M::kLds + cc] * (dp.x[i] - sD[cc]) * scale);
+      }
+    }
+    __syncwarp();
+    AccumulateProduct<HD>(dk, dsw, sQ);
+    __syncthreads();  // every warp is done with this q, lse and D
+    if (more) {
+      TileAsync<HD>(sQ, base, L.row, L.Q(head(s + 1)), tile(s + 1), T);
+      rows(s + 1);
+    }
+    __pipeline_commit();
+    AccumulateProduct<HD>(dv, pw, sDO);
+    __syncthreads();  // every warp is done with this dout
+    if (more) TileAsync<HD>(sDO, dbase, ah, head(s + 1) * HD, tile(s + 1), T);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // the next q (its dout may still be on its way)
+    __syncthreads();
   }
   const int64_t kslot = L.K(g), vslot = L.V(g);
   for (int f = 0; f < HD / 16; ++f) {

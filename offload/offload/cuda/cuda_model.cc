@@ -134,7 +134,8 @@ struct CudaOps {
   uint16_t* scratch16 = nullptr;
   void* attn_gemm = nullptr;
   int64_t attn_gemm_bytes = 0;
-  bool flash = false;  // AttentionKernel::kFlash (with w16)
+  void* flash = nullptr;  // AttentionKernel::kFlash (with w16): FlashAttentionScratchBytes
+  int64_t flash_bytes = 0;
   // Set: w32 is packed to model.h Fp32ReadRanges (resident kBf16 weights; the GEMMs read only
   // w16, so the fp32 copy holds no matrix).
   const graph::PackedIndex* packed = nullptr;
@@ -209,7 +210,8 @@ struct CudaOps {
   void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                         int64_t NH, int64_t KV, int64_t hd) {
     Mark(Named("attention fwd"), 2.0 * B * NH * T * T * hd);
-    Keep(flash       ? cuda::AttentionForwardFlash(out, lse, qkv, B, T, NH, KV, hd, stream)
+    Keep(flash       ? cuda::AttentionForwardFlash(out, lse, qkv, B, T, NH, KV, hd, flash,
+                                                   flash_bytes, stream)
          : attn_gemm ? cuda::AttentionForwardGemm(*blas, out, lse, qkv, B, T, NH, KV, hd,
                                                   attn_gemm, attn_gemm_bytes)
                      : cuda::AttentionForward(out, lse, qkv, B, T, NH, KV, hd, stream));
@@ -219,8 +221,8 @@ struct CudaOps {
                                    const float* out, const float* lse, int64_t B, int64_t T,
                                    int64_t NH, int64_t KV, int64_t hd) {
     Mark(Named("attention bwd"), 4.0 * B * NH * T * T * hd);
-    Keep(flash       ? cuda::AttentionBackwardFlash(dqkv, dout, qkv, out, lse, attn_scratch, B, T,
-                                                    NH, KV, hd, stream)
+    Keep(flash       ? cuda::AttentionBackwardFlash(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd,
+                                                    flash, flash_bytes, stream)
          : attn_gemm ? cuda::AttentionBackwardGemm(*blas, dqkv, dout, qkv, lse, B, T, NH, KV, hd,
                                                    attn_gemm, attn_gemm_bytes)
                      : cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV,
@@ -258,6 +260,7 @@ struct CudaModel::Impl {
   GemmInputs gemm = GemmInputs::kFp32;
   DeviceVec<uint16_t> scratch16;  // kBf16: the largest GEMM's MixedMatmulScratch
   DeviceVec<uint8_t> attn_gemm;   // kBf16 with AttentionKernel::kGemm: AttentionGemmScratchBytes
+  DeviceVec<uint8_t> attn_flash;  // kBf16 with AttentionKernel::kFlash: FlashAttentionScratchBytes
   AttentionKernel attention = AttentionKernel::kGemm;
   graph::PackedIndex packed;      // kBf16: Fp32Layout::kPacked's
   std::unique_ptr<OpProfile> prof;  // ProfileOps
@@ -311,7 +314,8 @@ struct CudaModel::Impl {
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
                 w, w16, w16 ? scratch16.data() : nullptr,
                 w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size()),
-                w16 != nullptr && attention == AttentionKernel::kFlash,
+                w16 && attention == AttentionKernel::kFlash ? attn_flash.data() : nullptr,
+                static_cast<int64_t>(attn_flash.size()),
                 fp32 == Fp32Layout::kPacked ? &packed : nullptr, prof.get()};
     // Sequence parallelism is not run on the GPU yet: RunGraph's sp is always null.
     Result<double> loss = graph::RunGraph<float>(
@@ -380,6 +384,7 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
     if (gemm == GemmInputs::kBf16) {
       impl->scratch16.assign(static_cast<size_t>(sc.gemm16), 0);
       impl->attn_gemm.assign(static_cast<size_t>(sc.attn_gemm_bytes), 0);
+      impl->attn_flash.assign(static_cast<size_t>(sc.flash_bytes), 0);
     }
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("CUDA model: activations for " + Str(max_batch) + " x " +

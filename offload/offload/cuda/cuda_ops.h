@@ -122,17 +122,21 @@ Status AttentionBackwardGemm(const Blas& blas, float* dqkv, const float* dout, c
 /// Causal attention without T x T buffers (bf16 training): FlashAttention-2's tiling on the
 /// tensor cores (cuda_flash.cu), the same contract and rounding as the GEMM attention above
 /// (bf16 q, k, v, probabilities and dS; fp32 softmax, accumulation, lse and outputs), causal
-/// FLOPs only, no scratch but the backward's AttentionBackwardScratch floats (each query's
-/// D = sum_j p_j dp_j). Deterministic (no atomics). head_dim 64 or 128 (FlashAttentionSupports).
-/// The backward's `out` is the forward's output, if the caller still has it (else null): D is
-/// then dout . out, not a second walk over the keys (7 tile products per tile pair, not 9).
-/// Errors: kInvalidArgument (sizes, head_dim, batch x heads > 65535), kDeviceError.
+/// FLOPs only. `scratch`: FlashAttentionScratchBytes (the bf16 copies of qkv and dout its tiles
+/// are read from, and each query's D = sum_j p_j dp_j). Deterministic (no atomics). head_dim
+/// 64 or 128 (FlashAttentionSupports). The backward's `out` is the forward's output, if the
+/// caller still has it (else null): D is then dout . out, not a second walk over the keys (7
+/// tile products per tile pair, not 9).
+/// Errors: kInvalidArgument (sizes, head_dim, batch x heads > 65535, too little scratch),
+/// kDeviceError.
 bool FlashAttentionSupports(int64_t head_dim);
+int64_t FlashAttentionScratchBytes(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd);
 Status AttentionForwardFlash(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                             int64_t NH, int64_t KV, int64_t hd, void* stream);
+                             int64_t NH, int64_t KV, int64_t hd, void* scratch,
+                             int64_t scratch_bytes, void* stream);
 Status AttentionBackwardFlash(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, float* scratch, int64_t B, int64_t T, int64_t NH,
-                              int64_t KV, int64_t hd, void* stream);
+                              const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                              int64_t hd, void* scratch, int64_t scratch_bytes, void* stream);
 
 /// Rotates the q and k heads of qkv in place (half-split rotary); the tables are ops::RopeTables'
 /// [T, hd / 2] (computed on the host, copied once). Backward rotates by the opposite angle.

@@ -81,13 +81,19 @@ TEST(CudaOpsArgs, CheckedWithoutADevice) {
   // The flash kernels' sizes are checked before anything touches a device.
   EXPECT_FALSE(FlashAttentionSupports(40));
   EXPECT_TRUE(FlashAttentionSupports(64) && FlashAttentionSupports(128));
-  EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 1, 1, 4, 2, 40, nullptr),
+  EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 1, 1, 4, 2, 40, nullptr, 0, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("head_dim 40")));
-  EXPECT_THAT(AttentionBackwardFlash(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1,
-                                     6, 4, 64, nullptr),
+  EXPECT_THAT(AttentionBackwardFlash(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 6, 4, 64,
+                                     nullptr, 0, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("kv_heads must divide heads")));
-  EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 2, 8, 40000, 40000, 64, nullptr),
+  EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 2, 8, 40000, 40000, 64, nullptr, 0,
+                                    nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("batch x heads")));
+  const int64_t need = FlashAttentionScratchBytes(2, 8, 4, 2, 64);
+  EXPECT_GT(need, 2 * 8 * 8 * 64 * 2);  // the bf16 qkv at least
+  EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 2, 8, 4, 2, 64, nullptr, need - 1,
+                                    nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("FlashAttentionScratchBytes")));
   EXPECT_THAT(GradNormChunks(nullptr, 10, 12, nullptr, nullptr, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("multiple of 8")));
 }
@@ -449,10 +455,12 @@ TEST_F(CudaOps, FlashAttentionWithGqa) {
                                        hd);
     ops::ref::AttentionBackward<double>(rg.data(), D(d_r).data(), D(qkv_r).data(), rlse.data(), B,
                                         T, NH, KV, hd);
+    const int64_t bytes = FlashAttentionScratchBytes(B, T, NH, KV, hd);
+    Dev<uint8_t> scratch(static_cast<size_t>(bytes));
     Dev<float> dq(qkv), dd(d), out(static_cast<size_t>(B * T * NH * hd)),
-        lse(static_cast<size_t>(B * NH * T)),
-        scratch(static_cast<size_t>(AttentionBackwardScratch(B, T, NH)));
-    UCP_ASSERT_OK(AttentionForwardFlash(out.p, lse.p, dq.p, B, T, NH, KV, hd, nullptr));
+        lse(static_cast<size_t>(B * NH * T));
+    UCP_ASSERT_OK(AttentionForwardFlash(out.p, lse.p, dq.p, B, T, NH, KV, hd, scratch.p, bytes,
+                                        nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ExpectClose(out.Get(), rout, 2e-2, "flash attention forward");
     ExpectClose(lse.Get(), rlse, 1e-4, "flash attention lse");
@@ -460,14 +468,14 @@ TEST_F(CudaOps, FlashAttentionWithGqa) {
     for (const float* o : {static_cast<const float*>(nullptr), static_cast<const float*>(out.p)}) {
       SCOPED_TRACE(o ? "D = dout . out" : "D from the keys");
       Dev<float> g(g0);
-      UCP_ASSERT_OK(AttentionBackwardFlash(g.p, dd.p, dq.p, o, lse.p, scratch.p, B, T, NH, KV, hd,
-                                           nullptr));
+      UCP_ASSERT_OK(AttentionBackwardFlash(g.p, dd.p, dq.p, o, lse.p, B, T, NH, KV, hd, scratch.p,
+                                           bytes, nullptr));
       const auto first = g.Get();
       ExpectClose(first, rg, 2e-2, "flash attention backward");
       for (int run = 0; run < 2; ++run) {
         Dev<float> again(g0);
-        UCP_ASSERT_OK(AttentionBackwardFlash(again.p, dd.p, dq.p, o, lse.p, scratch.p, B, T, NH,
-                                             KV, hd, nullptr));
+        UCP_ASSERT_OK(AttentionBackwardFlash(again.p, dd.p, dq.p, o, lse.p, B, T, NH, KV, hd,
+                                             scratch.p, bytes, nullptr));
         const auto got = again.Get();
         ASSERT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << "run " << run;
       }

@@ -45,15 +45,23 @@ struct Shape {
   int64_t B, T, NH, KV, hd;
 };
 
-// As cuda_flash.cu launches them; with_out: the backward reads the forward's output for D.
+std::vector<bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = __float2bfloat16_rn(v[i]);
+  return r;
+}
+
+// As cuda_flash.cu launches them (the bf16 copies of qkv and dout made on the host);
+// with_out: the backward reads the forward's output for D.
 template <int HD>
 void RunFlash(const Shape& s, std::vector<float>& out, std::vector<float>& lse, std::vector<float>& g,
               const std::vector<float>& qkv, const std::vector<float>& dout, bool with_out) {
+  const std::vector<bf16> qkv16 = ToBf16(qkv), dout16 = ToBf16(dout);
   std::vector<float> dsum(static_cast<size_t>(s.B * s.NH * s.T), std::nanf(""));
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
   const unsigned tiles = Tiles(s.T);
   simt::Launch(FlashForwardKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.NH), 1},
-               kThreadsPerBlock, Carved<HD, 3, 1>::kBytes, out.data(), lse.data(), qkv.data(),
+               kThreadsPerBlock, Carved<HD, 3, 1>::kBytes, out.data(), lse.data(), qkv16.data(),
                s.T, s.NH, s.KV, scale);
   if (with_out) {
     const int64_t rows = s.B * s.NH * s.T;
@@ -62,12 +70,12 @@ void RunFlash(const Shape& s, std::vector<float>& out, std::vector<float>& lse, 
                  int64_t{HD});
   }
   simt::Launch(FlashBackwardQueryKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.NH), 1},
-               kThreadsPerBlock, Carved<HD, 4, 1>::kBytes, g.data(), dsum.data(), dout.data(),
-               qkv.data(), static_cast<const float*>(lse.data()), s.T, s.NH, s.KV, scale,
+               kThreadsPerBlock, Carved<HD, 4, 1>::kBytes, g.data(), dsum.data(), dout16.data(),
+               qkv16.data(), static_cast<const float*>(lse.data()), s.T, s.NH, s.KV, scale,
                with_out);
   simt::Launch(FlashBackwardKeyKernel<HD>, {tiles, static_cast<unsigned>(s.B * s.KV), 1},
                kThreadsPerBlock, Carved<HD, 4, 2>::kBytes, g.data(),
-               static_cast<const float*>(dsum.data()), dout.data(), qkv.data(),
+               static_cast<const float*>(dsum.data()), dout16.data(), qkv16.data(),
                static_cast<const float*>(lse.data()), s.T, s.NH, s.KV, scale);
 }
 

@@ -5,6 +5,10 @@
 // 256 elements per lane, scattered by a different permutation for each fragment kind, so a
 // kernel that assumed a layout WMMA does not promise (beyond accumulators sharing theirs) gets
 // wrong answers here. mma_sync multiplies the bf16 operands exactly and accumulates in fp32.
+// cp.async (__pipeline_memcpy_async) takes the latest a GPU may: the destination reads as NaN
+// bytes from the issue until a __pipeline_wait_prior of the issuing thread covers its group,
+// which then copies; so a read before the wait, or a copy issued into a buffer another warp still
+// reads, shows in the results.
 // The WMMA rules a GPU faults or misbehaves on (fragment pointers 32-byte aligned, ldm a
 // multiple of 8 bf16 or 4 floats) are checked and recorded in simt::Violations(). Shared memory
 // starts as 0xFF bytes (NaNs), so reading what no thread wrote shows in the results.
@@ -14,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,6 +38,10 @@ struct __nv_bfloat16 {
   uint16_t bits;
 };
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return {ucp::Bf16FromFloat(f)}; }
+
+struct uint4 {
+  unsigned x, y, z, w;
+};
 
 namespace simt {
 struct Dim3 {
@@ -113,6 +122,35 @@ void Launch(void (*kernel)(P...), Dim3 grid, unsigned threads, size_t smem_bytes
 }
 
 }  // namespace simt
+
+namespace simt {
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t n;
+};
+inline thread_local std::vector<Copy> open_group;
+inline thread_local std::deque<std::vector<Copy>> committed;
+}  // namespace simt
+
+inline void __pipeline_memcpy_async(void* dst, const void* src, size_t n) {
+  if ((n != 4 && n != 8 && n != 16) || reinterpret_cast<uintptr_t>(dst) % n != 0 ||
+      reinterpret_cast<uintptr_t>(src) % n != 0) {
+    simt::Violation("__pipeline_memcpy_async: " + std::to_string(n) + " bytes, misaligned or odd");
+  }
+  std::memset(dst, 0xFF, n);
+  simt::open_group.push_back({dst, src, n});
+}
+inline void __pipeline_commit() {
+  simt::committed.push_back(std::move(simt::open_group));
+  simt::open_group.clear();
+}
+inline void __pipeline_wait_prior(size_t n) {
+  while (simt::committed.size() > n) {
+    for (const simt::Copy& c : simt::committed.front()) std::memcpy(c.dst, c.src, c.n);
+    simt::committed.pop_front();
+  }
+}
 
 inline void __syncthreads() { simt::current->bar->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { simt::MyWarp().bar->arrive_and_wait(); }

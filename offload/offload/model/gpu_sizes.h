@@ -76,18 +76,40 @@ inline int64_t AttentionGemmScratchBytes(int64_t B, int64_t T, int64_t NH, int64
          5 * kAttnAlign;
 }
 
+/// The flash attention's scratch (cuda_ops.h AttentionForwardFlash / AttentionBackwardFlash),
+/// byte offsets: the bf16 copy of qkv (its kernels read bf16 tiles), of dout (backward), and each
+/// query's D (backward; B NH T floats).
+struct FlashScratch {
+  int64_t qkv16 = 0, dout16 = 0, d = 0, total = 0;
+};
+inline FlashScratch FlashLayout(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
+  FlashScratch f;
+  const int64_t N = B * T;
+  f.dout16 = AttnAlignUp(N * (NH + 2 * KV) * hd * 2);
+  f.d = f.dout16 + AttnAlignUp(N * NH * hd * 2);
+  f.total = f.d + AttnAlignUp(B * NH * T * 4);
+  return f;
+}
+inline int64_t FlashAttentionScratchBytes(int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                          int64_t hd) {
+  if (B < 1 || T < 1 || NH < 1 || KV < 1 || hd < 1) return 0;
+  return FlashLayout(B, T, NH, KV, hd).total;
+}
+
 /// What CudaModel::Create allocates besides its activations (graph::Acts), for micro-batches of
 /// up to max_batch x max_seq_len tokens; gemm_bf16: the bf16 GEMMs' and GEMM attention's
-/// scratch too; flash_attention (with gemm_bf16): the flash kernels instead of the GEMM
-/// attention, which need none of its scratch.
+/// scratch too; flash_attention (with gemm_bf16): the flash kernels' scratch instead of the GEMM
+/// attention's.
 struct ModelScratch {
   int64_t attn_floats = 0;      ///< AttentionBackwardScratch
   int64_t classifier_floats = 0;
   int64_t gemm16 = 0;           ///< bf16 elements: the largest GEMM's MixedMatmulScratch
   int64_t attn_gemm_bytes = 0;  ///< AttentionGemmScratchBytes
+  int64_t flash_bytes = 0;      ///< FlashAttentionScratchBytes
   int64_t token_ints = 0;       ///< the inputs and targets (int32)
   int64_t bytes() const {
-    return (attn_floats + classifier_floats) * 4 + gemm16 * 2 + attn_gemm_bytes + token_ints * 4;
+    return (attn_floats + classifier_floats) * 4 + gemm16 * 2 + attn_gemm_bytes + flash_bytes +
+           token_ints * 4;
   }
 };
 
@@ -112,10 +134,13 @@ ModelScratch CudaModelScratch(const Config& c, bool gated_ffn, int64_t max_batch
     for (const auto& w : widths) {
       s.gemm16 = std::max(s.gemm16, MixedMatmulScratch(rows, w[0], w[1]));
     }
-    s.attn_gemm_bytes =
-        flash_attention
-            ? 0
-            : AttentionGemmScratchBytes(max_batch, max_seq_len, c.heads, c.kv_heads, c.head_dim);
+    if (flash_attention) {
+      s.flash_bytes =
+          FlashAttentionScratchBytes(max_batch, max_seq_len, c.heads, c.kv_heads, c.head_dim);
+    } else {
+      s.attn_gemm_bytes =
+          AttentionGemmScratchBytes(max_batch, max_seq_len, c.heads, c.kv_heads, c.head_dim);
+    }
   }
   return s;
 }

@@ -374,15 +374,23 @@ TEST(PlanDeviceActivations, AreTheCudaModelsBuffersAndScratch) {
   in.gpu_gemm_bf16 = false;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan32, PlanMemory(in, PlanMachine{}));
   EXPECT_EQ(plan32.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes, fp32);
-  // The flash kernels need none of the GEMM attention's scratch (their backward's per-query
-  // floats are attn_floats, counted either way); beside fp32 GEMMs they change nothing.
+  // The flash kernels hold their own scratch (the bf16 qkv and dout, each query's D: no T x T
+  // buffers) in place of the GEMM attention's; beside fp32 GEMMs they change nothing.
   in.gpu_gemm_bf16 = true;
   in.gpu_flash_attention = true;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan flash, PlanMemory(in, PlanMachine{}));
+  const int64_t flash_bytes =
+      gpu::FlashAttentionScratchBytes(2, 64, c.heads, c.kv_heads, c.head_dim);
+  EXPECT_EQ(flash_bytes, gpu::AttnAlignUp(2 * 64 * (c.heads + 2 * c.kv_heads) * c.head_dim * 2) +
+                             gpu::AttnAlignUp(2 * 64 * c.heads * c.head_dim * 2) +
+                             gpu::AttnAlignUp(2 * c.heads * 64 * 4));
   EXPECT_EQ(flash.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes,
-            bf16 - s16.attn_gemm_bytes);
-  EXPECT_EQ(gpu::CudaModelScratch(c, true, 2, 64, true, true).attn_floats, s16.attn_floats);
+            bf16 - s16.attn_gemm_bytes + flash_bytes);
+  EXPECT_EQ(gpu::CudaModelScratch(c, true, 2, 64, true, true).attn_gemm_bytes, 0);
   EXPECT_EQ(gpu::CudaModelScratch(c, true, 2, 64, false, true).bytes(), s32.bytes());
+  // At a long sequence the GEMM attention's pass buffers dwarf the flash scratch.
+  EXPECT_LT(gpu::FlashAttentionScratchBytes(1, 32768, c.heads, c.kv_heads, c.head_dim),
+            gpu::AttentionGemmScratchBytes(1, 32768, c.heads, c.kv_heads, c.head_dim) / 4);
   // A long sequence: one KV group of pairs (heads / kv_heads of them) even past the 2 GiB pass.
   const int64_t T = 32768, hpg = c.heads / c.kv_heads;
   const int64_t pass = gpu::AttentionGemmScratchBytes(1, T, c.heads, c.kv_heads, c.head_dim);
