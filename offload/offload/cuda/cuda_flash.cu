@@ -17,7 +17,7 @@
 // dq has its own kernel (FlashAttention-2 adds it up in atomics). Each query's D = sum_j p_j dp_j
 // is dout . out when the forward's output is given (7 tile products per tile pair), else the dq
 // kernel first walks its keys for it (9). The kernels live in cuda_flash_kernels.h, which
-// flash_emulated_test.cc also runs on a CPU.
+// kernels_emulated_test.cc also runs on a CPU.
 #include <cuda_runtime.h>
 
 #include <string>

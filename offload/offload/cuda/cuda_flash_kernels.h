@@ -1,23 +1,14 @@
 // The flash attention kernels (cuda_flash.cu launches them; see there and cuda_ops.h). A header
-// so that flash_emulated_test.cc can also compile them for the host, over simt_emulation.h's
-// threads (UCP_SIMT_EMULATION): the kernels' indexing, masking, synchronisation and sums are
-// then checked on a CPU, where CI runs; the GPU's own run checks the rest.
+// so that kernels_emulated_test.cc can also compile them for the host, over simt_emulation.h's
+// threads (cuda_platform.h): the kernels' indexing, masking, synchronisation and sums are then
+// checked on a CPU, where CI runs; the GPU's own run checks the rest.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "offload/cuda/cuda_platform.h"
 #include "offload/model/qkv_layout.h"
-
-#ifdef UCP_SIMT_EMULATION
-#include "offload/cuda/simt_emulation.h"
-#define UCP_FLASH_SMEM(name) unsigned char* name = ::simt::DynamicSmem()
-#else
-#include <cuda_bf16.h>
-#include <cuda_pipeline.h>
-#include <mma.h>
-#define UCP_FLASH_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
 
 namespace ucp::offload::cuda::flash {
 
@@ -142,7 +133,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     FlashForwardKernel(float* out, float* lse, const bf16* qkv16, int64_t T, int64_t NH,
                        int64_t KV, float scale) {
   using M = Smem<HD>;
-  UCP_FLASH_SMEM(smem);
+  UCP_DYNAMIC_SMEM(smem);
   const Carved<HD, 3, 1> sm(smem);
   bf16 *sQ = sm.tile(0), *sK = sm.tile(1), *sV = sm.tile(2), *sP = sm.probs(0);
   float *sS = sm.scores(), *sRow = sm.lse(), *sPos = sm.pos();  // sRow: each row's factor
@@ -263,7 +254,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                              const float* lse, int64_t T, int64_t NH, int64_t KV, float scale,
                              bool d_given) {
   using M = Smem<HD>;
-  UCP_FLASH_SMEM(smem);
+  UCP_DYNAMIC_SMEM(smem);
   const Carved<HD, 4, 1> sm(smem);
   bf16 *sQ = sm.tile(0), *sDO = sm.tile(1), *sK = sm.tile(2), *sV = sm.tile(3), *sP = sm.probs(0);
   float *sS = sm.scores(), *sLse = sm.lse(), *sD = sm.d(), *sPos = sm.pos();
@@ -377,7 +368,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     FlashBackwardKeyKernel(float* dqkv, const float* dsum, const bf16* dout16, const bf16* qkv16,
                            const float* lse, int64_t T, int64_t NH, int64_t KV, float scale) {
   using M = Smem<HD>;
-  UCP_FLASH_SMEM(smem);
+  UCP_DYNAMIC_SMEM(smem);
   const Carved<HD, 4, 2> sm(smem);
   bf16 *sK = sm.tile(0), *sV = sm.tile(1), *sQ = sm.tile(2), *sDO = sm.tile(3);
   bf16 *sP = sm.probs(0), *sDS = sm.probs(1);

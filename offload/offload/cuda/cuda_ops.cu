@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
+#include "offload/cuda/cuda_column_kernels.h"
 #include "offload/cuda/cuda_kernels.cuh"
 #include "offload/cuda/cuda_ops.h"
 #include "offload/model/gpu_sizes.h"
@@ -76,6 +77,15 @@ __device__ inline float BlockMax(float v) {
   float m = lane < warps ? partial[lane] : -INFINITY;
   for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
+}
+
+// The parameter gradients' column sums (cuda_column_kernels.h): norms' dweight / dbias and the
+// matrix products' dbias.
+void ColumnGrad(float* dweight, float* dbias, const float* dout, const float* inp,
+                const float* mean, const float* rstd, int64_t N, int64_t C, cudaStream_t st) {
+  kernels::ColumnGradKernel<<<kernels::ColumnBlocks(C), kernels::kColumnThreads,
+                              kernels::kColumnSmemBytes, st>>>(dweight, dbias, dout, inp, mean,
+                                                               rstd, N, C);
 }
 
 // ---- encoder
@@ -150,24 +160,6 @@ __global__ void LayerNormBackwardRowKernel(float* dinp, const float* dout, const
   }
 }
 
-// dweight[c] += sum_n norm * dout, dbias[c] += sum_n dout (norm from mean/rstd, or x rstd when
-// mean is null: RMSNorm).
-__global__ void NormParamGradKernel(float* dweight, float* dbias, const float* dout,
-                                    const float* inp, const float* mean, const float* rstd,
-                                    int64_t N, int64_t C) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= C) return;
-  float dw = 0.0f, db = 0.0f;
-  for (int64_t n = 0; n < N; ++n) {
-    const float d = dout[n * C + c];
-    const float norm = (inp[n * C + c] - (mean ? mean[n] : 0.0f)) * rstd[n];
-    dw += norm * d;
-    db += d;
-  }
-  dweight[c] += dw;
-  if (dbias) dbias[c] += db;
-}
-
 __global__ void RmsNormForwardKernel(float* out, float* rstd, const float* inp, const float* w,
                                      int64_t C, float eps) {
   const int64_t n = blockIdx.x;
@@ -202,13 +194,6 @@ __global__ void BroadcastRowsKernel(float* out, const float* bias, int64_t N, in
   }
 }
 
-__global__ void ColumnSumAddKernel(float* dst, const float* m, int64_t N, int64_t OC) {
-  const int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (o >= OC) return;
-  float s = 0.0f;
-  for (int64_t n = 0; n < N; ++n) s += m[n * OC + o];
-  dst[o] += s;
-}
 
 // ---- attention: a warp per (b, h, t) query; lanes split the head dimension
 
@@ -633,8 +618,7 @@ Status LayerNormBackward(float* dinp, float* dweight, float* dbias, const float*
   if (N == 0) return Status::Ok();
   LayerNormBackwardRowKernel<<<static_cast<unsigned>(N), kThreads, 0, S(stream)>>>(
       dinp, dout, inp, weight, mean, rstd, C);
-  NormParamGradKernel<<<Grid(C), kThreads, 0, S(stream)>>>(dweight, dbias, dout, inp, mean, rstd,
-                                                           N, C);
+  ColumnGrad(dweight, dbias, dout, inp, mean, rstd, N, C, S(stream));
   return Launched("layernorm backward");
 }
 
@@ -654,8 +638,7 @@ Status RmsNormBackward(float* dinp, float* dweight, const float* dout, const flo
   if (N == 0) return Status::Ok();
   RmsNormBackwardRowKernel<<<static_cast<unsigned>(N), kThreads, 0, S(stream)>>>(
       dinp, dout, inp, weight, rstd, C);
-  NormParamGradKernel<<<Grid(C), kThreads, 0, S(stream)>>>(dweight, nullptr, dout, inp, nullptr,
-                                                           rstd, N, C);
+  ColumnGrad(dweight, nullptr, dout, inp, nullptr, rstd, N, C, S(stream));
   return Launched("rmsnorm backward");
 }
 
@@ -699,7 +682,7 @@ Status MatmulBackward(const Blas& blas, float* dinp, float* dweight, float* dbia
                                          dweight, static_cast<int>(C)),
                              "matmul backward (weight)"));
   if (dbias) {
-    ColumnSumAddKernel<<<Grid(OC), kThreads, 0, S(blas.stream())>>>(dbias, dout, N, OC);
+    ColumnGrad(nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC, S(blas.stream()));
     return Launched("matmul backward (bias)");
   }
   return Status::Ok();
@@ -793,7 +776,7 @@ Status MatmulBackwardMixed(const Blas& blas, float* dinp, float* dweight, float*
   UCP_RETURN_IF_ERROR(GemmBf16(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp16, C, dout16, OC,
                                1.0f, dweight, C, "mixed matmul backward (weight)"));
   if (dbias) {
-    ColumnSumAddKernel<<<Grid(OC), kThreads, 0, S(blas.stream())>>>(dbias, dout, N, OC);
+    ColumnGrad(nullptr, dbias, dout, nullptr, nullptr, nullptr, N, OC, S(blas.stream()));
     return Launched("mixed matmul backward (bias)");
   }
   return Status::Ok();

@@ -1,5 +1,5 @@
 // Test-only: the CUDA ops' tests' closeness check, shared by the GPU's (cuda_ops_test.cc) and the
-// host emulation's (flash_emulated_test.cc).
+// host emulation's (kernels_emulated_test.cc).
 #pragma once
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
-// Test-only: just enough of CUDA's SIMT model, on host threads, to run cuda_flash_kernels.h's
-// kernels on a CPU (flash_emulated_test.cc), where CI runs without a GPU. A block's threads are
+// Test-only: just enough of CUDA's SIMT model, on host threads, to run the kernel headers'
+// kernels (cuda_platform.h) on a CPU (kernels_emulated_test.cc), where CI runs without a GPU. A block's threads are
 // real threads (std::thread) sharing one buffer of "shared memory"; __syncthreads, __syncwarp
 // and __shfl_xor_sync are barriers; blocks run one after another. WMMA fragments hold 8 of the
 // 256 elements per lane, scattered by a different permutation for each fragment kind, so a

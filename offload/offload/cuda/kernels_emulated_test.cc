@@ -1,5 +1,6 @@
-// The flash attention kernels (cuda_flash_kernels.h) compiled for the host and run over
-// simt_emulation.h's threads: their tiling, masking, online softmax, the backward's two passes,
+// The kernel headers compiled for the host and run over simt_emulation.h's threads (cuda_platform.h).
+// The parameter gradients' column sums (cuda_column_kernels.h) against a double sum; the flash
+// attention kernels (cuda_flash_kernels.h): their tiling, masking, online softmax, the backward's two passes,
 // the group sums and every shared-memory index, against the double reference ops (ops::ref) on
 // the bf16-rounded inputs, with offload_cuda_ops_test's bounds for the GPU (bf16 probabilities
 // and dS: out and dqkv within 2e-2 of max(1, max |ref|), lse within 1e-4). Runs in CI, where no
@@ -9,6 +10,7 @@
 // (no atomics), no WMMA rule broken, and shared memory read only where written (it starts as
 // NaNs).
 #define UCP_SIMT_EMULATION
+#include "offload/cuda/cuda_column_kernels.h"
 #include "offload/cuda/cuda_flash_kernels.h"
 
 #include <gtest/gtest.h>
@@ -121,3 +123,54 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace ucp::offload::cuda::flash
+
+namespace ucp::offload::cuda::kernels {
+namespace {
+
+// The parameter gradients' column sums against a double sum: LayerNorm (weight and bias), RMSNorm
+// (weight only, no mean) and a bias alone, on row and column counts that are not multiples of
+// the 32 x 32 tiling (some columns of the last block idle), added onto a non-zero start; then the
+// same bits on a rerun.
+TEST(ColumnGradEmulated, MatchesADoubleSum) {
+  const int64_t N = 77, C = 45;
+  const std::vector<float> dout = flash::Random(N * C, 70), inp = flash::Random(N * C, 71),
+                           w0 = flash::Random(C, 72), b0 = flash::Random(C, 73);
+  std::vector<float> mean = flash::Random(N, 74), rstd = flash::Random(N, 75);
+  for (float& r : rstd) r = 1.0f + std::abs(r);
+  for (int mode = 0; mode < 3; ++mode) {  // layernorm, rmsnorm, bias
+    SCOPED_TRACE(mode == 0 ? "layernorm" : mode == 1 ? "rmsnorm" : "bias");
+    std::vector<double> want_w(w0.begin(), w0.end()), want_b(b0.begin(), b0.end());
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        const double d = dout[n * C + c];
+        want_b[c] += d;
+        want_w[c] += (inp[n * C + c] - (mode == 0 ? double{mean[n]} : 0.0)) * rstd[n] * d;
+      }
+    }
+    auto run = [&](std::vector<float>& w, std::vector<float>& b) {
+      simt::Launch(ColumnGradKernel, {ColumnBlocks(C), 1, 1}, kColumnThreads, kColumnSmemBytes,
+                   mode == 2 ? nullptr : w.data(), mode == 1 ? nullptr : b.data(), dout.data(),
+                   mode == 2 ? nullptr : inp.data(), mode == 0 ? mean.data() : nullptr,
+                   mode == 2 ? nullptr : rstd.data(), N, C);
+    };
+    std::vector<float> w = w0, b = b0, w2 = w0, b2 = b0;
+    run(w, b);
+    run(w2, b2);
+    EXPECT_EQ(simt::Violations(), std::vector<std::string>{});
+    if (mode != 2) {
+      ExpectClose(w, want_w, 1e-5, "dweight");
+    } else {
+      EXPECT_EQ(w, w0) << "dweight untouched";
+    }
+    if (mode != 1) {
+      ExpectClose(b, want_b, 1e-5, "dbias");
+    } else {
+      EXPECT_EQ(b, b0) << "dbias untouched";
+    }
+    EXPECT_EQ(0, std::memcmp(w.data(), w2.data(), C * 4));
+    EXPECT_EQ(0, std::memcmp(b.data(), b2.data(), C * 4));
+  }
+}
+
+}  // namespace
+}  // namespace ucp::offload::cuda::kernels
