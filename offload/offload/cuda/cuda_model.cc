@@ -136,6 +136,10 @@ struct CudaOps {
   int64_t attn_gemm_bytes = 0;
   void* flash = nullptr;  // AttentionKernel::kFlash (with w16): FlashAttentionScratchBytes
   int64_t flash_bytes = 0;
+  // The batch's tokens grouped by token (GroupTokens, on the device) for the embedding gradient.
+  const int32_t* run_order = nullptr;
+  const int32_t* run_starts = nullptr;
+  int64_t runs = 0;
   // Set: w32 is packed to model.h Fp32ReadRanges (resident kBf16 weights; the GEMMs read only
   // w16, so the fp32 copy holds no matrix).
   const graph::PackedIndex* packed = nullptr;
@@ -178,7 +182,12 @@ struct CudaOps {
   }
   // clang-format off
   template <typename... A> void EncoderForward(A... a) { Mark(Named("encoder fwd")); Keep(cuda::EncoderForward(a..., stream)); }
-  template <typename... A> void EncoderBackward(A... a) { Mark(Named("encoder bwd")); Keep(cuda::EncoderBackward(a..., stream)); }
+  void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                       int64_t B, int64_t T, int64_t C) {
+    Mark(Named("encoder bwd"));
+    Keep(cuda::EncoderBackward(dwte, dwpe, dout, tokens, run_order, run_starts, runs, B, T, C,
+                               stream));
+  }
   template <typename... A> void LayerNormForward(A... a) { Mark(Named("layernorm fwd")); Keep(cuda::LayerNormForward(a..., stream)); }
   template <typename... A> void LayerNormBackward(A... a) { Mark(Named("layernorm bwd")); Keep(cuda::LayerNormBackward(a..., stream)); }
   template <typename... A> void RmsNormForward(A... a) { Mark(Named("rmsnorm fwd")); Keep(cuda::RmsNormForward(a..., stream)); }
@@ -256,6 +265,8 @@ struct CudaModel::Impl {
   cudaStream_t stream = nullptr;
   DeviceActs acts;
   DeviceVec<int32_t> inputs, targets;
+  TokenRuns token_runs;                     // the batch's, on the host
+  DeviceVec<int32_t> run_order, run_starts;  // and on the device
   DeviceVec<float> attn_scratch, cls_scratch;
   GemmInputs gemm = GemmInputs::kFp32;
   DeviceVec<uint16_t> scratch16;  // kBf16: the largest GEMM's MixedMatmulScratch
@@ -310,12 +321,24 @@ struct CudaModel::Impl {
       return DeviceError(std::string("batch tokens to the device: ") +
                          cudaGetErrorName(cudaGetLastError()));
     }
+    if (backward || g != nullptr) {
+      GroupTokens(b.inputs.data(), static_cast<int64_t>(n), token_runs);
+      if (cudaMemcpyAsync(run_order.data(), token_runs.order.data(), n * 4,
+                          cudaMemcpyHostToDevice, stream) != cudaSuccess ||
+          cudaMemcpyAsync(run_starts.data(), token_runs.starts.data(),
+                          token_runs.starts.size() * 4, cudaMemcpyHostToDevice,
+                          stream) != cudaSuccess) {
+        return DeviceError(std::string("batch token runs to the device: ") +
+                           cudaGetErrorName(cudaGetLastError()));
+      }
+    }
     if (prof) prof->Begin();
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
                 w, w16, w16 ? scratch16.data() : nullptr,
                 w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size()),
                 w16 && attention == AttentionKernel::kFlash ? attn_flash.data() : nullptr,
                 static_cast<int64_t>(attn_flash.size()),
+                run_order.data(), run_starts.data(), token_runs.runs(),
                 fp32 == Fp32Layout::kPacked ? &packed : nullptr, prof.get()};
     // Sequence parallelism is not run on the GPU yet: RunGraph's sp is always null.
     Result<double> loss = graph::RunGraph<float>(
@@ -377,6 +400,8 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
                               gemm == GemmInputs::kBf16, flash);
     impl->inputs.assign(static_cast<size_t>(rows), 0);
     impl->targets.assign(static_cast<size_t>(rows), 0);
+    impl->run_order.assign(static_cast<size_t>(rows), 0);
+    impl->run_starts.assign(static_cast<size_t>(rows + 1), 0);
     impl->attn_scratch.assign(static_cast<size_t>(sc.attn_floats), 0.f);
     impl->cls_scratch.assign(static_cast<size_t>(sc.classifier_floats), 0.f);
     impl->gemm = gemm;

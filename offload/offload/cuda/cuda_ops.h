@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "ucp/base/result.h"
 #include "ucp/base/status.h"
@@ -46,10 +47,21 @@ class Blas {
 
 Status EncoderForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                       int64_t B, int64_t T, int64_t C, void* stream);
-/// dwte[tokens] += dout; dwpe[t] += sum_b dout[b, t] (when dwpe). One thread per channel walks
-/// the tokens in order: deterministic where tokens repeat.
+/// The positions of a batch's tokens grouped by token (host side, for EncoderBackward): `order`
+/// holds 0..N-1 sorted by token, positions ascending within a token; run r of one token is
+/// order[starts[r], starts[r + 1]) (starts ends with N).
+struct TokenRuns {
+  std::vector<int32_t> order, starts;
+  int64_t runs() const { return static_cast<int64_t>(starts.size()) - 1; }
+};
+void GroupTokens(const int32_t* tokens, int64_t n, TokenRuns& out);
+/// dwte[tokens] += dout; dwpe[t] += sum_b dout[b, t] (when dwpe). `order` and `starts` (device
+/// copies of GroupTokens's, `runs` runs): a block per (run, 256 channels) adds the run's rows
+/// onto its token's row one by one in position order, the bits of a walk over the tokens in
+/// order (deterministic where tokens repeat), with every run at once.
 Status EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                       int64_t B, int64_t T, int64_t C, void* stream);
+                       const int32_t* order, const int32_t* starts, int64_t runs, int64_t B,
+                       int64_t T, int64_t C, void* stream);
 
 Status LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                         const float* weight, const float* bias, int64_t N, int64_t C, float eps,

@@ -94,6 +94,16 @@ TEST(CudaOpsArgs, CheckedWithoutADevice) {
   EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 2, 8, 4, 2, 64, nullptr, need - 1,
                                     nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("FlashAttentionScratchBytes")));
+  // The embedding gradient's token runs (host): positions grouped by token, in order within one.
+  TokenRuns runs;
+  const std::vector<int32_t> few{3, 1, 3, 0, 1, 3};
+  GroupTokens(few.data(), 6, runs);
+  EXPECT_EQ(runs.order, (std::vector<int32_t>{3, 1, 4, 0, 2, 5}));
+  EXPECT_EQ(runs.starts, (std::vector<int32_t>{0, 1, 3, 6}));
+  EXPECT_EQ(runs.runs(), 3);
+  EXPECT_THAT(EncoderBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 7, 2, 3, 4,
+                              nullptr),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("token runs")));
   EXPECT_THAT(GradNormChunks(nullptr, 10, 12, nullptr, nullptr, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("multiple of 8")));
 }
@@ -328,11 +338,14 @@ TEST_F(CudaOps, EncoderAndClassifier) {
     targets[i] = i % 11 == 0 ? -1 : static_cast<int32_t>(rng() % V);
   }
   const auto wte = Random(V * C, 18), wpe = Random(T * C, 19), d = Random(N * C, 20);
-  Dev<int32_t> dt(tokens), dtg(targets);
+  TokenRuns runs;
+  GroupTokens(tokens.data(), N, runs);
+  Dev<int32_t> dt(tokens), dtg(targets), dorder(runs.order), dstarts(runs.starts);
   Dev<float> dwte(wte), dwpe(wpe), dd(d), out(static_cast<size_t>(N * C)),
       gwte(static_cast<size_t>(V * C)), gwpe(static_cast<size_t>(T * C));
   UCP_ASSERT_OK(EncoderForward(out.p, dt.p, dwte.p, dwpe.p, B, T, C, nullptr));
-  UCP_ASSERT_OK(EncoderBackward(gwte.p, gwpe.p, dd.p, dt.p, B, T, C, nullptr));
+  UCP_ASSERT_OK(EncoderBackward(gwte.p, gwpe.p, dd.p, dt.p, dorder.p, dstarts.p, runs.runs(), B, T,
+                                C, nullptr));
   std::vector<double> rout(N * C), rgwte(V * C, 0.0), rgwpe(T * C, 0.0);
   ops::ref::EncoderForward<double>(rout.data(), tokens.data(), D(wte).data(), D(wpe).data(), B, T,
                                    C);

@@ -106,7 +106,7 @@ struct ModelScratch {
   int64_t gemm16 = 0;           ///< bf16 elements: the largest GEMM's MixedMatmulScratch
   int64_t attn_gemm_bytes = 0;  ///< AttentionGemmScratchBytes
   int64_t flash_bytes = 0;      ///< FlashAttentionScratchBytes
-  int64_t token_ints = 0;       ///< the inputs and targets (int32)
+  int64_t token_ints = 0;  ///< the inputs, targets and their runs by token (int32)
   int64_t bytes() const {
     return (attn_floats + classifier_floats) * 4 + gemm16 * 2 + attn_gemm_bytes + flash_bytes +
            token_ints * 4;
@@ -123,7 +123,7 @@ ModelScratch CudaModelScratch(const Config& c, bool gated_ffn, int64_t max_batch
   const int64_t rows = max_batch * max_seq_len;
   s.attn_floats = AttentionBackwardScratch(max_batch, max_seq_len, c.heads);
   s.classifier_floats = ClassifierScratch(rows, c.vocab);
-  s.token_ints = 2 * rows;
+  s.token_ints = 4 * rows + 1;  // inputs, targets, GroupTokens's order and starts
   if (gemm_bf16) {
     // Every (in, out) width of the graph's GEMMs, the classifier's included.
     const int64_t C = c.hidden, ah = c.heads * c.head_dim;
