@@ -1,10 +1,12 @@
 // Test-only: just enough of CUDA's SIMT model, on host threads, to run the kernel headers'
-// kernels (cuda_platform.h) on a CPU (kernels_emulated_test.cc), where CI runs without a GPU. A block's threads are
-// real threads (std::thread) sharing one buffer of "shared memory"; __syncthreads, __syncwarp
-// and __shfl_xor_sync are barriers; blocks run one after another. WMMA fragments hold 8 of the
-// 256 elements per lane, scattered by a different permutation for each fragment kind, so a
-// kernel that assumed a layout WMMA does not promise (beyond accumulators sharing theirs) gets
-// wrong answers here. mma_sync multiplies the bf16 operands exactly and accumulates in fp32.
+// kernels (cuda_platform.h) on a CPU (kernels_emulated_test.cc), where CI runs without a GPU.
+// A block's threads are real threads (std::thread) sharing one buffer of "shared memory";
+// __syncthreads, __syncwarp and __shfl_xor_sync are barriers; blocks run one after another.
+// WMMA fragments hold 8 of the 256 elements per lane, scattered by a different permutation for
+// each fragment kind, so a kernel that assumed a layout WMMA does not promise (beyond
+// accumulators sharing theirs) gets wrong answers here. An operand fragment also keeps the whole
+// matrix its lane loaded (hidden from kernels), so mma_sync needs no exchange between lanes: it
+// multiplies the bf16 operands exactly and accumulates in fp32.
 // cp.async (__pipeline_memcpy_async) takes the latest a GPU may: the destination reads as NaN
 // bytes from the issue until a __pipeline_wait_prior of the issuing thread covers its group,
 // which then copies; so a read before the wait, or a copy issued into a buffer another warp still
@@ -55,7 +57,6 @@ namespace simt {
 
 struct Warp {
   std::unique_ptr<std::barrier<>> bar;
-  float a[256], b[256];  // mma_sync's operands, staged by all lanes
   float shfl[32];
 };
 
@@ -178,6 +179,8 @@ struct fragment {
   static_assert(M == 16 && N == 16 && K == 16, "the emulation has 16 x 16 x 16 only");
   static constexpr int num_elements = 8;
   T x[8];
+  // Operands: the whole matrix as loaded (mma_sync's), in fp32 (bf16 widens exactly).
+  float full[std::is_same_v<Use, accumulator> ? 1 : 256];
 };
 
 namespace detail {
@@ -209,6 +212,11 @@ template <typename Use, typename T, typename Layout>
 void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
   static_assert(!std::is_same_v<Use, accumulator>, "accumulators load with a layout_t");
   detail::CheckOperand(p, ldm, "load_matrix_sync");
+  for (int e = 0; e < 256; ++e) {
+    const int r = e / 16, c = e % 16;
+    f.full[e] =
+        detail::ToFloat(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
+  }
   for (int i = 0; i < 8; ++i) {
     const int e = detail::Place<Use>(simt::Lane(), i), r = e / 16, c = e % 16;
     f.x[i] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
@@ -238,27 +246,20 @@ void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, T v) {
   for (T& x : f.x) x = v;
 }
 
-// d = a b + c over the warp: every lane stages its operand elements, then computes its own
-// accumulator elements (k in order, fp32).
+// d = a b + c: each lane its own accumulator elements (k in order, fp32), from the operands'
+// whole matrices.
 template <typename LA, typename LB>
 void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
               const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
               const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b,
               const fragment<accumulator, 16, 16, 16, float>& c) {
-  simt::Warp& w = simt::MyWarp();
   const int lane = simt::Lane();
-  for (int i = 0; i < 8; ++i) {
-    w.a[detail::Place<matrix_a>(lane, i)] = detail::ToFloat(a.x[i]);
-    w.b[detail::Place<matrix_b>(lane, i)] = detail::ToFloat(b.x[i]);
-  }
-  w.bar->arrive_and_wait();
   for (int i = 0; i < 8; ++i) {
     const int e = detail::Place<accumulator>(lane, i), r = e / 16, col = e % 16;
     float acc = c.x[i];
-    for (int k = 0; k < 16; ++k) acc += w.a[r * 16 + k] * w.b[k * 16 + col];
+    for (int k = 0; k < 16; ++k) acc += a.full[r * 16 + k] * b.full[k * 16 + col];
     d.x[i] = acc;
   }
-  w.bar->arrive_and_wait();
 }
 
 }  // namespace nvcuda::wmma
