@@ -55,7 +55,7 @@ Status CheckFlash(const char* what, int64_t B, int64_t T, int64_t NH, int64_t KV
   }
   if (!FlashAttentionSupports(hd)) {
     return InvalidArgumentError(std::string(what) + ": head_dim " + std::to_string(hd) +
-                                " (the flash kernels take 64 or 128)");
+                                " (the flash kernels take 64, 80, 96 or 128)");
   }
   if (B * NH > 65535) {
     return InvalidArgumentError(std::string(what) + ": batch x heads " + std::to_string(B * NH) +
@@ -122,7 +122,9 @@ Status Backward(float* dqkv, const float* dout, const float* qkv, const float* o
 
 }  // namespace
 
-bool FlashAttentionSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+bool FlashAttentionSupports(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
+}
 
 int64_t FlashAttentionScratchBytes(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
   return gpu::FlashAttentionScratchBytes(B, T, NH, KV, hd);
@@ -135,8 +137,12 @@ Status AttentionForwardFlash(float* out, float* lse, const float* qkv, int64_t B
   if (B * T == 0) return Status::Ok();
   auto st = static_cast<cudaStream_t>(stream);
   auto* sc = static_cast<char*>(scratch);
-  return hd == 64 ? Forward<64>(out, lse, qkv, B, T, NH, KV, sc, st)
-                  : Forward<128>(out, lse, qkv, B, T, NH, KV, sc, st);
+  switch (hd) {
+    case 64: return Forward<64>(out, lse, qkv, B, T, NH, KV, sc, st);
+    case 80: return Forward<80>(out, lse, qkv, B, T, NH, KV, sc, st);
+    case 96: return Forward<96>(out, lse, qkv, B, T, NH, KV, sc, st);
+    default: return Forward<128>(out, lse, qkv, B, T, NH, KV, sc, st);
+  }
 }
 
 Status AttentionBackwardFlash(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -146,8 +152,12 @@ Status AttentionBackwardFlash(float* dqkv, const float* dout, const float* qkv, 
   if (B * T == 0) return Status::Ok();
   auto st = static_cast<cudaStream_t>(stream);
   auto* sc = static_cast<char*>(scratch);
-  return hd == 64 ? Backward<64>(dqkv, dout, qkv, out, lse, B, T, NH, KV, sc, st)
-                  : Backward<128>(dqkv, dout, qkv, out, lse, B, T, NH, KV, sc, st);
+  switch (hd) {
+    case 64: return Backward<64>(dqkv, dout, qkv, out, lse, B, T, NH, KV, sc, st);
+    case 80: return Backward<80>(dqkv, dout, qkv, out, lse, B, T, NH, KV, sc, st);
+    case 96: return Backward<96>(dqkv, dout, qkv, out, lse, B, T, NH, KV, sc, st);
+    default: return Backward<128>(dqkv, dout, qkv, out, lse, B, T, NH, KV, sc, st);
+  }
 }
 
 }  // namespace ucp::offload::cuda

@@ -365,7 +365,7 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
                                 "(GemmInputs::kBf16)");
   }
   if (flash && !FlashAttentionSupports(config.head_dim)) {
-    return InvalidArgumentError("CUDA model: the flash attention kernels take head_dim 64 or 128, "
+    return InvalidArgumentError("CUDA model: the flash attention kernels take head_dim 64, 80, 96 or 128, "
                                 "not " + Str(config.head_dim));
   }
   if (DeviceCount() == 0) return DeviceError("CUDA model: no CUDA device");

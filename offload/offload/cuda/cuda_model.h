@@ -37,7 +37,7 @@ enum class GemmInputs : uint8_t { kFp32, kBf16 };
 enum class Fp32Layout : uint8_t { kWhole, kPacked };
 
 /// How kBf16 runs attention (cuda_ops.h): kGemm, the batched GEMMs over T x T buffers (any
-/// head_dim); kFlash, the flash kernels (head_dim 64 or 128; no GEMM attention scratch).
+/// head_dim); kFlash, the flash kernels (head_dim 64, 80, 96 or 128; no GEMM attention scratch).
 enum class AttentionKernel : uint8_t { kGemm, kFlash };
 
 class CudaModel {

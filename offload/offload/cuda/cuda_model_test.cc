@@ -261,12 +261,12 @@ TEST_P(CudaModelTest, FlashAttentionStaysWithinBf16OfTheCpuModel) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaModelTest, ::testing::Values(Family::kGpt, Family::kLlama));
 
 TEST(CudaModelArgs, RefusedWithoutADeviceOrWithBadSizes) {
-  // The flash kernels: only beside the bf16 GEMMs, and only for heads of 64 or 128 (checked
+  // The flash kernels: only beside the bf16 GEMMs, and only for heads of 64, 80, 96 or 128 (checked
   // before any device is touched).
   ModelConfig f = Config(Family::kLlama);
   EXPECT_THAT(CudaModel::Create(f, 1, 8, GemmInputs::kBf16, AttentionKernel::kFlash).status(),
               ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,
-                                       ::testing::HasSubstr("head_dim 64 or 128, not 16")));
+                                       ::testing::HasSubstr("head_dim 64, 80, 96 or 128, not 16")));
   f.hidden = 128, f.heads = 2, f.kv_heads = 1, f.head_dim = 64;
   EXPECT_THAT(CudaModel::Create(f, 1, 8, GemmInputs::kFp32, AttentionKernel::kFlash).status(),
               ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,

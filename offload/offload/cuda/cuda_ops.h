@@ -136,7 +136,7 @@ Status AttentionBackwardGemm(const Blas& blas, float* dqkv, const float* dout, c
 /// (bf16 q, k, v, probabilities and dS; fp32 softmax, accumulation, lse and outputs), causal
 /// FLOPs only. `scratch`: FlashAttentionScratchBytes (the bf16 copies of qkv and dout its tiles
 /// are read from, and each query's D = sum_j p_j dp_j). Deterministic (no atomics). head_dim
-/// 64 or 128 (FlashAttentionSupports). The backward's `out` is the forward's output, if the
+/// 64, 80, 96 or 128 (FlashAttentionSupports). The backward's `out` is the forward's output, if the
 /// caller still has it (else null): D is then dout . out, not a second walk over the keys (7
 /// tile products per tile pair, not 9).
 /// Errors: kInvalidArgument (sizes, head_dim, batch x heads > 65535, too little scratch),

@@ -80,7 +80,9 @@ TEST(CudaOpsArgs, CheckedWithoutADevice) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("head_dim")));
   // The flash kernels' sizes are checked before anything touches a device.
   EXPECT_FALSE(FlashAttentionSupports(40));
-  EXPECT_TRUE(FlashAttentionSupports(64) && FlashAttentionSupports(128));
+  EXPECT_TRUE(FlashAttentionSupports(64) && FlashAttentionSupports(80) &&
+              FlashAttentionSupports(96) && FlashAttentionSupports(128));
+  EXPECT_FALSE(FlashAttentionSupports(256));
   EXPECT_THAT(AttentionForwardFlash(nullptr, nullptr, nullptr, 1, 1, 4, 2, 40, nullptr, 0, nullptr),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("head_dim 40")));
   EXPECT_THAT(AttentionBackwardFlash(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 6, 4, 64,
@@ -455,7 +457,7 @@ TEST_F(CudaOps, FlashAttentionWithGqa) {
   };
   struct Shape { int64_t B, T, NH, KV, hd; };
   for (const Shape sh : {Shape{2, 37, 6, 2, 64}, Shape{1, 200, 6, 2, 128}, Shape{2, 64, 2, 2, 128},
-                         Shape{1, 200, 3, 3, 64}}) {
+                         Shape{1, 200, 3, 3, 64}, Shape{2, 90, 4, 2, 96}, Shape{1, 70, 2, 1, 80}}) {
     const auto [B, T, NH, KV, hd] = sh;
     SCOPED_TRACE("B " + std::to_string(B) + " T " + std::to_string(T) + " NH " +
                  std::to_string(NH) + " KV " + std::to_string(KV) + " hd " + std::to_string(hd));

@@ -6,9 +6,9 @@
 // and dS: out and dqkv within 2e-2 of max(1, max |ref|), lse within 1e-4). Runs in CI, where no
 // GPU is; what it cannot check (WMMA's real layouts, the launch, speed) the GPU test does.
 // Shapes: one partial tile; several tiles with the diagonal inside them and a partial last one;
-// exact tiles; GQA groups of 1, 2 and 3 heads; both head sizes. Then the same bits on a rerun
-// (no atomics), no WMMA rule broken, and shared memory read only where written (it starts as
-// NaNs).
+// exact tiles; GQA groups of 1, 2 and 3 heads; each head size the kernels take. Then the same
+// bits on a rerun (no atomics), no WMMA rule broken, and shared memory read only where written
+// (it starts as NaNs).
 #define UCP_SIMT_EMULATION
 #include "offload/cuda/cuda_column_kernels.h"
 #include "offload/cuda/cuda_flash_kernels.h"
@@ -94,7 +94,7 @@ TEST_P(FlashEmulated, MatchesTheReferenceOnBf16Inputs) {
   ops::ref::AttentionForward<double>(rout.data(), rlse.data(), qkv_r.data(), B, T, NH, KV, hd);
   ops::ref::AttentionBackward<double>(rg.data(), d_r.data(), qkv_r.data(), rlse.data(), B, T, NH,
                                       KV, hd);
-  auto run = hd == 64 ? RunFlash<64> : RunFlash<128>;
+  auto run = hd == 64 ? RunFlash<64> : hd == 80 ? RunFlash<80> : hd == 96 ? RunFlash<96> : RunFlash<128>;
   // D from a first walk over the keys, then from the forward's output (dout . out).
   for (bool with_out : {false, true}) {
     SCOPED_TRACE(with_out ? "D = dout . out" : "D from the keys");
@@ -114,7 +114,7 @@ TEST_P(FlashEmulated, MatchesTheReferenceOnBf16Inputs) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FlashEmulated,
     ::testing::Values(Shape{1, 37, 4, 2, 64}, Shape{1, 130, 3, 1, 64}, Shape{1, 64, 2, 2, 64},
-                      Shape{1, 70, 2, 1, 128}),
+                      Shape{1, 70, 2, 1, 128}, Shape{1, 50, 2, 1, 96}, Shape{1, 20, 1, 1, 80}),
     [](const ::testing::TestParamInfo<Shape>& i) {
       const Shape& s = i.param;
       return "B" + std::to_string(s.B) + "T" + std::to_string(s.T) + "NH" + std::to_string(s.NH) +

@@ -114,7 +114,7 @@ struct RunOptions {
   std::string gpu_gemm = "auto";
   /// How the device's bf16 GEMMs run attention (TrainDeviceSpec::flash_attention): "gemm"
   /// (batched tensor-core GEMMs over T x T score buffers) or "flash" (the tiled kernels of
-  /// cuda_flash.cu: causal FLOPs only, no T x T buffers; head_dim 64 or 128). Only with bf16
+  /// cuda_flash.cu: causal FLOPs only, no T x T buffers; head_dim 64, 80, 96 or 128). Only with bf16
   /// training and gpu_gemm "auto"; the twin's model is the CPU's either way.
   std::string gpu_attention = "gemm";
   /// Where a device keeps the weights (memory_plan.h; docs/offload.md, "Weight streaming"):
