@@ -561,8 +561,10 @@ __global__ void GroupKvGradKernel(float* dqkv, const float* dK, const float* dV,
 struct Blas::Impl {
   cublasHandle_t handle = nullptr;
   cudaStream_t stream = nullptr;
+  void* workspace = nullptr;
   ~Impl() {
     if (handle) cublasDestroy(handle);
+    cudaFree(workspace);
   }
 };
 
@@ -579,6 +581,24 @@ Result<Blas> Blas::Create(void* stream) {
   }
   // Tensor-core fp32 emulation (TF32) would change results beyond the stated tolerances.
   cublasSetMathMode(impl->handle, CUBLAS_PEDANTIC_MATH);
+  // The workspace cuBLAS's documentation recommends (cublasSetWorkspace): 32 MiB on Hopper and
+  // later, whose GEMM kernels can need it, 4 MiB before. The handle's own: one stream uses it,
+  // so the GEMMs stay deterministic. (After cublasSetStream, which resets it.)
+  int device = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }
+  const size_t bytes = size_t{major >= 9 ? 32u : 4u} << 20;
+  if (err == cudaSuccess) err = cudaMalloc(&impl->workspace, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    impl->workspace = nullptr;
+    return DeviceError(std::string("cuBLAS workspace: ") + cudaGetErrorName(err));
+  }
+  if (cublasSetWorkspace(impl->handle, impl->workspace, bytes) != CUBLAS_STATUS_SUCCESS) {
+    return DeviceError("cublasSetWorkspace failed");
+  }
   return Blas(std::move(impl));
 }
 
