@@ -67,7 +67,8 @@ __device__ inline int PlaceCol(float p) { return static_cast<int>(p) & 15; }
 // Queues the copy of rows [r0, r0 + kRows) of the head at `off` in each bf16 row of `src` (row
 // stride `stride` elements) into dst (kLdh stride), in 16-byte pieces (cp.async: the caller
 // commits them as a group and waits for it before a __syncthreads); rows at or past T are zeroed
-// at once. 16-byte aligned: the launcher checks the strides and offsets are multiples of 8.
+// at once. 16-byte aligned: the head sizes the kernels take are multiples of 8 elements, so are
+// the strides and offsets, and the scratch copies start aligned.
 template <int HD>
 __device__ inline void TileAsync(bf16* dst, const bf16* src, int64_t stride, int64_t off,
                                  int64_t r0, int64_t T) {

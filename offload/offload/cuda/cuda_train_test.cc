@@ -105,6 +105,36 @@ TEST_P(CudaTrainTest, StepsMatchTheCpuEngine) {
   }
 }
 
+// --gpu-attention flash through the trainer: a LLaMA of two heads of 64 (the flash kernels'
+// size; the tiny presets' heads are 8 wide), 4 steps against the CPU engine with the bf16 GEMMs'
+// bounds, and the held-out loss.
+TEST(CudaTrainFlash, StepsMatchTheCpuEngine) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ucp::testing::TempDir tmp;
+  const fs::path model = tmp.path() / "llama-flash.json";
+  std::ofstream(model) << R"({"name": "llama-flash", "family": "llama", "dtype": "bf16",
+ "hyper": {"hidden": 128, "layers": 2, "heads": 2, "kv_heads": 1, "ffn_hidden": 192,
+           "vocab": 250, "max_positions": 64, "make_vocab_size_divisible_by": 8,
+           "tied_embeddings": false}})";
+  const TrainConfig c = Config(model.string(), "bf16", WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", false)));
+  const auto a = Losses(cpu, 4);
+  ASSERT_EQ(a.size(), 4u);
+  UCP_ASSERT_OK_AND_ASSIGN(double va, cpu.Validate());
+  RunOptions o = Opts(tmp.path() / "flash", true);
+  o.gpu_attention = "flash";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer gpu, Trainer::Create(c, o));
+  const auto b = Losses(gpu, 4);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    std::printf("flash step %zu: cpu loss %.9g, cuda loss %.9g, rel %.3g\n", i + 1, a[i], b[i],
+                Rel(b[i], a[i]));
+    EXPECT_LE(Rel(b[i], a[i]), i == 0 ? 2e-2 : 5e-2) << "step " << i + 1;
+  }
+  UCP_ASSERT_OK_AND_ASSIGN(double vb, gpu.Validate());
+  EXPECT_LE(Rel(vb, va), 5e-2);
+}
+
 // Tail buckets on the device Adam (2 groups, and all of them) give the bits of the CPU Adam:
 // the same losses and every weight, master and Adam state, bitwise.
 class CudaTailTest : public CudaTrainTest {};
