@@ -23,7 +23,7 @@ constexpr int kColumnSmemBytes = 2 * kColumnTile * (kColumnTile + 1) * 4;
 // dweight (when not null) += sum_n norm dout, with norm = (inp - mean[n]) rstd[n] (mean null:
 // RMSNorm, inp rstd[n]); dbias (when not null) += sum_n dout. Launch: ColumnBlocks(C) blocks of
 // kColumnThreads threads, kColumnSmemBytes of dynamic shared memory.
-__global__ void __launch_bounds__(kColumnThreads)
+static __global__ void __launch_bounds__(kColumnThreads)
     ColumnGradKernel(float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* mean, const float* rstd, int64_t N, int64_t C) {
   UCP_DYNAMIC_SMEM(smem);

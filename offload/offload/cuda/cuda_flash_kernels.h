@@ -230,8 +230,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 // ---- backward, D from the forward's output: dsum[b, h, t] = dout_t . out_t (a warp per row,
 // lanes over the head dimension, a fixed tree: deterministic).
-__global__ void FlashRowDotKernel(float* dsum, const float* dout, const float* out, int64_t B,
-                                  int64_t T, int64_t NH, int64_t hd) {
+// (static, as every non-template kernel of these headers: each including file its own.)
+static __global__ void FlashRowDotKernel(float* dsum, const float* dout, const float* out,
+                                         int64_t B, int64_t T, int64_t NH, int64_t hd) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   const bool live = row < B * NH * T;  // (every lane takes part in the shuffles)
