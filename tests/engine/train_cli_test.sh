@@ -81,6 +81,11 @@ if [ -x "$bin/ucp-bench" ]; then
     --device twin --pipeline overlap --no-speculation
   grep -Eq "overlap of the best step: 0 buckets stepped during backward, 0 committed, 0 corrected, 0 undone, 6 held for validation" "$work/out.txt" ||
     fail "ucp-bench train --no-speculation: $(cat "$work/out.txt")"
+  # Some tail grad groups on the device Adam, overlapped (the step the GPU run times at 3B).
+  expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+    --device twin --pipeline overlap --gpu-tail-buckets 2
+  grep -Eq "^device twin.* [1-9][0-9]* parameters stepped by the device Adam" "$work/out.txt" ||
+    fail "ucp-bench train --gpu-tail-buckets on the twin: $(cat "$work/out.txt")"
   # Streamed weights: the bytes crossing per step; an unknown placement is refused.
   expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
     --device twin --pipeline overlap --weights streamed

@@ -124,6 +124,12 @@ show bench_train_3b_256k_flash 20
 step bench_train_3b_64k_flash 120 "${train[@]:0:6}" --batch 16 --micro-batch 4 \
   --threads "$(nproc)" --model llama-3b --steps 1 --pipeline overlap --clip 0 --gpu-attention flash
 show bench_train_3b_64k_flash 20
+# The same with the 6 grad groups backward finishes last on the device Adam (SuperOffload's
+# tail): less CPU Adam left after the last micro-batch's backward.
+step bench_train_3b_64k_flash_tail 120 "${train[@]:0:6}" --batch 16 --micro-batch 4 \
+  --threads "$(nproc)" --model llama-3b --steps 1 --pipeline overlap --clip 0 --gpu-attention flash \
+  --gpu-tail-buckets 6
+show bench_train_3b_64k_flash_tail 20
 # A 1.1B LLaMA-style model's synchronous step, then the same step with the whole optimizer on
 # the GPU (the device Adam) and the ratio.
 step bench_train_1b 100 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --steps 2 \

@@ -278,6 +278,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.pipeline = pipeline;
   r.gpu_gemm = vm["gpu-gemm"].as<std::string>();
   r.gpu_attention = vm["gpu-attention"].as<std::string>();
+  r.gpu_tail_buckets = vm["gpu-tail-buckets"].as<int>();
   r.finish_under_forward = !vm["sync-finish"].as<bool>();
   r.speculate = !vm["no-speculation"].as<bool>();
   r.weights = vm["weights"].as<std::string>();
@@ -556,7 +557,7 @@ Command MakeTrainBench() {
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
                "[--micro-batch 0] [--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
-               "[--gpu-gemm auto|fp32] [--gpu-attention gemm|flash] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
+               "[--gpu-gemm auto|fp32] [--gpu-attention gemm|flash] [--gpu-tail-buckets N] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
                "[--host-memory SIZE]] [--clip 1]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
@@ -593,6 +594,10 @@ Command MakeTrainBench() {
                 "device and print the ratio")(
                 "gpu-gemm", po::value<std::string>()->default_value("auto"),
                 "--device cuda: auto (bf16 GEMMs for bf16 training) or fp32 (the fp32 copy)")(
+                "gpu-tail-buckets", po::value<int>()->default_value(0),
+                "--device cuda|twin: the last N grad groups (the ones backward finishes last) "
+                "keep their masters and Adam states on the device, stepped by the device Adam "
+                "(less CPU Adam after backward; 12 B/parameter of device memory)")(
                 "gpu-attention", po::value<std::string>()->default_value("gemm"),
                 "--device cuda, bf16 GEMMs: gemm (batched GEMMs over T x T scores) or flash "
                 "(the tiled flash kernels)")(
