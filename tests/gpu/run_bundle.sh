@@ -130,6 +130,13 @@ step bench_train_3b_64k_flash_tail 120 "${train[@]:0:6}" --batch 16 --micro-batc
   --threads "$(nproc)" --model llama-3b --steps 1 --pipeline overlap --clip 0 --gpu-attention flash \
   --gpu-tail-buckets 6
 show bench_train_3b_64k_flash_tail 20
+# The issue's second figure at 3B: the offloaded, overlapped 64K-token step against the same
+# step with the whole optimizer on the GPU (micro-batches of 2: the device-resident masters and
+# Adam states, 12 B/parameter, need the activations' room).
+step bench_train_3b_64k_ratio 150 "${train[@]:0:6}" --batch 16 --micro-batch 2 \
+  --threads "$(nproc)" --model llama-3b --steps 1 --pipeline overlap --clip 0 --gpu-attention flash \
+  --gpu-optimizer
+show bench_train_3b_64k_ratio 20
 # A 1.1B LLaMA-style model's synchronous step, then the same step with the whole optimizer on
 # the GPU (the device Adam) and the ratio.
 step bench_train_1b 100 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --steps 2 \

@@ -196,9 +196,14 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     rows[2].note = "accumulated over micro-batches (GPU: on the device, which sums their "
                    "norm; the host stages a window of them for Adam)";
   }
-  rows.push_back({MemClass::kOptimizer, "master + exp_avg + exp_avg_sq (fp32)", 3 * block * 4, 0, 3 * block * 4,
+  rows.push_back({MemClass::kOptimizer, "master + exp_avg + exp_avg_sq (fp32)", 3 * block * 4,
+                  3 * in.device_optimizer_elements * 4, 3 * block * 4,
                   "this rank's ZeRO block of " + Str(block) + " elements" +
-                      (blocks > 1 ? " (1/" + Str(blocks) + ")" : "")});
+                      (blocks > 1 ? " (1/" + Str(blocks) + ")" : "") +
+                      (in.device_optimizer_elements > 0
+                           ? " (GPU: and the device Adam's " + Str(in.device_optimizer_elements) +
+                                 " on the device)"
+                           : "")});
   const int64_t zero_scratch = blocks > 1 ? (1 + static_cast<int64_t>(blocks)) * block * 4 : 0;
   // Staged (trainer.cc StagedReduceScatter): the exchange runs in a gradient window, so only
   // the reduced block is left.

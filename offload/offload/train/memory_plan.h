@@ -80,6 +80,9 @@ struct PlanInput {
   /// With those bf16 GEMMs, attention through the flash kernels (--gpu-attention flash): no
   /// GEMM attention scratch on the device.
   bool gpu_flash_attention = false;
+  /// --gpu-tail-buckets: the elements whose masters and Adam states the device Adam keeps on the
+  /// device too (the last grad groups' parameters; the host block still holds every element).
+  int64_t device_optimizer_elements = 0;
   /// Staged host buffers (RunOptions::host_buffers): the host's weights and gradients are two
   /// windows each of this many elements (at most the model); 0: whole copies. The weights then stay
   /// resident (the streamed placement reads the host's whole weights).

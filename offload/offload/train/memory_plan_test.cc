@@ -79,9 +79,11 @@ std::pair<TrainConfig, RunOptions> TinyRun(const fs::path& dir, const std::strin
   o.threads = 2;
   // "overlap-nospec": the overlapped pipeline without speculation (no snapshots); "staged" and
   // "staged-one": --pipeline sync with staged host buffers, windows of 64 Ki elements or one
-  // window of the whole model.
-  o.pipeline = pipeline == "overlap-nospec" ? "overlap"
+  // window of the whole model; "overlap-tail": overlapped, the last 2 grad groups on the
+  // device Adam (--gpu-tail-buckets 2).
+  o.pipeline = pipeline == "overlap-nospec" || pipeline == "overlap-tail" ? "overlap"
                : pipeline.rfind("staged", 0) == 0 ? "sync" : pipeline;
+  if (pipeline == "overlap-tail") o.gpu_tail_buckets = 2;
   o.speculate = pipeline != "overlap-nospec";
   if (pipeline.rfind("staged", 0) == 0) {
     o.host_buffers = "staged";
@@ -150,8 +152,9 @@ INSTANTIATE_TEST_SUITE_P(
                                       false)));
 
 // The GPU columns against a trainer on the CPU twin device (the trainer's code path of
-// --device cuda): every host class byte for byte, and the device's weights, compute copy and
-// gradients against the device's own buffers.
+// --device cuda): every host class byte for byte, and the device's weights, compute copy,
+// gradients and (with tail groups on the device Adam) optimizer state against the device's own
+// buffers.
 class GpuPlanMatchesTwinTrainer
     : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
 
@@ -165,9 +168,17 @@ TEST_P(GpuPlanMatchesTwinTrainer, HostEveryClassDeviceStateBuffers) {
   const MemoryPlan& plan = r.plan;
   EXPECT_EQ(plan.host_total, ExpectColumn(r, &MemoryRow::host_bytes));
   auto dev = [&](MemClass m) { return plan.rows[static_cast<size_t>(m)].device_bytes; };
-  EXPECT_EQ(dev(MemClass::kWeights) + dev(MemClass::kComputeCopy) + dev(MemClass::kGradients),
+  EXPECT_EQ(dev(MemClass::kWeights) + dev(MemClass::kComputeCopy) + dev(MemClass::kGradients) +
+                dev(MemClass::kOptimizer),
             r.device);
-  EXPECT_EQ(dev(MemClass::kOptimizer), 0);  // offloaded
+  // Offloaded, but for the tail groups' (12 B for each of some of the parameters).
+  if (pipeline == "overlap-tail") {
+    EXPECT_GT(dev(MemClass::kOptimizer), 0);
+    EXPECT_LT(dev(MemClass::kOptimizer), 12 * plan.params);
+    EXPECT_EQ(dev(MemClass::kOptimizer) % 12, 0);
+  } else {
+    EXPECT_EQ(dev(MemClass::kOptimizer), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, GpuPlanMatchesTwinTrainer,
@@ -175,6 +186,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, GpuPlanMatchesTwinTrainer,
                                            std::make_tuple("llama-tiny", "fp16", "overlap"),
                                            std::make_tuple("llama-tiny", "bf16", "overlap"),
                                            std::make_tuple("llama-tiny", "bf16", "overlap-nospec"),
+                                           std::make_tuple("llama-tiny", "bf16", "overlap-tail"),
                                            std::make_tuple("llama-tiny", "bf16", "staged"),
                                            std::make_tuple("gpt-tiny", "bf16", "staged-one"),
                                            std::make_tuple("gpt-tiny", "fp32", "sync")));

@@ -1974,6 +1974,19 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   // The twin's model is the CPU's: its GEMMs read fp32, so its device holds the whole copy.
   in.gpu_gemm_bf16 = opts.gpu_gemm == "auto" && opts.device != "twin";
   in.gpu_flash_attention = opts.gpu_attention == "flash";
+  // --gpu-tail-buckets N: the last N grad groups' elements also on the device (SetUpDevice
+  // checks N).
+  if (opts.gpu_tail_buckets > 0) {
+    if (auto table = ModelParamTable(mc); table.ok()) {
+      const auto& groups = table->groups;
+      const size_t tail = static_cast<size_t>(opts.gpu_tail_buckets);
+      for (size_t k = groups.size() - std::min(tail, groups.size()); k < groups.size(); ++k) {
+        for (int64_t p = groups[k].first_param; p < groups[k].end_param; ++p) {
+          in.device_optimizer_elements += table->params[static_cast<size_t>(p)].numel;
+        }
+      }
+    }
+  }
   // A run's choice once made (auto may have staged), else what the options ask.
   in.host_window = host_window > 0                 ? host_window
                    : opts.host_buffers == "staged" ? RequestedHostWindow(opts)
