@@ -100,30 +100,6 @@ __global__ void EncoderForwardKernel(float* out, const int32_t* tokens, const fl
   }
 }
 
-// Block (run r, channel chunk): the run's rows onto its token's row, in position order.
-__global__ void TokenRunGradKernel(float* dwte, const float* dout, const int32_t* tokens,
-                                   const int32_t* order, const int32_t* starts, int64_t C) {
-  const int64_t r = blockIdx.x;
-  const int64_t c = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= C) return;
-  const int32_t first = starts[r], end = starts[r + 1];
-  float* row = dwte + int64_t{tokens[order[first]]} * C;
-  float acc = row[c];
-  for (int32_t i = first; i < end; ++i) acc += dout[int64_t{order[i]} * C + c];
-  row[c] = acc;
-}
-
-// dwpe[t, c] += sum_b dout[b, t, c], a thread per (t, c).
-__global__ void PositionGradKernel(float* dwpe, const float* dout, int64_t B, int64_t T,
-                                   int64_t C) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < T * C;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    float s = 0.0f;
-    for (int64_t b = 0; b < B; ++b) s += dout[b * T * C + i];
-    dwpe[i] += s;
-  }
-}
-
 // ---- norms: a block per row; the weight/bias gradients a thread per column over the rows
 
 __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
@@ -619,16 +595,7 @@ Status EncoderForward(float* out, const int32_t* tokens, const float* wte, const
 }
 
 void GroupTokens(const int32_t* tokens, int64_t count, TokenRuns& out) {
-  const auto n = static_cast<int32_t>(count);
-  out.order.resize(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) out.order[static_cast<size_t>(i)] = i;
-  std::stable_sort(out.order.begin(), out.order.end(),
-                   [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
-  out.starts.clear();
-  for (int32_t i = 0; i < n; ++i) {
-    if (i == 0 || tokens[out.order[i]] != tokens[out.order[i - 1]]) out.starts.push_back(i);
-  }
-  out.starts.push_back(n);
+  kernels::GroupTokenRuns(tokens, count, out.order, out.starts);
 }
 
 Status EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
@@ -642,11 +609,11 @@ Status EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_
   }
   const auto chunks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
   if (chunks > 65535) return InvalidArgumentError("encoder backward: hidden size too large");
-  TokenRunGradKernel<<<dim3(static_cast<unsigned>(runs), chunks), kThreads, 0, S(stream)>>>(
+  kernels::TokenRunGradKernel<<<dim3(static_cast<unsigned>(runs), chunks), kThreads, 0, S(stream)>>>(
       dwte, dout, tokens, order, starts, C);
   UCP_RETURN_IF_ERROR(Launched("encoder backward (tokens)"));
   if (dwpe) {
-    PositionGradKernel<<<Grid(T * C), kThreads, 0, S(stream)>>>(dwpe, dout, B, T, C);
+    kernels::PositionGradKernel<<<Grid(T * C), kThreads, 0, S(stream)>>>(dwpe, dout, B, T, C);
     return Launched("encoder backward (positions)");
   }
   return Status::Ok();

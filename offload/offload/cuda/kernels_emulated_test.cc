@@ -172,5 +172,50 @@ TEST(ColumnGradEmulated, MatchesADoubleSum) {
   }
 }
 
+// The embedding gradient (run-grouped token rows, per-position sums) against the reference op in
+// double: repeated tokens (7 distinct over 2 x 37 positions), on a non-zero start, channels not a
+// multiple of a block; bitwise the serial walk's fp32 adds (a token's rows onto its row in
+// position order); and the token runs themselves.
+TEST(EmbeddingGradEmulated, MatchesTheReferenceAndTheSerialWalk) {
+  const int64_t B = 2, T = 37, C = 300, V = 11, N = B * T;
+  std::vector<int32_t> tokens(static_cast<size_t>(N));
+  std::mt19937 rng(80);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 7);
+  const std::vector<float> dout = flash::Random(N * C, 81), wte0 = flash::Random(V * C, 82),
+                           wpe0 = flash::Random(T * C, 83);
+  std::vector<int32_t> order, starts;
+  GroupTokenRuns(tokens.data(), N, order, starts);
+  ASSERT_EQ(order.size(), static_cast<size_t>(N));
+  for (size_t r = 0; r + 1 < starts.size(); ++r) {
+    for (int32_t i = starts[r]; i < starts[r + 1]; ++i) {
+      EXPECT_EQ(tokens[order[i]], tokens[order[starts[r]]]);  // one token a run
+      if (i > starts[r]) {
+        EXPECT_LT(order[i - 1], order[i]);  // positions in order
+      }
+    }
+    if (r > 0) {
+      EXPECT_LT(tokens[order[starts[r - 1]]], tokens[order[starts[r]]]);
+    }
+  }
+  std::vector<float> wte = wte0, wpe = wpe0;
+  const auto runs = static_cast<unsigned>(starts.size() - 1);
+  const auto chunks = static_cast<unsigned>((C + 255) / 256);
+  simt::Launch(TokenRunGradKernel, {runs, chunks, 1}, 256, 0, wte.data(), dout.data(),
+               static_cast<const int32_t*>(tokens.data()), static_cast<const int32_t*>(order.data()),
+               static_cast<const int32_t*>(starts.data()), C);
+  simt::Launch(PositionGradKernel, {4, 1, 1}, 256, 0, wpe.data(), dout.data(), B, T, C);
+  std::vector<double> rwte(wte0.begin(), wte0.end()), rwpe(wpe0.begin(), wpe0.end());
+  std::vector<double> d(dout.begin(), dout.end());
+  ops::ref::EncoderBackward<double>(rwte.data(), rwpe.data(), d.data(), tokens.data(), B, T, C);
+  ExpectClose(wte, rwte, 1e-5, "dwte");
+  ExpectClose(wpe, rwpe, 1e-5, "dwpe");
+  // The serial walk (the kernel this replaced): each position's row onto its token's, in order.
+  std::vector<float> serial = wte0;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) serial[tokens[n] * C + c] += dout[n * C + c];
+  }
+  EXPECT_EQ(0, std::memcmp(serial.data(), wte.data(), wte.size() * 4));
+}
+
 }  // namespace
 }  // namespace ucp::offload::cuda::kernels
