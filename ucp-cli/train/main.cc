@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
      "fp32 copy of the weights: within 1e-5 of the CPU engine)")
     ("gpu-attention", po::value(&r.gpu_attention)->default_value("gemm"),
      "--device cuda, bf16 GEMMs: attention through batched GEMMs over T x T scores (gemm) or "
-     "the tiled flash kernels (flash: causal FLOPs only, no T x T buffers; head_dim 64, 80, 96 or 128)")
+     "the tiled flash kernels (flash: causal FLOPs only, no T x T buffers; head_dim 64, 80, 96 "
+     "or 128)")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
      "threads per process (0: all cores; on --resume, the run's recorded count, so that the "

@@ -61,6 +61,15 @@ struct Carved {
 __device__ inline void FillPlaces(float* scratch256) {
   for (int i = threadIdx.x; i < 256; i += blockDim.x) scratch256[i] = static_cast<float>(i);
 }
+
+// The end of a kernel's prologue: every thread's copies (one committed group) have landed and
+// the block has passed a barrier, so the tiles and FillPlaces' numbers are whole; then each
+// warp loads its element places.
+__device__ inline void PrologueLanded(FragC& pos, const float* places) {
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  wmma::load_matrix_sync(pos, places, 16, wmma::mem_row_major);
+}
 __device__ inline int PlaceRow(float p) { return static_cast<int>(p) >> 4; }
 __device__ inline int PlaceCol(float p) { return static_cast<int>(p) & 15; }
 
@@ -151,10 +160,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   TileAsync<HD>(sK, base, L.row, L.K(g), 0, T);
   TileAsync<HD>(sV, base, L.row, L.V(g), 0, T);
   __pipeline_commit();
-  __pipeline_wait_prior(0);
-  __syncthreads();
   FragC pos;
-  wmma::load_matrix_sync(pos, sPos, 16, wmma::mem_row_major);
+  PrologueLanded(pos, sPos);
 
   const int wr = warp * 16;                  // the warp's rows in the block
   const int r = lane / 2, half = lane % 2;   // this lane's row and half of the key tile
@@ -279,10 +286,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     sLse[i] = q0 + i < T ? lse[row0 + q0 + i] : 0.0f;
     if (d_given) sD[i] = q0 + i < T ? dsum[row0 + q0 + i] : 0.0f;
   }
-  __pipeline_wait_prior(0);
-  __syncthreads();
   FragC pos;
-  wmma::load_matrix_sync(pos, sPos, 16, wmma::mem_row_major);
+  PrologueLanded(pos, sPos);
 
   const int wr = warp * 16;
   const int r = lane / 2, half = lane % 2;
@@ -404,10 +409,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   TileAsync<HD>(sDO, dbase, ah, head(0) * HD, tile(0), T);
   __pipeline_commit();
   rows(0);
-  __pipeline_wait_prior(0);
-  __syncthreads();
   FragC pos;
-  wmma::load_matrix_sync(pos, sPos, 16, wmma::mem_row_major);
+  PrologueLanded(pos, sPos);
 
   const int wr = warp * 16;
   const int r = lane / 2, half = lane % 2;

@@ -1,18 +1,14 @@
-// What the CUDA ops' translation units share (cuda_ops.cu, cuda_flash.cu): the fused QKV row's
-// offsets and the launch check. Internal: included by .cu files only.
+// What the CUDA ops' translation units share (cuda_ops.cu, cuda_flash.cu): the launch check.
+// Internal: included by .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <string>
 
-#include "offload/model/qkv_layout.h"
 #include "ucp/base/status.h"
 
 namespace ucp::offload::cuda::internal {
-
-using Qkv = QkvLayout;  // model/qkv_layout.h
 
 // The last launch's error as a Status naming `what`.
 inline Status Launched(const char* what) {

@@ -335,7 +335,8 @@ struct CudaModel::Impl {
     if (prof) prof->Begin();
     CudaOps ops{blas.get(), stream, attn_scratch.data(), cls_scratch.data(), Status::Ok(),
                 w, w16, w16 ? scratch16.data() : nullptr,
-                w16 ? attn_gemm.data() : nullptr, static_cast<int64_t>(attn_gemm.size()),
+                w16 && attention == AttentionKernel::kGemm ? attn_gemm.data() : nullptr,
+                static_cast<int64_t>(attn_gemm.size()),
                 w16 && attention == AttentionKernel::kFlash ? attn_flash.data() : nullptr,
                 static_cast<int64_t>(attn_flash.size()),
                 run_order.data(), run_starts.data(), token_runs.runs(),
@@ -365,8 +366,8 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
                                 "(GemmInputs::kBf16)");
   }
   if (flash && !FlashAttentionSupports(config.head_dim)) {
-    return InvalidArgumentError("CUDA model: the flash attention kernels take head_dim 64, 80, 96 or 128, "
-                                "not " + Str(config.head_dim));
+    return InvalidArgumentError("CUDA model: the flash attention kernels take head_dim 64, 80, "
+                                "96 or 128, not " + Str(config.head_dim));
   }
   if (DeviceCount() == 0) return DeviceError("CUDA model: no CUDA device");
   if (max_batch < 1 || max_seq_len < 1) {

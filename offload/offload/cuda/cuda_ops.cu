@@ -15,6 +15,7 @@
 #include "offload/cuda/cuda_kernels.cuh"
 #include "offload/cuda/cuda_ops.h"
 #include "offload/model/gpu_sizes.h"
+#include "offload/model/qkv_layout.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::offload::cuda {
@@ -31,7 +32,6 @@ int Grid(int64_t n, int per_block = kThreads) {
 }
 
 using internal::Launched;
-using internal::Qkv;
 
 Status Blased(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) {
@@ -100,7 +100,7 @@ __global__ void EncoderForwardKernel(float* out, const int32_t* tokens, const fl
   }
 }
 
-// ---- norms: a block per row; the weight/bias gradients a thread per column over the rows
+// ---- norms: a block per row (the weight / bias gradients: ColumnGrad)
 
 __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
                                        const float* w, const float* b, int64_t C, float eps) {
@@ -174,7 +174,6 @@ __global__ void BroadcastRowsKernel(float* out, const float* bias, int64_t N, in
   }
 }
 
-
 // ---- attention: a warp per (b, h, t) query; lanes split the head dimension
 
 constexpr int kMaxHdPerLane = 8;  // hd <= 256
@@ -185,7 +184,7 @@ __global__ void AttentionForwardKernel(float* out, float* lse, const float* qkv,
   const int lane = threadIdx.x % kWarp;
   if (query >= B * NH * T) return;
   const int64_t t = query % T, h = (query / T) % NH, b = query / (T * NH);
-  const Qkv L{NH / KV, hd, (NH + 2 * KV) * hd};
+  const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
   const int64_t g = h / L.hpg;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   const float* q = qkv + (b * T + t) * L.row + L.Q(h);
@@ -216,7 +215,7 @@ __global__ void AttentionBackwardQueryKernel(float* dqkv, float* dsum_out, const
   const int lane = threadIdx.x % kWarp;
   if (query >= B * NH * T) return;
   const int64_t t = query % T, h = (query / T) % NH, b = query / (T * NH);
-  const Qkv L{NH / KV, hd, (NH + 2 * KV) * hd};
+  const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
   const int64_t g = h / L.hpg;
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   const float* q = qkv + (b * T + t) * L.row + L.Q(h);
@@ -263,7 +262,7 @@ __global__ void AttentionBackwardKeyKernel(float* dqkv, const float* dsum_in, co
   const int lane = threadIdx.x % kWarp;
   if (key >= B * KV * T) return;
   const int64_t j = key % T, g = (key / T) % KV, b = key / (T * KV);
-  const Qkv L{NH / KV, hd, (NH + 2 * KV) * hd};
+  const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
   const float scale = 1.0f / sqrtf(static_cast<float>(hd));
   const float* k = qkv + (b * T + j) * L.row + L.K(g);
   const float* v = qkv + (b * T + j) * L.row + L.V(g);
@@ -512,7 +511,7 @@ __global__ void SoftmaxBackwardKernel(__nv_bfloat16* dS16, const float* P, const
 // dk and dv of each (sequence, kv group) of a pass: the sum over the group's hpg heads of the
 // per-head products (in head order: deterministic), added into dqkv.
 __global__ void GroupKvGradKernel(float* dqkv, const float* dK, const float* dV, int64_t pairs,
-                                  int64_t T, int64_t NH, Qkv L, int64_t p0) {
+                                  int64_t T, int64_t NH, QkvLayout L, int64_t p0) {
   const int64_t groups = pairs / L.hpg, n = groups * T * L.hd;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
        e += int64_t{gridDim.x} * blockDim.x) {
@@ -609,8 +608,8 @@ Status EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_
   }
   const auto chunks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
   if (chunks > 65535) return InvalidArgumentError("encoder backward: hidden size too large");
-  kernels::TokenRunGradKernel<<<dim3(static_cast<unsigned>(runs), chunks), kThreads, 0, S(stream)>>>(
-      dwte, dout, tokens, order, starts, C);
+  kernels::TokenRunGradKernel<<<dim3(static_cast<unsigned>(runs), chunks), kThreads, 0,
+                                 S(stream)>>>(dwte, dout, tokens, order, starts, C);
   UCP_RETURN_IF_ERROR(Launched("encoder backward (tokens)"));
   if (dwpe) {
     kernels::PositionGradKernel<<<Grid(T * C), kThreads, 0, S(stream)>>>(dwpe, dout, B, T, C);
@@ -893,7 +892,7 @@ Result<AttnPlan> PlanAttention(const char* what, const Blas& blas, void* scratch
   p.dK32 = reinterpret_cast<float*>(base + p.a.dK);
   p.dV32 = reinterpret_cast<float*>(base + p.a.dV);
   const int64_t ah = p.ah;
-  const Qkv L{NH / KV, hd, p.row};
+  const QkvLayout L{NH / KV, hd, p.row};
   std::vector<void*> h(static_cast<size_t>(kPtrKinds * p.BNH), nullptr);
   auto at = [&](AttnPtr k, int64_t i) -> void*& { return h[static_cast<size_t>(k * p.BNH + i)]; };
   for (int64_t bh = 0; bh < p.BNH; ++bh) {
@@ -965,7 +964,7 @@ Status AttentionBackwardGemm(const Blas& blas, float* dqkv, const float* dout, c
   UCP_ASSIGN_OR_RETURN(AttnPlan p, PlanAttention("gemm attention backward", blas, scratch,
                                                  scratch_bytes, qkv, nullptr, dqkv, B, T, NH, KV,
                                                  hd));
-  const Qkv L{NH / KV, hd, p.row};
+  const QkvLayout L{NH / KV, hd, p.row};
   UCP_RETURN_IF_ERROR(CastFp32ToBf16(dout, p.dout16, B * T * p.ah, p.st));
   for (int64_t p0 = 0; p0 < p.BNH; p0 += p.pairs) {
     const int64_t n = std::min(p.pairs, p.BNH - p0);

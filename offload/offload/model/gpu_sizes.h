@@ -106,7 +106,7 @@ struct ModelScratch {
   int64_t gemm16 = 0;           ///< bf16 elements: the largest GEMM's MixedMatmulScratch
   int64_t attn_gemm_bytes = 0;  ///< AttentionGemmScratchBytes
   int64_t flash_bytes = 0;      ///< FlashAttentionScratchBytes
-  int64_t token_ints = 0;  ///< the inputs, targets and their runs by token (int32)
+  int64_t token_ints = 0;       ///< the inputs, targets and their runs by token (int32)
   int64_t bytes() const {
     return (attn_floats + classifier_floats) * 4 + gemm16 * 2 + attn_gemm_bytes + flash_bytes +
            token_ints * 4;

@@ -784,7 +784,7 @@ Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_bat
                         [&](std::vector<float>&, int64_t n) { elements += n; });
   return elements * static_cast<int64_t>(sizeof(float)) +
          gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
-                                gemm_bf16, gemm_bf16 && flash_attention)
+                                gemm_bf16, flash_attention)
              .bytes();
 }
 

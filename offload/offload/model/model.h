@@ -150,8 +150,8 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
 /// What the CUDA model (offload/cuda/cuda_model.h) allocates on the device for micro-batches of
 /// up to max_batch x max_seq_len tokens: its activations (the same buffers as the CPU model's)
 /// and its scratch (offload/model/gpu_sizes.h; with gemm_bf16 the bf16 GEMMs' and the GEMM
-/// attention's, or with flash_attention as well none of the GEMM attention's). Host code: the
-/// memory plan's GPU column. Errors: as ActivationBytes.
+/// attention's, or with flash_attention as well the flash kernels' in the GEMM attention's
+/// place). Host code: the memory plan's GPU column. Errors: as ActivationBytes.
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, bool gemm_bf16,
                                       bool flash_attention = false);
