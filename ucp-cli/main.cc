@@ -194,9 +194,13 @@ std::string DescribeParseError(const po::error& e, const Declared& d, const po::
 }
 
 int Run(int argc, char** argv) {
-  // Before any thread exists: SIGINT/SIGTERM remove this run's temporary outputs (io/interrupt.h).
-  io::StartInterruptWatcher(UCP_PROGRAM);
   const std::string first = argc < 2 ? "" : argv[1];
+  // Before any thread exists: SIGINT/SIGTERM remove this run's temporary outputs (io/interrupt.h).
+  // The line a signal prints names the command the user typed from this moment on: a signal
+  // that lands while the arguments are still being read must not say only "ucp".
+  const Command* typed = FindCommand(first);
+  io::StartInterruptWatcher(typed == nullptr ? std::string(UCP_PROGRAM)
+                                             : std::string(UCP_PROGRAM " ") + typed->name);
   if (argc < 2 || first == "--help" || first == "-h" || (first == "help" && argc == 2)) {
     PrintTopHelp(argc < 2 ? std::cerr : std::cout);
     return argc < 2 ? 2 : 0;
@@ -224,8 +228,7 @@ int Run(int argc, char** argv) {
     PrintCommandHelp(*cmd, std::cout);
     return 0;
   }
-  // A signal from here on names the command the user typed (under MPI every process speaks
-  // until the group is known; then only the root does, below).
+  // Under MPI every process speaks until the group is known; then only the root does, below.
   io::SetInterruptContext(std::string(UCP_PROGRAM " ") + cmd->name, true,
                           isatty(STDERR_FILENO) != 0);
   const bool as_json = WantsJson(argc, argv);
