@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 build=${1:-build}
 targets=(offload_cuda_cast_test offload_cuda_ops_test offload_cuda_pipeline_test
          offload_cuda_model_test offload_cuda_adam_test offload_cuda_train_test
-         offload_cuda_model_bench ucp_bench)
+         offload_nccl_test offload_cuda_model_bench ucp_bench)
 cmake --build "$build" -j2 --target "${targets[@]}"
 out=.gpu_bundle
 rm -rf "$out"

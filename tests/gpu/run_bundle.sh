@@ -79,7 +79,7 @@ step() {
   fi
 }
 
-for t in offload_cuda_cast_test offload_cuda_ops_test offload_cuda_adam_test \
+for t in offload_cuda_cast_test offload_cuda_ops_test offload_cuda_adam_test offload_nccl_test \
          offload_cuda_pipeline_test offload_cuda_model_test offload_cuda_train_test; do
   step "$t" 90 /tmp/ucp_gpu/bin/$t
   if [ "$step_rc" = 126 ]; then

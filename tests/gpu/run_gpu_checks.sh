@@ -15,7 +15,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DUCP_ENABLE_CUDA=ON
   -DCMAKE_CUDA_ARCHITECTURES="${1:-90}" >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target offload_cuda_cast_test offload_cuda_ops_test \
   offload_cuda_pipeline_test offload_cuda_model_test offload_cuda_adam_test \
-  offload_cuda_train_test ucp_bench
+  offload_cuda_train_test offload_nccl_test ucp_bench
 ctest --test-dir build-gpu -L gpu --output-on-failure
 # The model step on the GPU against the CPU in the same run (loss checked, TFLOP/s and MFU).
 build-gpu/bin/ucp-bench model --model gpt2-small --seq-len 1024 --batch 4 --threads "$(nproc)" \

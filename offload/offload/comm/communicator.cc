@@ -1,6 +1,6 @@
 // The parts of Communicator that every implementation shares: the size checks, the
-// deterministic collectives (built on AllToAll and AllGather, so MPI and NCCL give the same bits),
-// and the one-process communicator.
+// deterministic collectives (built on AllToAll and AllGather; the NCCL communicator repeats them
+// on the device, so host and GPUs give the same bits), and the one-process communicator.
 #include "offload/comm/communicator.h"
 
 #include <algorithm>
@@ -15,15 +15,15 @@
 namespace ucp::offload {
 namespace internal_comm {
 
-std::string Where(const Communicator& comm) {
+std::string Where(CommRanks comm) {
   return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
 }
 
-std::string Prefix(std::string_view op, const Communicator& comm) {
+std::string Prefix(std::string_view op, CommRanks comm) {
   return std::string(op) + " (" + Where(comm) + "): ";
 }
 
-Status CheckDisjoint(std::string_view op, const Communicator& comm, const void* in, size_t in_bytes,
+Status CheckDisjoint(std::string_view op, CommRanks comm, const void* in, size_t in_bytes,
                      const void* out, size_t out_bytes) {
   if (in_bytes == 0 || out_bytes == 0) return Status::Ok();
   const auto a = reinterpret_cast<uintptr_t>(in);
@@ -36,7 +36,7 @@ Status CheckDisjoint(std::string_view op, const Communicator& comm, const void* 
   return Status::Ok();
 }
 
-Status CheckReduceScatterSizes(std::string_view op, const Communicator& comm, size_t in,
+Status CheckReduceScatterSizes(std::string_view op, CommRanks comm, size_t in,
                                size_t out) {
   const auto p = static_cast<size_t>(comm.size());
   if (in % p != 0 || in / p != out) {
@@ -47,7 +47,7 @@ Status CheckReduceScatterSizes(std::string_view op, const Communicator& comm, si
   return Status::Ok();
 }
 
-Status CheckAllGatherSizes(std::string_view op, const Communicator& comm, size_t in, size_t out) {
+Status CheckAllGatherSizes(std::string_view op, CommRanks comm, size_t in, size_t out) {
   const auto p = static_cast<size_t>(comm.size());
   if (out % p != 0 || out / p != in) {
     return InvalidArgumentError(Prefix(op, comm) + "the output has " + std::to_string(out) +
@@ -57,7 +57,7 @@ Status CheckAllGatherSizes(std::string_view op, const Communicator& comm, size_t
   return Status::Ok();
 }
 
-Status CheckAllToAllSizes(std::string_view op, const Communicator& comm, size_t in, size_t out) {
+Status CheckAllToAllSizes(std::string_view op, CommRanks comm, size_t in, size_t out) {
   const auto p = static_cast<size_t>(comm.size());
   if (in != out) {
     return InvalidArgumentError(Prefix(op, comm) + "the input has " + std::to_string(in) +
@@ -73,7 +73,7 @@ Status CheckAllToAllSizes(std::string_view op, const Communicator& comm, size_t 
 
 namespace {
 
-Status CheckCounts(std::string_view op, const Communicator& comm, std::string_view which,
+Status CheckCounts(std::string_view op, CommRanks comm, std::string_view which,
                    std::span<const int64_t> counts, size_t span_size) {
   if (counts.size() != static_cast<size_t>(comm.size())) {
     return InvalidArgumentError(Prefix(op, comm) + std::to_string(counts.size()) + " " +
@@ -104,14 +104,14 @@ Status CheckCounts(std::string_view op, const Communicator& comm, std::string_vi
 
 }  // namespace
 
-Status CheckAllToAllVSizes(std::string_view op, const Communicator& comm, size_t in,
+Status CheckAllToAllVSizes(std::string_view op, CommRanks comm, size_t in,
                            std::span<const int64_t> send_counts, size_t out,
                            std::span<const int64_t> recv_counts) {
   UCP_RETURN_IF_ERROR(CheckCounts(op, comm, "send", send_counts, in));
   return CheckCounts(op, comm, "recv", recv_counts, out);
 }
 
-Status CheckRoot(std::string_view op, const Communicator& comm, int root) {
+Status CheckRoot(std::string_view op, CommRanks comm, int root) {
   if (root < 0 || root >= comm.size()) {
     return InvalidArgumentError(Prefix(op, comm) + "root " + std::to_string(root) +
                                 " is not a rank in [0, " + std::to_string(comm.size()) + ")");

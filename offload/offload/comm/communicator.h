@@ -1,7 +1,8 @@
 // The engine's communicator: the collectives that ZeRO data parallelism and Ulysses sequence
-// parallelism need, behind one interface. On CPU machines one MPI process stands in for one GPU
-// and MPI implements it (mpi_communicator.cc, Debian's OpenMPI); the CUDA engine implements the
-// same interface with NCCL, so the trainer is written once against Communicator.
+// parallelism need, behind one interface, on host buffers. On CPU machines one MPI process
+// stands in for one GPU and MPI implements it (mpi_communicator.cc, Debian's OpenMPI); the CUDA
+// engine's collectives on device memory are NCCL's (offload/cuda/nccl_communicator.h: the same
+// calls on device pointers and a stream, started over this one, adding in the same order).
 //
 // The collectives (P = size(), r = rank(); every process of the communicator calls each one, in
 // the same order, with the same sizes, else it is a caller bug that MPI may report or may hang on):

@@ -1,6 +1,7 @@
 // The kernel headers compiled for the host and run over simt_emulation.h's threads (cuda_platform.h).
-// The parameter gradients' column sums (cuda_column_kernels.h) against a double sum; the flash
-// attention kernels (cuda_flash_kernels.h): their tiling, masking, online softmax, the backward's two passes,
+// The parameter gradients' column sums (cuda_column_kernels.h) against a double sum; the ordered
+// sums (cuda_ordered_sum_kernels.h) bitwise against OrderedSum; the flash attention kernels
+// (cuda_flash_kernels.h): their tiling, masking, online softmax, the backward's two passes,
 // the group sums and every shared-memory index, against the double reference ops (ops::ref) on
 // the bf16-rounded inputs, with offload_cuda_ops_test's bounds for the GPU (bf16 probabilities
 // and dS: out and dqkv within 2e-2 of max(1, max |ref|), lse within 1e-4). Runs in CI, where no
@@ -12,6 +13,7 @@
 #define UCP_SIMT_EMULATION
 #include "offload/cuda/cuda_column_kernels.h"
 #include "offload/cuda/cuda_flash_kernels.h"
+#include "offload/cuda/cuda_ordered_sum_kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/comm/ordered_sum.h"
 #include "offload/cuda/expect_close.h"
 #include "offload/model/ops.h"
 #include "ucp/tensor/float_bits.h"
@@ -215,6 +218,33 @@ TEST(EmbeddingGradEmulated, MatchesTheReferenceAndTheSerialWalk) {
     for (int64_t c = 0; c < C; ++c) serial[tokens[n] * C + c] += dout[n * C + c];
   }
   EXPECT_EQ(0, std::memcmp(serial.data(), wte.data(), wte.size() * 4));
+}
+
+// The NCCL communicator's adds (cuda_ordered_sum_kernels.h) are OrderedSum's bits, in both orders,
+// for contribution counts with every shape of tree (odd, 2^a, 2^a times odd), on a grid smaller
+// than the elements (its stride). The values span many magnitudes, so that another order of the
+// adds would change bits: the two orders are checked to differ somewhere for the test's counts.
+TEST(OrderedSumEmulated, IsOrderedSumBitwise) {
+  const int64_t n = 1000;
+  for (int64_t count : {1, 2, 3, 4, 6, 8, 12, 16}) {
+    std::vector<float> parts = flash::Random(static_cast<size_t>(count * n), 80 + count);
+    for (size_t i = 0; i < parts.size(); ++i) parts[i] *= std::ldexp(1.0f, static_cast<int>(i % 29) - 14);
+    std::vector<float> sums[2];
+    for (int tree = 0; tree < 2; ++tree) {
+      SCOPED_TRACE("count " + std::to_string(count) + (tree ? " halving tree" : " rank order"));
+      std::vector<float> want(n), got(n, NAN);
+      ASSERT_TRUE(OrderedSum(parts, count, want,
+                             tree ? SumOrder::kHalvingTree : SumOrder::kRankOrder).ok());
+      simt::Launch(OrderedSumKernel, {2, 1, 1}, kOrderedSumThreads, 0, got.data(),
+                   static_cast<const float*>(parts.data()), count, n, tree != 0);
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), n * 4));
+      sums[tree] = got;
+    }
+    if (count == 4 || count == 8 || count == 16) {
+      EXPECT_NE(0, std::memcmp(sums[0].data(), sums[1].data(), n * 4)) << "count " << count;
+    }
+  }
+  EXPECT_EQ(simt::Violations(), std::vector<std::string>{});
 }
 
 }  // namespace
