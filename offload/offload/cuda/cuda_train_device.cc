@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,6 +20,9 @@
 #include "offload/cuda/cuda_ops.h"
 #include "offload/cuda/cuda_pipeline.h"
 #include "offload/cuda/cuda_status.h"
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+#include "offload/cuda/nccl_communicator.h"
+#endif
 #include "offload/model/model_graph.h"
 #include "offload/train/page_vector.h"
 #include "ucp/base/status_macros.h"
@@ -27,6 +31,11 @@ namespace ucp::offload::cuda {
 namespace {
 
 Status Cuda(cudaError_t err, const std::string& what) { return CudaStatus(err, what); }
+
+// The device memory of the data-parallel reduction (ReduceGradsToHost): the packed chunk, the
+// chunks every rank sent this one and the reduced block chunk, 2 P + 1 chunks in all, about
+// this many floats (128 MiB), so that it does not grow with the model.
+constexpr int64_t kReduceScratchFloats = int64_t{32} << 20;
 
 // With TrainDeviceSpec::stream_weights the device's weights, compute copy and gradients are the
 // WeightWindowBook's arena (the head, the embeddings and two layer windows), and the device is
@@ -61,7 +70,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     for (void* p : {static_cast<void*>(d_w32_), static_cast<void*>(d_w16_),
                     static_cast<void*>(d_grads_), static_cast<void*>(d_master_),
                     static_cast<void*>(d_m_), static_cast<void*>(d_v_),
-                    static_cast<void*>(d_norm_)}) {
+                    static_cast<void*>(d_norm_), static_cast<void*>(d_reduce_)}) {
       if (p) cudaFree(p);
     }
     if (stream_) cudaStreamDestroy(stream_);
@@ -145,7 +154,50 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     UCP_RETURN_IF_ERROR(Register(spec_.h_grads.data(), hn * 4, "host gradients"));
     UCP_RETURN_IF_ERROR(Register(spec_.h_weights32.data(), w32 * 4, "host fp32 weights"));
     if (lowp()) UCP_RETURN_IF_ERROR(Register(spec_.h_weights16.data(), hn * 2, "host weights"));
+    return InitReduce();
+  }
+
+  // The data-parallel reduction on the GPUs (TrainDeviceSpec::reduce): NCCL's communicator,
+  // started over the host's (a collective: every rank's device gets here in the same order), and
+  // the scratch of one chunk. Without NCCL in the build, the chunks are reduced on the host.
+  Status InitReduce() {
+    if (spec_.reduce.comm == nullptr) return Status::Ok();
+    const int64_t ranks = spec_.reduce.comm->size();
+    const int64_t chunk =
+        spec_.reduce.chunk > 0
+            ? spec_.reduce.chunk
+            : std::max<int64_t>(
+                  1, std::min(spec_.reduce.block, kReduceScratchFloats / (2 * ranks + 1)));
+    UCP_ASSIGN_OR_RETURN(reduce_chunks_,
+                         PlanDeviceReduce(spec_, model_.num_params(), chunk, "CUDA device"));
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+    UCP_ASSIGN_OR_RETURN(const bool shared, SharesAGpu(*spec_.reduce.comm));
+    if (shared) return Status::Ok();  // NCCL takes one rank per GPU: the host reduces
+    UCP_ASSIGN_OR_RETURN(nccl_, NcclCommunicator::Create(*spec_.reduce.comm, device_),
+                         "CUDA device: the GPUs' communicator");
+    reduce_floats_ = (2 * ranks + 1) * chunk;
+    UCP_RETURN_IF_ERROR(Alloc(&d_reduce_, reduce_floats_ * 4, "the reduction's chunk"));
+#endif
     return Status::Ok();
+  }
+
+  // Whether two ranks of `comm` run on one GPU (several processes on a machine with fewer
+  // GPUs): each rank's GPU UUID summed into its own slots (int64 sums are exact), compared.
+  static Result<bool> SharesAGpu(Communicator& comm) {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    UCP_RETURN_IF_ERROR(Cuda(cudaGetDevice(&dev), "CUDA device: current device"));
+    UCP_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, dev), "CUDA device: its UUID"));
+    std::vector<int64_t> ids(2 * static_cast<size_t>(comm.size()), 0);
+    std::memcpy(&ids[2 * static_cast<size_t>(comm.rank())], prop.uuid.bytes, 16);
+    UCP_RETURN_IF_ERROR(comm.AllReduce(std::span<int64_t>(ids), ReduceOp::kSum),
+                        "CUDA device: the ranks' GPUs");
+    for (size_t a = 0; a < ids.size(); a += 2) {
+      for (size_t b = a + 2; b < ids.size(); b += 2) {
+        if (ids[a] == ids[b] && ids[a + 1] == ids[b + 1]) return true;
+      }
+    }
+    return false;
   }
 
   std::string Describe() const override {
@@ -163,7 +215,11 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
            (packed_ ? "; fp32 compute copy packed to the " + std::to_string(packed_->elements()) +
                           " parameters no GEMM reads"
                     : "") +
-           (book_ ? "; weights streamed: the embeddings, the head and 2 layer windows" : "");
+           (book_ ? "; weights streamed: the embeddings, the head and 2 layer windows" : "") +
+           (d_reduce_ != nullptr ? "; gradients reduce-scattered on the GPUs (NCCL)"
+            : spec_.reduce.comm != nullptr
+                ? "; gradients reduced on the host (no NCCL, or ranks sharing a GPU)"
+                : "");
   }
 
   Status UploadWeights() override {
@@ -300,6 +356,55 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     return Cuda(cudaStreamSynchronize(stream_), "gradients to the host");
   }
 
+  // On the GPUs: each chunk packed on the device from its gradients (the view's padding zero),
+  // reduce-scattered over NCCL with the adds in rank order (NcclCommunicator::
+  // ReduceScatterDeterministic: the host communicator's bits), and this rank's reduced chunk
+  // copied to the host: 1/P of the gradients cross the host link.
+  Status ReduceGradsToHost(std::span<float> h_block) override {
+    if (spec_.reduce.comm == nullptr) return TrainDevice::ReduceGradsToHost(h_block);
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+    if (nccl_ != nullptr) return ReduceOnGpus(h_block);
+#endif
+    // No NCCL (the build's, or ranks sharing a GPU): the host's reduction of the same chunks.
+    UCP_RETURN_IF_ERROR(GradsToHost());
+    return ReduceChunksOnHost(reduce_chunks_, *spec_.reduce.comm, spec_.reduce.block, spec_.h_grads,
+                              h_block, "CUDA device");
+  }
+
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+  Status ReduceOnGpus(std::span<float> h_block) {
+    if (static_cast<int64_t>(h_block.size()) != spec_.reduce.block) {
+      return InvalidArgumentError("CUDA device: the block holds " + std::to_string(h_block.size()) +
+                                  " floats, not " + std::to_string(spec_.reduce.block));
+    }
+    UCP_RETURN_IF_ERROR(AfterModel(stream_));
+    const int64_t ranks = nccl_->size();
+    for (const ReduceChunk& c : reduce_chunks_) {
+      float* packed = d_reduce_;
+      float* received = packed + ranks * c.n;
+      float* reduced = received + ranks * c.n;
+      const std::string what = "reducing gradients (block elements " + std::to_string(c.begin) +
+                               " to " + std::to_string(c.begin + c.n) + ")";
+      UCP_RETURN_IF_ERROR(
+          Cuda(cudaMemsetAsync(packed, 0, static_cast<size_t>(ranks * c.n) * 4, stream_), what));
+      for (const ReduceChunk::Copy& cp : c.copies) {
+        UCP_RETURN_IF_ERROR(
+            Cuda(cudaMemcpyAsync(packed + cp.to, d_grads_ + cp.from, static_cast<size_t>(cp.n) * 4,
+                                 cudaMemcpyDeviceToDevice, stream_),
+                 what));
+      }
+      UCP_RETURN_IF_ERROR(nccl_->ReduceScatterDeterministic(packed, reduced, c.n, received,
+                                                            SumOrder::kRankOrder, stream_),
+                          what);
+      UCP_RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(h_block.data() + c.begin, reduced, static_cast<size_t>(c.n) * 4,
+                               cudaMemcpyDeviceToHost, stream_),
+               what));
+    }
+    return nccl_->Synchronize(stream_);
+  }
+#endif
+
   Status GroupGradsToHost(int group) override {
     UCP_RETURN_IF_ERROR(NotStaged("GroupGradsToHost"));
     if (group < 0 || group >= static_cast<int>(group_ranges_.size())) {
@@ -422,7 +527,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       return book_->elements() * (8 + (spec_.weights == LowpDType::kBf16 ? 2 : 0));
     }
     const int64_t n = model_.num_params();
-    return n * 4 + w32_elements() * 4 + (lowp() ? n * 2 : 0) + pieces_n_ * 12;
+    return n * 4 + w32_elements() * 4 + (lowp() ? n * 2 : 0) + pieces_n_ * 12 + reduce_floats_ * 4;
   }
   int64_t streamed_bytes() const override { return moved_; }
   int64_t staged_bytes() const override { return staged_bytes_; }
@@ -644,6 +749,14 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   float* d_m_ = nullptr;
   float* d_v_ = nullptr;
   uint8_t* d_norm_ = nullptr;  // GradNormChunks: the chunks' doubles, then their floats
+  // ReduceGradsToHost: its chunks, and on the GPUs NCCL and one chunk's scratch (packed,
+  // received, reduced).
+  std::vector<ReduceChunk> reduce_chunks_;
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+  std::unique_ptr<NcclCommunicator> nccl_;
+#endif
+  float* d_reduce_ = nullptr;
+  int64_t reduce_floats_ = 0;
   int64_t pieces_n_ = 0;
   int64_t staged_bytes_ = 0;
   std::optional<WeightWindowBook> book_;  // streamed weights; empty: resident

@@ -1,6 +1,7 @@
 // GPU check (label gpu): `ucp-train --device cuda` (the trainer over cuda_train_device.h) against
 // the CPU engine, and its checkpoints across engines and layouts. Skips where no CUDA device
-// exists; tests/gpu/run_bundle.sh runs it on one (a skip there fails the run).
+// exists; tests/gpu/run_bundle.sh runs it on one (a skip there fails the run). Also the
+// data-parallel reduction on the GPU (ReduceGradsToHost over NCCL) with one rank.
 //
 // Tolerances: with fp32 GEMMs (--gpu-gemm fp32) the first step computes on the same weights, so
 // its loss is within 1e-5 relative of the CPU's (CudaModel's bound, cuda_model_test); later
@@ -14,24 +15,32 @@
 // difference: one engine's forward against the other's on identical weights).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_train_device.h"
+#include "offload/train/page_vector.h"
 #include "offload/train/device_check_config.h"
 #include "offload/train/trainer.h"
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
+#include "ucp/tensor/float_bits.h"
 
 namespace ucp::offload::cuda {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::ucp::testing::StatusIs;
 
 fs::path WriteText(const fs::path& dir) { return WriteDeviceCheckText(dir); }
 
@@ -371,6 +380,73 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaTailTest,
                          ::testing::Values(std::make_pair("llama-tiny", "bf16"),
                                            std::make_pair("gpt-tiny", "bf16"),
                                            std::make_pair("llama-tiny-tied", "fp16")));
+
+// The reduction on the GPUs (ReduceGradsToHost over NCCL) with the one rank a lent machine has:
+// the packing into the flat view (two pieces swapped, padding before, between and after them),
+// chunk by chunk (chunks of 1000 cross both pieces), NCCL's all-to-all and the device's ordered
+// sum: the block must be the device's gradients at the pieces' places, bitwise, and zero in the
+// padding. Several GPUs run the same path under mpirun (engine_elastic-style runs with
+// --device cuda; not available on a one-GPU machine).
+TEST(CudaReduce, OneRankBlockIsTheGradientsBitwise) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ModelConfig mc;
+  mc.family = Family::kLlama;
+  mc.vocab = 301;
+  mc.padded_vocab = 320;
+  mc.hidden = 96;
+  mc.layers = 2;
+  mc.heads = 6;
+  mc.kv_heads = 2;
+  mc.head_dim = 16;
+  mc.ffn_hidden = 160;
+  mc.max_positions = 64;
+  UCP_ASSERT_OK_AND_ASSIGN(Model cpu, Model::Create(mc, 1, 32, 1));
+  const int64_t n = cpu.num_params(), half = n / 2;
+  PageVector<float> grads(static_cast<size_t>(n));
+  PageVector<uint16_t> w16(static_cast<size_t>(n));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  for (uint16_t& w : w16) w = Bf16FromFloat(normal(rng));
+  std::unique_ptr<Communicator> self = SelfCommunicator();
+  TrainDeviceSpec spec;
+  spec.model = mc;
+  spec.weights = LowpDType::kBf16;
+  spec.max_batch = 1;
+  spec.seq_len = 32;
+  spec.h_grads = grads;
+  spec.h_weights16 = w16;
+  spec.reduce.comm = self.get();
+  spec.reduce.block = n + 40;  // 7 before, 20 between, 13 after
+  spec.reduce.pieces = {{0, half, 7, n - half}, {0, 0, 7 + (n - half) + 20, half}};
+  spec.reduce.chunk = 1000;
+  UCP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<TrainDevice> dev, MakeCudaTrainDevice(spec));
+  UCP_ASSERT_OK(dev->UploadWeights());
+  UCP_ASSERT_OK(dev->ZeroGrads());
+  std::vector<int32_t> in(32), tg(32);
+  for (size_t i = 0; i < in.size(); ++i) {
+    in[i] = static_cast<int32_t>((i * 37 + 11) % 301);
+    tg[i] = static_cast<int32_t>((i * 53 + 5) % 301);
+  }
+  Batch b;
+  b.inputs = in;
+  b.targets = tg;
+  b.batch = 1;
+  b.seq_len = 32;
+  UCP_ASSERT_OK(dev->ForwardBackward(b, 1.0f, nullptr).status());
+  UCP_ASSERT_OK(dev->GradsToHost());
+  std::vector<float> block(static_cast<size_t>(n + 40), NAN);
+  UCP_ASSERT_OK(dev->ReduceGradsToHost(block));
+  std::vector<float> want(block.size(), 0.0f);
+  std::copy(grads.begin() + half, grads.end(), want.begin() + 7);
+  std::copy(grads.begin(), grads.begin() + half, want.begin() + 7 + (n - half) + 20);
+  EXPECT_EQ(0, std::memcmp(want.data(), block.data(), want.size() * 4));
+  size_t nonzero = 0;
+  for (float g : grads) nonzero += g != 0.0f ? 1 : 0;
+  EXPECT_GT(nonzero, static_cast<size_t>(n / 2)) << "the gradients should not be mostly zero";
+  std::vector<float> short_block(10);
+  EXPECT_THAT(dev->ReduceGradsToHost(short_block),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("the block holds 10 floats")));
+}
 
 }  // namespace
 }  // namespace ucp::offload::cuda

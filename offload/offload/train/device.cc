@@ -76,11 +76,19 @@ class CopyQueue {
   std::thread thread_;
 };
 
+// The twin's reduction (ReduceGradsToHost) in chunks this long: small, so that the tests' tiny
+// models cross several chunk boundaries, inside pieces too.
+constexpr int64_t kTwinReduceChunk = 1000;
+
 class CpuTwinDevice final : public TrainDevice {
  public:
   CpuTwinDevice(TrainDeviceSpec spec, Model model,
-                std::vector<std::pair<int64_t, int64_t>> group_ranges)
-      : spec_(std::move(spec)), model_(std::move(model)), group_ranges_(std::move(group_ranges)) {
+                std::vector<std::pair<int64_t, int64_t>> group_ranges,
+                std::vector<ReduceChunk> reduce_chunks)
+      : spec_(std::move(spec)),
+        model_(std::move(model)),
+        group_ranges_(std::move(group_ranges)),
+        reduce_chunks_(std::move(reduce_chunks)) {
     const size_t n = static_cast<size_t>(model_.num_params());
     w32_.assign(n, 0.0f);
     grads_.assign(n, 0.0f);
@@ -284,6 +292,13 @@ class CpuTwinDevice final : public TrainDevice {
   bool SumsGradNorm() const override { return true; }
   int64_t staged_bytes() const override { return staged_bytes_; }
 
+  // The GPU's chunks, packed and reduce-scattered on the host.
+  Status ReduceGradsToHost(std::span<float> h_block) override {
+    if (spec_.reduce.comm == nullptr) return TrainDevice::ReduceGradsToHost(h_block);
+    return ReduceChunksOnHost(reduce_chunks_, *spec_.reduce.comm, spec_.reduce.block, grads_,
+                              h_block, "twin device");
+  }
+
  private:
   bool lowp() const { return spec_.weights != LowpDType::kFp32; }
   Status NotStaged(const char* what) const { return CheckNotStaged(spec_, "twin device", what); }
@@ -300,6 +315,7 @@ class CpuTwinDevice final : public TrainDevice {
   TrainDeviceSpec spec_;
   Model model_;
   std::vector<std::pair<int64_t, int64_t>> group_ranges_;
+  std::vector<ReduceChunk> reduce_chunks_;
   std::vector<float> w32_, grads_, master_, m_, v_;
   std::vector<uint16_t> w16_;
   int64_t pieces_n_ = 0;
@@ -673,6 +689,76 @@ Status CheckStagedSpec(const TrainDeviceSpec& spec, int64_t numel, const char* w
   return Status::Ok();
 }
 
+Result<std::vector<ReduceChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, int ranks,
+                                                  int64_t numel, int64_t chunk) {
+  const std::string who = "the devices' reduction";
+  if (chunk < 1 || ranks < 1 || spec.block < 0) {
+    return InvalidArgumentError(who + ": chunks of " + std::to_string(chunk) + " elements of " +
+                                std::to_string(ranks) + " blocks of " + std::to_string(spec.block));
+  }
+  std::vector<ReduceChunk> chunks;
+  for (int64_t b = 0; b < spec.block; b += chunk) {
+    chunks.push_back({b, std::min(chunk, spec.block - b), {}});
+  }
+  // Pieces in block order, so that each chunk's copies come in packed order.
+  std::vector<FlatPiece> pieces = spec.pieces;
+  std::sort(pieces.begin(), pieces.end(), [](const FlatPiece& a, const FlatPiece& b) {
+    return a.block != b.block ? a.block < b.block : a.flat_offset < b.flat_offset;
+  });
+  for (const FlatPiece& pc : pieces) {
+    if (pc.block < 0 || pc.block >= ranks || pc.n < 0 || pc.flat_offset < 0 ||
+        pc.flat_offset > spec.block - pc.n || pc.model_offset < 0 ||
+        pc.model_offset > numel - pc.n) {
+      return InvalidArgumentError(
+          who + ": the piece of " + std::to_string(pc.n) + " elements at model element " +
+          std::to_string(pc.model_offset) + " -> block " + std::to_string(pc.block) + " element " +
+          std::to_string(pc.flat_offset) + " is outside the model (" + std::to_string(numel) +
+          "), its block (" + std::to_string(spec.block) + ") or the ranks (" +
+          std::to_string(ranks) + ")");
+    }
+    // A piece may cross chunk boundaries: a copy per chunk it touches.
+    for (int64_t at = pc.flat_offset; at < pc.flat_offset + pc.n;) {
+      ReduceChunk& c = chunks[static_cast<size_t>(at / chunk)];
+      const int64_t len = std::min(pc.flat_offset + pc.n, c.begin + c.n) - at;
+      c.copies.push_back(
+          {pc.model_offset + (at - pc.flat_offset), int64_t{pc.block} * c.n + (at - c.begin), len});
+      at += len;
+    }
+  }
+  return chunks;
+}
+
+Status ReduceChunksOnHost(std::span<const ReduceChunk> chunks, Communicator& comm, int64_t block,
+                          std::span<const float> grads, std::span<float> h_block, const char* who) {
+  if (static_cast<int64_t>(h_block.size()) != block) {
+    return InvalidArgumentError(std::string(who) + ": the block holds " +
+                                std::to_string(h_block.size()) + " floats, not " +
+                                std::to_string(block));
+  }
+  const auto ranks = static_cast<size_t>(comm.size());
+  std::vector<float> packed;
+  for (const ReduceChunk& c : chunks) {
+    packed.assign(ranks * static_cast<size_t>(c.n), 0.0f);  // the view's padding is zero
+    for (const ReduceChunk::Copy& cp : c.copies) {
+      std::memcpy(packed.data() + cp.to, grads.data() + cp.from, static_cast<size_t>(cp.n) * 4);
+    }
+    UCP_RETURN_IF_ERROR(comm.ReduceScatterDeterministic(
+        packed, h_block.subspan(static_cast<size_t>(c.begin), static_cast<size_t>(c.n))));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
+                                                  int64_t chunk, const char* who) {
+  if (spec.reduce.comm == nullptr) return std::vector<ReduceChunk>{};
+  if (spec.stream_weights || spec.host_window != 0 || !spec.device_pieces.empty()) {
+    return InvalidArgumentError(std::string(who) +
+                                ": the reduction on the devices needs "
+                                "resident weights and whole host buffers, without device pieces");
+  }
+  return PlanReduceChunks(spec.reduce, spec.reduce.comm->size(), numel, chunk);
+}
+
 Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& spec) {
   UCP_ASSIGN_OR_RETURN(Model model, Model::Create(spec.model, spec.max_batch, spec.seq_len,
                                                   spec.threads));
@@ -689,6 +775,10 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
                                 std::to_string(n) + " parameters");
   }
   UCP_ASSIGN_OR_RETURN(auto ranges, GradGroupRanges(spec.model));
+  UCP_ASSIGN_OR_RETURN(
+      auto chunks,
+      PlanDeviceReduce(spec, n, spec.reduce.chunk > 0 ? spec.reduce.chunk : kTwinReduceChunk,
+                       "twin device"));
   if (spec.stream_weights) {
     if (!spec.device_pieces.empty()) {
       return InvalidArgumentError("twin device: streamed weights hold no device pieces "
@@ -697,8 +787,8 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
     return std::unique_ptr<TrainDevice>(
         std::make_unique<CpuTwinStreamedDevice>(spec, std::move(model), std::move(ranges)));
   }
-  return std::unique_ptr<TrainDevice>(
-      std::make_unique<CpuTwinDevice>(spec, std::move(model), std::move(ranges)));
+  return std::unique_ptr<TrainDevice>(std::make_unique<CpuTwinDevice>(
+      spec, std::move(model), std::move(ranges), std::move(chunks)));
 }
 
 }  // namespace ucp::offload

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "offload/comm/communicator.h"
 #include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
 #include "offload/optim/adam.h"
@@ -35,6 +36,67 @@ struct DevicePiece {
   int64_t state_offset = 0;
   int64_t n = 0;
 };
+
+/// Model elements [model_offset, model_offset + n) of the gradient are elements
+/// [flat_offset, flat_offset + n) of block `block` of the ZeRO flat view (the trainer's pieces).
+struct FlatPiece {
+  int block = 0;
+  int64_t model_offset = 0;
+  int64_t flat_offset = 0;
+  int64_t n = 0;
+};
+
+/// Several processes, each with a device, at ZeRO stages 1-3 with --pipeline sync: the step's
+/// reduce-scatter of the gradients runs where they are (TrainDevice::ReduceGradsToHost), so only
+/// each rank's block crosses to the host.
+struct DeviceReduceSpec {
+  /// The data-parallel ranks (the host's communicator: a GPU device starts NCCL's over it);
+  /// null: the host reduces (GradsToHost, then the trainer's reduce-scatter).
+  Communicator* comm = nullptr;
+  /// Elements per block of the flat view; comm->size() blocks.
+  int64_t block = 0;
+  /// Every block's pieces; the view's other elements (padding) are zero.
+  std::vector<FlatPiece> pieces;
+  /// Block elements reduced at once (PlanReduceChunks); 0: the device's choice (the twin's
+  /// small, a GPU's from its scratch budget). Tests set it to cross chunk boundaries.
+  int64_t chunk = 0;
+};
+
+/// ReduceGradsToHost's unit of work: block elements [begin, begin + n) of every block at once,
+/// packed as ranks x n floats (block r's at r n) by `copies` from the model's gradient, the rest
+/// of the packed floats zero (the view's padding). Reduced, its n floats are h_block's
+/// [begin, begin + n). The CPU twin and the GPU run the same chunks.
+struct ReduceChunk {
+  struct Copy {
+    int64_t from = 0;  ///< model element
+    int64_t to = 0;    ///< packed element
+    int64_t n = 0;
+  };
+  int64_t begin = 0;
+  int64_t n = 0;
+  std::vector<Copy> copies;
+};
+
+/// The chunks of `chunk` block elements (the last one shorter) that cover spec.block, for
+/// `ranks` blocks of a model of `numel` elements.
+/// Errors: kInvalidArgument (a piece outside the model, its block or [0, ranks); chunk < 1).
+Result<std::vector<ReduceChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, int ranks,
+                                                  int64_t numel, int64_t chunk);
+
+struct TrainDeviceSpec;
+/// PlanReduceChunks for spec.reduce, after checking it against the rest of the spec (resident
+/// weights, whole host buffers, no device pieces); no reduce spec: no chunks. `who` names the
+/// device in errors. Errors: kInvalidArgument.
+Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
+                                                  int64_t chunk, const char* who);
+
+/// ReduceGradsToHost on the host (the CPU twin's; a GPU's without NCCL, after GradsToHost):
+/// the model's gradients `grads` packed chunk by chunk and reduce-scattered over `comm` (rank
+/// order) into h_block, which must hold `block` floats. `who` names the device in errors.
+/// Errors: kInvalidArgument (h_block's size), those of the communicator.
+Status ReduceChunksOnHost(std::span<const ReduceChunk> chunks, Communicator& comm, int64_t block,
+                          std::span<const float> grads, std::span<float> h_block,
+                          const char* who);
 
 /// What the trainer tells the device when it is made.
 struct TrainDeviceSpec {
@@ -83,6 +145,9 @@ struct TrainDeviceSpec {
   /// no streaming, no device pieces); UploadWeights, GradsToHost, GroupGradsToHost and the
   /// pipeline are then refused.
   int64_t host_window = 0;
+  /// The step's reduction on the devices (see DeviceReduceSpec); comm null: none. Resident
+  /// weights with whole host buffers only (no streaming, no staging, no device pieces).
+  DeviceReduceSpec reduce;
 };
 
 /// What the overlapped pipeline (--pipeline overlap, offload/engine/pipeline.h) moves on the
@@ -197,6 +262,18 @@ class TrainDevice {
   /// weights: not all the gradients are on the device). Where it does, the overlapped pipeline
   /// also leaves the host's sums as the buckets land undone.
   virtual bool SumsGradNorm() const { return false; }
+  /// TrainDeviceSpec::reduce given: the step's gradients summed over reduce.comm's ranks, and
+  /// block rank() of the sum in the flat view into `h_block` (reduce.block floats), after the
+  /// backward queued so far. The bits are Communicator::ReduceScatterDeterministic's (rank
+  /// order) over every rank's gradients packed into the view, chunk by chunk (PlanReduceChunks):
+  /// the host trainer's reduction. Only the block crosses to the host: on GPUs the packing and
+  /// the sums are the devices' (NCCL, nccl_communicator.h).
+  /// Errors: kFailedPrecondition (no reduce spec), kInvalidArgument (h_block's size), those of
+  /// the communicators (kDeviceError, kIoError).
+  virtual Status ReduceGradsToHost(std::span<float> h_block) {
+    (void)h_block;
+    return FailedPreconditionError("this device leaves the gradients' reduction to the host");
+  }
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;
   /// Bytes through the staged windows (TrainDeviceSpec::host_window) since the device was made:

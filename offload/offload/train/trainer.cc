@@ -472,6 +472,7 @@ struct Trainer::Impl {
   // last: destroyed first, while the host buffers it registered are still alive.
   std::unique_ptr<TrainDevice> device;
   std::vector<char> piece_on_device;  // per piece of block_pieces[0]: stepped by the device Adam
+  bool device_reduces = false;        // the step's reduce-scatter is the device's (SetUpDevice)
   Status SetUpDevice(const AdamConfig& ac);
   // The memory plan's input for this run (Plan, and --weights auto).
   PlanInput MakePlanInput(const ModelConfig& mc, const layout::Layout& l) const;
@@ -1582,6 +1583,20 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
       }
     }
   }
+  // Several processes at ZeRO 1-3, synchronous: the reduce-scatter runs on the devices, and
+  // only each rank's block comes to the host (TrainDevice::ReduceGradsToHost), with the bits of
+  // the host's reduction below. (Overlapped, each bucket still crosses whole to be reduced on
+  // the host; streamed and staged buffers keep theirs.)
+  if (world > 1 && blocks > 1 && opts.pipeline == "sync" && !staged() && !ds.stream_weights) {
+    ds.reduce.comm = comm;
+    ds.reduce.block = block_size;
+    for (int r = 0; r < blocks; ++r) {
+      for (const Piece& pc : block_pieces[static_cast<size_t>(r)]) {
+        ds.reduce.pieces.push_back({r, pc.coff, pc.foff, pc.n});
+      }
+    }
+    device_reduces = true;
+  }
   UCP_ASSIGN_OR_RETURN(device,
                        opts.device == "twin" ? MakeCpuTwinDevice(ds) : opts.device_factory(ds),
                        "--device " + opts.device);
@@ -2402,7 +2417,7 @@ Result<StepRecord> Trainer::Step() {
     }
     // The device's gradients come to the host (pinned), where the rest of the step is the
     // CPU engine's (staged host buffers: window by window, below).
-    if (t.device != nullptr && !t.staged()) {
+    if (t.device != nullptr && !t.staged() && !t.device_reduces) {
       UCP_RETURN_IF_ERROR(t.device->GradsToHost(), "step " + std::to_string(rec.step));
     }
   }
@@ -2418,6 +2433,10 @@ Result<StepRecord> Trainer::Step() {
   std::span<float> g = t.grads;
   const bool reduced = t.pipeline != nullptr && t.world > 1;
   if (t.blocks > 1 && reduced) {
+    g = t.gblock;
+  } else if (t.device_reduces) {
+    // Where the gradients are: only this rank's block crosses (the same bits as below).
+    UCP_RETURN_IF_ERROR(t.device->ReduceGradsToHost(t.gblock), "reducing gradients");
     g = t.gblock;
   } else if (t.blocks > 1 && t.staged()) {
     // (No --deterministic on a device.)

@@ -275,6 +275,70 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("llama-tiny-tied", "bf16", "overlap", false, true),
                       std::make_tuple("gpt-tiny", "fp16", "overlap", true, true)));
 
+// The chunks of the devices' reduction (PlanReduceChunks): packing every chunk by its copies,
+// zero elsewhere, gives exactly the flat view's chunk (every block's [begin, begin + n), block r
+// at r n), for pieces that cross chunk boundaries, padding between and after them, a shorter
+// last chunk, and pieces given out of order; misplaced pieces and empty chunks are refused.
+TEST(PlanReduceChunks, PackEveryBlocksChunk) {
+  const int ranks = 3;
+  const int64_t numel = 40, block = 17;
+  DeviceReduceSpec spec;
+  spec.block = block;
+  // Block 0: model [0, 10) at 0, [10, 15) at 12 (padding 10-11, 17); block 1: [15, 30) at 1;
+  // block 2: [30, 40) at 7 (padding 0-6). Given out of order.
+  spec.pieces = {{2, 30, 7, 10}, {0, 10, 12, 5}, {1, 15, 1, 15}, {0, 0, 0, 10}};
+  std::vector<float> grads(static_cast<size_t>(numel));
+  for (int64_t i = 0; i < numel; ++i) grads[static_cast<size_t>(i)] = static_cast<float>(i + 1);
+  std::vector<float> flat(static_cast<size_t>(ranks * block), 0.0f);
+  for (const FlatPiece& pc : spec.pieces) {
+    for (int64_t i = 0; i < pc.n; ++i) {
+      flat[static_cast<size_t>(pc.block * block + pc.flat_offset + i)] =
+          grads[static_cast<size_t>(pc.model_offset + i)];
+    }
+  }
+  for (int64_t chunk : {1, 4, 5, 16, 17, 100}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    UCP_ASSERT_OK_AND_ASSIGN(std::vector<ReduceChunk> chunks,
+                             PlanReduceChunks(spec, ranks, numel, chunk));
+    int64_t next = 0;
+    for (const ReduceChunk& c : chunks) {
+      EXPECT_EQ(c.begin, next);
+      EXPECT_EQ(c.n, std::min(chunk, block - c.begin));
+      next = c.begin + c.n;
+      std::vector<float> packed(static_cast<size_t>(ranks * c.n), 0.0f);
+      for (const ReduceChunk::Copy& cp : c.copies) {
+        ASSERT_GE(cp.from, 0);
+        ASSERT_LE(cp.from + cp.n, numel);
+        ASSERT_GE(cp.to, 0);
+        ASSERT_LE(cp.to + cp.n, ranks * c.n);
+        for (int64_t i = 0; i < cp.n; ++i) {
+          packed[static_cast<size_t>(cp.to + i)] = grads[static_cast<size_t>(cp.from + i)];
+        }
+      }
+      for (int r = 0; r < ranks; ++r) {
+        for (int64_t i = 0; i < c.n; ++i) {
+          EXPECT_EQ(packed[static_cast<size_t>(r * c.n + i)],
+                    flat[static_cast<size_t>(r * block + c.begin + i)])
+              << "block " << r << " element " << c.begin + i;
+        }
+      }
+    }
+    EXPECT_EQ(next, block);
+  }
+  DeviceReduceSpec bad = spec;
+  bad.pieces.push_back({1, 0, 10, 8});  // past its block's 17
+  EXPECT_THAT(PlanReduceChunks(bad, ranks, numel, 4).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("outside")));
+  bad.pieces.back() = {3, 0, 0, 1};  // no rank 3
+  EXPECT_THAT(PlanReduceChunks(bad, ranks, numel, 4).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("outside")));
+  bad.pieces.back() = {0, 39, 0, 2};  // past the model
+  EXPECT_THAT(PlanReduceChunks(bad, ranks, numel, 4).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("outside")));
+  EXPECT_THAT(PlanReduceChunks(spec, ranks, numel, 0).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("chunks of 0")));
+}
+
 // The book of streamed weights: in the graph's order (forward, then backward) each group sits
 // at an offset congruent to its model offset modulo kAlign, inside the arena, never overlapping
 // another group held or loaded at the same time; forward's last two layers, still in the

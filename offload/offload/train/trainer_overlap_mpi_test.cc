@@ -193,9 +193,10 @@ INSTANTIATE_TEST_SUITE_P(
     Name);
 
 // The trainer's device code path (device.h) with several processes, through the CPU twin
-// device: gradients from the "device" reduced over the ranks on the host (reduce-scatter at
-// ZeRO 1-3, all-reduce at 0), masters gathered, weights back to every rank's "device": bitwise
-// the CPU trainer at the same layout (what `--device cuda` does with one GPU per rank).
+// device: gradients reduced over the ranks (sync at ZeRO 1-3: by the device, chunk by chunk,
+// only the rank's block reaching the trainer, as the GPUs do over NCCL; overlapped and at ZeRO
+// 0: on the host), masters gathered, weights back to every rank's "device": bitwise the CPU
+// trainer at the same layout (what `--device cuda` does with one GPU per rank).
 class DeviceTwinMpiTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DeviceTwinMpiTest, BitwiseTheCpuTrainer) {
