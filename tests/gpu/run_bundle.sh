@@ -25,6 +25,16 @@ cuda_lib=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/lib 2>/dev/null | tr '\n'
 # The CUDA image's pip wheels (nvidia-cublas, ...) also hold the CUDA 13 libraries: a fallback.
 wheel_libs=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH=/tmp/ucp_gpu/lib:${cuda_lib}${wheel_libs}${LD_LIBRARY_PATH:-}
+# NCCL (the trainer's device and offload_nccl_test link it; 200 MB, too large to carry): the
+# image's own, wherever a package put it, when the paths above lack it.
+have_nccl=0
+ldconfig -p | grep -q 'libnccl\.so\.2' && have_nccl=1
+IFS=: read -ra lib_dirs <<<"$LD_LIBRARY_PATH"
+for d in "${lib_dirs[@]}"; do [ -n "$d" ] && [ -e "$d/libnccl.so.2" ] && have_nccl=1; done
+if [ "$have_nccl" = 0 ]; then
+  nccl=$(find / -xdev -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
+  [ -n "$nccl" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$nccl")
+fi
 # The trainer tests read the presets (patterns/) from the working tree carried here.
 export UCP_DATA_DIR=$PWD
 start=$(date +%s)
