@@ -175,7 +175,15 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     if (shared) return Status::Ok();  // NCCL takes one rank per GPU: the host reduces
     UCP_ASSIGN_OR_RETURN(nccl_, NcclCommunicator::Create(*spec_.reduce.comm, device_),
                          "CUDA device: the GPUs' communicator");
-    reduce_floats_ = (2 * ranks + 1) * chunk;
+    if (spec_.reduce.all_reduce) {
+      // In place, a chunk of the gradients at a time; its scratch is about 2 + 1/P chunks.
+      all_reduce_chunk_ = std::max<int64_t>(
+          1, std::min(model_.num_params(), spec_.reduce.chunk > 0 ? spec_.reduce.chunk
+                                                                   : kReduceScratchFloats / 3));
+      reduce_floats_ = nccl_->AllReduceDeterministicScratch(all_reduce_chunk_);
+    } else {
+      reduce_floats_ = (2 * ranks + 1) * chunk;
+    }
     UCP_RETURN_IF_ERROR(Alloc(&d_reduce_, reduce_floats_ * 4, "the reduction's chunk"));
 #endif
     return Status::Ok();
@@ -216,10 +224,15 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
                           " parameters no GEMM reads"
                     : "") +
            (book_ ? "; weights streamed: the embeddings, the head and 2 layer windows" : "") +
-           (d_reduce_ != nullptr ? "; gradients reduce-scattered on the GPUs (NCCL)"
-            : spec_.reduce.comm != nullptr
-                ? "; gradients reduced on the host (no NCCL, or ranks sharing a GPU)"
-                : "");
+           WhereReduced();
+  }
+
+  // Describe's words on the data-parallel reduction (InitReduce).
+  std::string WhereReduced() const {
+    if (spec_.reduce.comm == nullptr) return "";
+    if (d_reduce_ == nullptr) return "; gradients reduced on the host (no NCCL, or ranks sharing a GPU)";
+    return std::string("; gradients ") +
+           (spec_.reduce.all_reduce ? "all-reduced" : "reduce-scattered") + " on the GPUs (NCCL)";
   }
 
   Status UploadWeights() override {
@@ -361,7 +374,9 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   // ReduceScatterDeterministic: the host communicator's bits), and this rank's reduced chunk
   // copied to the host: 1/P of the gradients cross the host link.
   Status ReduceGradsToHost(std::span<float> h_block) override {
-    if (spec_.reduce.comm == nullptr) return TrainDevice::ReduceGradsToHost(h_block);
+    if (spec_.reduce.comm == nullptr || spec_.reduce.all_reduce) {
+      return TrainDevice::ReduceGradsToHost(h_block);
+    }
 #ifdef UCP_OFFLOAD_HAVE_NCCL
     if (nccl_ != nullptr) return ReduceOnGpus(h_block);
 #endif
@@ -369,6 +384,30 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     UCP_RETURN_IF_ERROR(GradsToHost());
     return ReduceChunksOnHost(reduce_chunks_, *spec_.reduce.comm, spec_.reduce.block, spec_.h_grads,
                               h_block, "CUDA device");
+  }
+
+  // ZeRO-0: the gradients summed in place on the GPUs, a chunk at a time (the sums are
+  // elementwise, so the chunks do not change their bits), then all of them to the host.
+  Status AllReduceGradsToHost() override {
+    if (spec_.reduce.comm == nullptr || !spec_.reduce.all_reduce) {
+      return TrainDevice::AllReduceGradsToHost();
+    }
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+    if (nccl_ != nullptr) {
+      UCP_RETURN_IF_ERROR(AfterModel(stream_));
+      const int64_t n = model_.num_params();
+      for (int64_t at = 0; at < n; at += all_reduce_chunk_) {
+        UCP_RETURN_IF_ERROR(
+            nccl_->AllReduceDeterministic(d_grads_ + at, std::min(all_reduce_chunk_, n - at),
+                                          d_reduce_, SumOrder::kRankOrder, stream_),
+            "reducing gradients (elements " + std::to_string(at) + " on)");
+      }
+      UCP_RETURN_IF_ERROR(nccl_->Synchronize(stream_));
+      return GradsToHost();
+    }
+#endif
+    UCP_RETURN_IF_ERROR(GradsToHost());
+    return spec_.reduce.comm->AllReduceDeterministic(spec_.h_grads, SumOrder::kRankOrder);
   }
 
 #ifdef UCP_OFFLOAD_HAVE_NCCL
@@ -757,6 +796,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
 #endif
   float* d_reduce_ = nullptr;
   int64_t reduce_floats_ = 0;
+  int64_t all_reduce_chunk_ = 0;  // ZeRO-0's chunk of the gradients
   int64_t pieces_n_ = 0;
   int64_t staged_bytes_ = 0;
   std::optional<WeightWindowBook> book_;  // streamed weights; empty: resident

@@ -385,8 +385,8 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaTailTest,
 // the packing into the flat view (two pieces swapped, padding before, between and after them),
 // chunk by chunk (chunks of 1000 cross both pieces), NCCL's all-to-all and the device's ordered
 // sum: the block must be the device's gradients at the pieces' places, bitwise, and zero in the
-// padding. Several GPUs run the same path under mpirun (engine_elastic-style runs with
-// --device cuda; not available on a one-GPU machine).
+// padding. Then ZeRO-0's all-reduce in place (one rank: the same gradients again). Several
+// GPUs run the same paths under mpirun (not available on a one-GPU machine).
 TEST(CudaReduce, OneRankBlockIsTheGradientsBitwise) {
   if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ModelConfig mc;
@@ -446,6 +446,22 @@ TEST(CudaReduce, OneRankBlockIsTheGradientsBitwise) {
   std::vector<float> short_block(10);
   EXPECT_THAT(dev->ReduceGradsToHost(short_block),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("the block holds 10 floats")));
+  EXPECT_THAT(dev->Describe(), HasSubstr("gradients reduce-scattered on the GPUs (NCCL)"));
+
+  // ZeRO-0's all-reduce, in place in chunks of 1000: one rank's sum is its gradients.
+  const std::vector<float> once(grads.begin(), grads.end());
+  dev.reset();
+  spec.reduce.all_reduce = true;
+  spec.reduce.block = 0;
+  spec.reduce.pieces.clear();
+  UCP_ASSERT_OK_AND_ASSIGN(dev, MakeCudaTrainDevice(spec));
+  EXPECT_THAT(dev->Describe(), HasSubstr("gradients all-reduced on the GPUs (NCCL)"));
+  UCP_ASSERT_OK(dev->UploadWeights());
+  UCP_ASSERT_OK(dev->ZeroGrads());
+  UCP_ASSERT_OK(dev->ForwardBackward(b, 1.0f, nullptr).status());
+  std::fill(grads.begin(), grads.end(), NAN);
+  UCP_ASSERT_OK(dev->AllReduceGradsToHost());
+  EXPECT_EQ(0, std::memcmp(once.data(), grads.data(), once.size() * 4));
 }
 
 }  // namespace

@@ -292,9 +292,20 @@ class CpuTwinDevice final : public TrainDevice {
   bool SumsGradNorm() const override { return true; }
   int64_t staged_bytes() const override { return staged_bytes_; }
 
+  // The GPU's sums, on the host.
+  Status AllReduceGradsToHost() override {
+    if (spec_.reduce.comm == nullptr || !spec_.reduce.all_reduce) {
+      return TrainDevice::AllReduceGradsToHost();
+    }
+    UCP_RETURN_IF_ERROR(spec_.reduce.comm->AllReduceDeterministic(grads_, SumOrder::kRankOrder));
+    return GradsToHost();
+  }
+
   // The GPU's chunks, packed and reduce-scattered on the host.
   Status ReduceGradsToHost(std::span<float> h_block) override {
-    if (spec_.reduce.comm == nullptr) return TrainDevice::ReduceGradsToHost(h_block);
+    if (spec_.reduce.comm == nullptr || spec_.reduce.all_reduce) {
+      return TrainDevice::ReduceGradsToHost(h_block);
+    }
     return ReduceChunksOnHost(reduce_chunks_, *spec_.reduce.comm, spec_.reduce.block, grads_,
                               h_block, "twin device");
   }
@@ -755,6 +766,13 @@ Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, i
     return InvalidArgumentError(std::string(who) +
                                 ": the reduction on the devices needs "
                                 "resident weights and whole host buffers, without device pieces");
+  }
+  if (spec.reduce.all_reduce) {
+    if (spec.reduce.block != 0 || !spec.reduce.pieces.empty()) {
+      return InvalidArgumentError(std::string(who) + ": an all-reduce of the gradients takes no "
+                                  "flat view (block and pieces)");
+    }
+    return std::vector<ReduceChunk>{};
   }
   return PlanReduceChunks(spec.reduce, spec.reduce.comm->size(), numel, chunk);
 }

@@ -46,13 +46,16 @@ struct FlatPiece {
   int64_t n = 0;
 };
 
-/// Several processes, each with a device, at ZeRO stages 1-3 with --pipeline sync: the step's
-/// reduce-scatter of the gradients runs where they are (TrainDevice::ReduceGradsToHost), so only
-/// each rank's block crosses to the host.
+/// Several processes, each with a device, with --pipeline sync: the step's reduction of the
+/// gradients runs where they are. At ZeRO stages 1-3 a reduce-scatter
+/// (TrainDevice::ReduceGradsToHost: only each rank's block crosses to the host); at stage 0
+/// an all-reduce (all_reduce; TrainDevice::AllReduceGradsToHost).
 struct DeviceReduceSpec {
   /// The data-parallel ranks (the host's communicator: a GPU device starts NCCL's over it);
-  /// null: the host reduces (GradsToHost, then the trainer's reduce-scatter).
+  /// null: the host reduces (GradsToHost, then the trainer's reduce-scatter or all-reduce).
   Communicator* comm = nullptr;
+  /// ZeRO-0: every rank's whole gradient becomes the sum (block and pieces unused).
+  bool all_reduce = false;
   /// Elements per block of the flat view; comm->size() blocks.
   int64_t block = 0;
   /// Every block's pieces; the view's other elements (padding) are zero.
@@ -85,7 +88,7 @@ Result<std::vector<ReduceChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, 
 
 struct TrainDeviceSpec;
 /// PlanReduceChunks for spec.reduce, after checking it against the rest of the spec (resident
-/// weights, whole host buffers, no device pieces); no reduce spec: no chunks. `who` names the
+/// weights, whole host buffers, no device pieces); no reduce spec, or an all-reduce: no chunks. `who` names the
 /// device in errors. Errors: kInvalidArgument.
 Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
                                                   int64_t chunk, const char* who);
@@ -272,6 +275,14 @@ class TrainDevice {
   /// the communicators (kDeviceError, kIoError).
   virtual Status ReduceGradsToHost(std::span<float> h_block) {
     (void)h_block;
+    return FailedPreconditionError("this device leaves the gradients' reduction to the host");
+  }
+  /// TrainDeviceSpec::reduce given with all_reduce (ZeRO-0): the step's gradients summed over
+  /// reduce.comm's ranks, in place on the device, then all of them into h_grads, as
+  /// GradsToHost. The bits are Communicator::AllReduceDeterministic's (rank order) of every
+  /// rank's gradients. Errors: kFailedPrecondition (no such reduce spec), those of the
+  /// communicators and the copy.
+  virtual Status AllReduceGradsToHost() {
     return FailedPreconditionError("this device leaves the gradients' reduction to the host");
   }
   /// Device memory in use, bytes.

@@ -1583,16 +1583,20 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
       }
     }
   }
-  // Several processes at ZeRO 1-3, synchronous: the reduce-scatter runs on the devices, and
-  // only each rank's block comes to the host (TrainDevice::ReduceGradsToHost), with the bits of
-  // the host's reduction below. (Overlapped, each bucket still crosses whole to be reduced on
-  // the host; streamed and staged buffers keep theirs.)
-  if (world > 1 && blocks > 1 && opts.pipeline == "sync" && !staged() && !ds.stream_weights) {
+  // Several processes, synchronous: the step's reduction runs on the devices, with the bits of
+  // the host's reduction in Step. At ZeRO 1-3 a reduce-scatter, only each rank's block coming
+  // to the host (TrainDevice::ReduceGradsToHost); at ZeRO-0 an all-reduce, the whole sum
+  // crossing to every rank's host (AllReduceGradsToHost). (Overlapped, each bucket still
+  // crosses whole to be reduced on the host; streamed and staged buffers keep theirs.)
+  if (world > 1 && opts.pipeline == "sync" && !staged() && !ds.stream_weights) {
     ds.reduce.comm = comm;
-    ds.reduce.block = block_size;
-    for (int r = 0; r < blocks; ++r) {
-      for (const Piece& pc : block_pieces[static_cast<size_t>(r)]) {
-        ds.reduce.pieces.push_back({r, pc.coff, pc.foff, pc.n});
+    ds.reduce.all_reduce = blocks == 1;
+    if (blocks > 1) {
+      ds.reduce.block = block_size;
+      for (int r = 0; r < blocks; ++r) {
+        for (const Piece& pc : block_pieces[static_cast<size_t>(r)]) {
+          ds.reduce.pieces.push_back({r, pc.coff, pc.foff, pc.n});
+        }
       }
     }
     device_reduces = true;
@@ -2434,10 +2438,13 @@ Result<StepRecord> Trainer::Step() {
   const bool reduced = t.pipeline != nullptr && t.world > 1;
   if (t.blocks > 1 && reduced) {
     g = t.gblock;
-  } else if (t.device_reduces) {
+  } else if (t.device_reduces && t.blocks > 1) {
     // Where the gradients are: only this rank's block crosses (the same bits as below).
     UCP_RETURN_IF_ERROR(t.device->ReduceGradsToHost(t.gblock), "reducing gradients");
     g = t.gblock;
+  } else if (t.device_reduces) {
+    // ZeRO-0: summed where they are, then the whole sum crosses (the same bits as below).
+    UCP_RETURN_IF_ERROR(t.device->AllReduceGradsToHost(), "reducing gradients");
   } else if (t.blocks > 1 && t.staged()) {
     // (No --deterministic on a device.)
     UCP_RETURN_IF_ERROR(t.StagedReduceScatter(SumOrder::kRankOrder),
