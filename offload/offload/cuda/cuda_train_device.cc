@@ -230,7 +230,9 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   // Describe's words on the data-parallel reduction (InitReduce).
   std::string WhereReduced() const {
     if (spec_.reduce.comm == nullptr) return "";
-    if (d_reduce_ == nullptr) return "; gradients reduced on the host (no NCCL, or ranks sharing a GPU)";
+    if (d_reduce_ == nullptr) {
+      return "; gradients reduced on the host (no NCCL, or ranks sharing a GPU)";
+    }
     return std::string("; gradients ") +
            (spec_.reduce.all_reduce ? "all-reduced" : "reduce-scattered") + " on the GPUs (NCCL)";
   }

@@ -228,7 +228,9 @@ TEST(OrderedSumEmulated, IsOrderedSumBitwise) {
   const int64_t n = 1000;
   for (int64_t count : {1, 2, 3, 4, 6, 8, 12, 16}) {
     std::vector<float> parts = flash::Random(static_cast<size_t>(count * n), 80 + count);
-    for (size_t i = 0; i < parts.size(); ++i) parts[i] *= std::ldexp(1.0f, static_cast<int>(i % 29) - 14);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      parts[i] *= std::ldexp(1.0f, static_cast<int>(i % 29) - 14);
+    }
     std::vector<float> sums[2];
     for (int tree = 0; tree < 2; ++tree) {
       SCOPED_TRACE("count " + std::to_string(count) + (tree ? " halving tree" : " rank order"));

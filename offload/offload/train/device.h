@@ -88,8 +88,8 @@ Result<std::vector<ReduceChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, 
 
 struct TrainDeviceSpec;
 /// PlanReduceChunks for spec.reduce, after checking it against the rest of the spec (resident
-/// weights, whole host buffers, no device pieces); no reduce spec, or an all-reduce: no chunks. `who` names the
-/// device in errors. Errors: kInvalidArgument.
+/// weights, whole host buffers, no device pieces); no reduce spec, or an all-reduce: no
+/// chunks. `who` names the device in errors. Errors: kInvalidArgument.
 Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
                                                   int64_t chunk, const char* who);
 

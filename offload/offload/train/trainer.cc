@@ -472,7 +472,7 @@ struct Trainer::Impl {
   // last: destroyed first, while the host buffers it registered are still alive.
   std::unique_ptr<TrainDevice> device;
   std::vector<char> piece_on_device;  // per piece of block_pieces[0]: stepped by the device Adam
-  bool device_reduces = false;        // the step's reduce-scatter is the device's (SetUpDevice)
+  bool device_reduces = false;        // the sync step's reduction is the device's (SetUpDevice)
   Status SetUpDevice(const AdamConfig& ac);
   // The memory plan's input for this run (Plan, and --weights auto).
   PlanInput MakePlanInput(const ModelConfig& mc, const layout::Layout& l) const;
