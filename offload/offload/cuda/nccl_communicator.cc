@@ -162,6 +162,43 @@ Status NcclCommunicator::AllToAll(const float* in, float* out, int64_t n, cudaSt
       kOp);
 }
 
+Status NcclCommunicator::AllToAllV(const float* in, const int64_t* send_counts, float* out,
+                                   const int64_t* recv_counts, cudaStream_t stream) {
+  constexpr const char* kOp = "all_to_all_v";
+  UCP_RETURN_IF_ERROR(Usable(kOp));
+  const auto p = static_cast<size_t>(size_);
+  const std::span<const int64_t> sc(send_counts, p), rc(recv_counts, p);
+  int64_t sent = 0, received = 0;
+  for (size_t j = 0; j < p; ++j) {
+    sent += std::max<int64_t>(0, sc[j]);
+    received += std::max<int64_t>(0, rc[j]);
+  }
+  const CommRanks where(rank_, size_);
+  UCP_RETURN_IF_ERROR(internal_comm::CheckAllToAllVSizes(kOp, where, static_cast<size_t>(sent), sc,
+                                                         static_cast<size_t>(received), rc));
+  UCP_RETURN_IF_ERROR(internal_comm::CheckDisjoint(kOp, where, in, static_cast<size_t>(sent) * 4,
+                                                   out, static_cast<size_t>(received) * 4));
+  // One group of sends and receives: NCCL runs them together, without deadlock in any order.
+  UCP_RETURN_IF_ERROR(Nccl(ncclGroupStart(), kOp));
+  int64_t at_in = 0, at_out = 0;
+  ncclResult_t first = ncclSuccess;
+  for (size_t j = 0; j < p; ++j) {
+    if (sc[j] > 0 && first == ncclSuccess) {
+      first = ncclSend(in + at_in, static_cast<size_t>(sc[j]), ncclFloat32, static_cast<int>(j),
+                       Comm(comm_), stream);
+    }
+    if (rc[j] > 0 && first == ncclSuccess) {
+      first = ncclRecv(out + at_out, static_cast<size_t>(rc[j]), ncclFloat32, static_cast<int>(j),
+                       Comm(comm_), stream);
+    }
+    at_in += sc[j];
+    at_out += rc[j];
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  UCP_RETURN_IF_ERROR(Nccl(first, kOp));
+  return Nccl(end, kOp);
+}
+
 Status NcclCommunicator::Broadcast(void* data, int64_t bytes, int root, cudaStream_t stream) {
   constexpr const char* kOp = "broadcast";
   UCP_RETURN_IF_ERROR(Usable(kOp));

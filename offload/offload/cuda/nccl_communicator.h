@@ -65,6 +65,12 @@ class NcclCommunicator {
   Status AllGather(const float* in, float* out, int64_t in_n, cudaStream_t stream);
   /// Block j of out <- block rank() of rank j's in; both hold n floats, size() equal blocks.
   Status AllToAll(const float* in, float* out, int64_t n, cudaStream_t stream);
+  /// AllToAll with per-peer counts (host arrays of size() each): in holds send_counts[j] floats
+  /// for rank j, in rank order; out gets recv_counts[j] floats from rank j, in rank order.
+  /// NCCL cannot check the counts against the peers' (the host communicator's AllToAllV
+  /// exchanges them first): a caller gives counts every rank derived alike.
+  Status AllToAllV(const float* in, const int64_t* send_counts, float* out,
+                   const int64_t* recv_counts, cudaStream_t stream);
   /// Every rank's data[0, bytes) <- rank root's.
   Status Broadcast(void* data, int64_t bytes, int root, cudaStream_t stream);
 

@@ -1,6 +1,6 @@
 // The NCCL communicator (nccl_communicator.h) against the host's (communicator.h) on the same
 // inputs: the deterministic sums bitwise (both orders, sizes that do not divide by the ranks),
-// the byte-moving collectives bitwise, NCCL's own sums within fp32 rounding; the device's
+// the byte-moving collectives bitwise (all-to-all with uneven counts too), NCCL's own sums within fp32 rounding; the device's
 // ordered sum bitwise OrderedSum; the argument errors before any communication, after which the
 // communicator still works.
 //
@@ -174,6 +174,20 @@ TEST_F(Nccl, CollectivesMatchTheHostCommunicator) {
   UCP_ASSERT_OK(nccl->Synchronize(stream));
   EXPECT_TRUE(Same(drecv.Get(), recv)) << "all_to_all";
 
+  // Uneven counts: rank i sends (i + j) % 3 + 1 blocks of 100 floats to rank j.
+  std::vector<int64_t> counts(static_cast<size_t>(p));
+  for (int j = 0; j < p; ++j) counts[static_cast<size_t>(j)] = ((Host().rank() + j) % 3 + 1) * 100;
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const std::vector<float> vsend = Random(static_cast<size_t>(total), Seed(8));
+  std::vector<float> vrecv(vsend.size());
+  UCP_ASSERT_OK(Host().AllToAllV(vsend, counts, vrecv, counts));
+  DeviceBuffer dvsend(vsend.size()), dvrecv(vrecv.size());
+  dvsend.Put(vsend);
+  UCP_ASSERT_OK(nccl->AllToAllV(dvsend.p, counts.data(), dvrecv.p, counts.data(), stream));
+  UCP_ASSERT_OK(nccl->Synchronize(stream));
+  EXPECT_TRUE(Same(dvrecv.Get(), vrecv)) << "all_to_all_v";
+
   std::vector<float> bcast = Random(static_cast<size_t>(n), Seed(5));
   DeviceBuffer dbcast(bcast.size());
   dbcast.Put(bcast);
@@ -229,6 +243,10 @@ TEST_F(Nccl, RefusesBadArgumentsAndStaysUsable) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("root " + std::to_string(p))));
   EXPECT_THAT(nccl->ReduceScatterDeterministic(a.p, b.p, 8, a.p, SumOrder::kRankOrder, stream),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("overlap")));
+  std::vector<int64_t> bad(static_cast<size_t>(p), 1);
+  bad[0] = -1;
+  EXPECT_THAT(nccl->AllToAllV(a.p, bad.data(), b.p, bad.data(), stream),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("negative")));
   if (p > 1) {
     EXPECT_THAT(nccl->AllToAll(a.p, b.p, p + 1, stream),
                 StatusIs(StatusCode::kInvalidArgument, HasSubstr("equal blocks")));
