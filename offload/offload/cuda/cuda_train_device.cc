@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -18,6 +19,7 @@
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_model.h"
 #include "offload/cuda/cuda_ops.h"
+#include "offload/cuda/cuda_ordered_sum.h"
 #include "offload/cuda/cuda_pipeline.h"
 #include "offload/cuda/cuda_status.h"
 #ifdef UCP_OFFLOAD_HAVE_NCCL
@@ -170,12 +172,25 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
                   1, std::min(spec_.reduce.block, kReduceScratchFloats / (2 * ranks + 1)));
     UCP_ASSIGN_OR_RETURN(reduce_chunks_,
                          PlanDeviceReduce(spec_, model_.num_params(), chunk, "CUDA device"));
+    // (On the host, without NCCL, a bucket is exchanged whole, as the trainer's own exchange.)
+    UCP_ASSIGN_OR_RETURN(bucket_chunks_, PlanDeviceBuckets(spec_, model_.num_params(), INT64_MAX,
+                                                           "CUDA device"));
 #ifdef UCP_OFFLOAD_HAVE_NCCL
     UCP_ASSIGN_OR_RETURN(const bool shared, SharesAGpu(*spec_.reduce.comm));
     if (shared) return Status::Ok();  // NCCL takes one rank per GPU: the host reduces
     UCP_ASSIGN_OR_RETURN(nccl_, NcclCommunicator::Create(*spec_.reduce.comm, device_),
                          "CUDA device: the GPUs' communicator");
-    if (spec_.reduce.all_reduce) {
+    if (!spec_.reduce.buckets.empty()) {
+      // Each bucket a chunk of every rank's segment at a time: packed (up to P chunks),
+      // received (P), summed (1), and ZeRO-0's all-reduce scratch (about 2 + 1/P).
+      const int64_t len = spec_.reduce.chunk > 0
+                              ? spec_.reduce.chunk
+                              : std::max<int64_t>(1, kReduceScratchFloats / (2 * ranks + 4));
+      UCP_ASSIGN_OR_RETURN(bucket_chunks_, PlanDeviceBuckets(spec_, model_.num_params(), len,
+                                                             "CUDA device"));
+      bucket_len_ = len;
+      reduce_floats_ = (2 * ranks + 1) * len + nccl_->AllReduceDeterministicScratch(len);
+    } else if (spec_.reduce.all_reduce) {
       // In place, a chunk of the gradients at a time; its scratch is about 2 + 1/P chunks.
       all_reduce_chunk_ = std::max<int64_t>(
           1, std::min(model_.num_params(), spec_.reduce.chunk > 0 ? spec_.reduce.chunk
@@ -233,6 +248,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     if (d_reduce_ == nullptr) {
       return "; gradients reduced on the host (no NCCL, or ranks sharing a GPU)";
     }
+    if (!spec_.reduce.buckets.empty()) return "; each bucket reduced on the GPUs (NCCL)";
     return std::string("; gradients ") +
            (spec_.reduce.all_reduce ? "all-reduced" : "reduce-scattered") + " on the GPUs (NCCL)";
   }
@@ -388,6 +404,31 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
                               h_block, "CUDA device");
   }
 
+  // --pipeline overlap: bucket `group`'s exchange. On the GPUs each chunk is packed from the
+  // device's gradients, exchanged over NCCL (AllToAllV, or ZeRO-0's all-reduce) and summed in
+  // rank order there, and only this rank's sum crosses; without NCCL the group's gradients
+  // cross and the host exchanges them. The same bits either way (ExchangeBucketOnHost's).
+  Status ExchangeBucketToHost(int group, std::span<float> sum) override {
+    if (spec_.reduce.comm == nullptr || spec_.reduce.buckets.empty()) {
+      return TrainDevice::ExchangeBucketToHost(group, sum);
+    }
+    if (group < 0 || group >= static_cast<int>(bucket_chunks_.size())) {
+      return InvalidArgumentError("CUDA device: no grad group " + std::to_string(group));
+    }
+    const BucketExchange& ex = spec_.reduce.buckets[static_cast<size_t>(group)];
+    if (static_cast<int64_t>(sum.size()) != ex.sum_n) {
+      return InvalidArgumentError("CUDA device: grad group " + std::to_string(group) +
+                                  "'s sum holds " + std::to_string(ex.sum_n) + " floats, not " +
+                                  std::to_string(sum.size()));
+    }
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+    if (nccl_ != nullptr) return ExchangeOnGpus(group, sum);
+#endif
+    UCP_RETURN_IF_ERROR(GroupGradsToHost(group));
+    return ExchangeBucketOnHost(bucket_chunks_[static_cast<size_t>(group)], *spec_.reduce.comm,
+                                spec_.h_grads, host_send_, host_recv_, sum);
+  }
+
   // ZeRO-0: the gradients summed in place on the GPUs, a chunk at a time (the sums are
   // elementwise, so the chunks do not change their bits), then all of them to the host.
   Status AllReduceGradsToHost() override {
@@ -413,6 +454,48 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   }
 
 #ifdef UCP_OFFLOAD_HAVE_NCCL
+  Status ExchangeOnGpus(int group, std::span<float> sum) {
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
+    const std::string what = "exchanging grad group " + std::to_string(group);
+    UCP_RETURN_IF_ERROR(
+        Cuda(cudaStreamWaitEvent(stream_, group_done_[static_cast<size_t>(group)], 0), what));
+    const int64_t ranks = nccl_->size();
+    float* packed = d_reduce_;
+    float* received = packed + ranks * bucket_len_;
+    float* summed = received + ranks * bucket_len_;
+    float* scratch = summed + bucket_len_;
+    std::vector<int64_t> recv_counts(static_cast<size_t>(ranks));
+    for (const ExchangeChunk& c : bucket_chunks_[static_cast<size_t>(group)]) {
+      const bool all_reduce = c.send_counts.empty();
+      float* to = all_reduce ? summed : packed;
+      for (const ReduceChunk::Copy& cp : c.copies) {
+        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(to + cp.to, d_grads_ + cp.from,
+                                                 static_cast<size_t>(cp.n) * 4,
+                                                 cudaMemcpyDeviceToDevice, stream_),
+                                 what));
+      }
+      if (all_reduce) {
+        UCP_RETURN_IF_ERROR(nccl_->AllReduceDeterministic(summed, c.recv_n, scratch,
+                                                          SumOrder::kRankOrder, stream_),
+                            what);
+      } else {
+        std::fill(recv_counts.begin(), recv_counts.end(), c.recv_n);
+        UCP_RETURN_IF_ERROR(nccl_->AllToAllV(packed, c.send_counts.data(), received,
+                                             recv_counts.data(), stream_),
+                            what);
+        UCP_RETURN_IF_ERROR(
+            OrderedSumOnDevice(summed, received, ranks, c.recv_n, false, stream_), what);
+      }
+      if (c.recv_n > 0) {
+        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(sum.data() + c.begin, summed,
+                                                 static_cast<size_t>(c.recv_n) * 4,
+                                                 cudaMemcpyDeviceToHost, stream_),
+                                 what));
+      }
+    }
+    return nccl_->Synchronize(stream_);
+  }
+
   Status ReduceOnGpus(std::span<float> h_block) {
     if (static_cast<int64_t>(h_block.size()) != spec_.reduce.block) {
       return InvalidArgumentError("CUDA device: the block holds " + std::to_string(h_block.size()) +
@@ -799,6 +882,11 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   float* d_reduce_ = nullptr;
   int64_t reduce_floats_ = 0;
   int64_t all_reduce_chunk_ = 0;  // ZeRO-0's chunk of the gradients
+  // ExchangeBucketToHost: by grad group (on the GPUs chunks of bucket_len_; on the host whole),
+  // and the host's scratch.
+  std::vector<std::vector<ExchangeChunk>> bucket_chunks_;
+  int64_t bucket_len_ = 0;
+  std::vector<float> host_send_, host_recv_;
   int64_t pieces_n_ = 0;
   int64_t staged_bytes_ = 0;
   std::optional<WeightWindowBook> book_;  // streamed weights; empty: resident

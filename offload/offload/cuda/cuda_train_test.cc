@@ -385,8 +385,9 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaTailTest,
 // the packing into the flat view (two pieces swapped, padding before, between and after them),
 // chunk by chunk (chunks of 1000 cross both pieces), NCCL's all-to-all and the device's ordered
 // sum: the block must be the device's gradients at the pieces' places, bitwise, and zero in the
-// padding. Then ZeRO-0's all-reduce in place (one rank: the same gradients again). Several
-// GPUs run the same paths under mpirun (not available on a one-GPU machine).
+// padding. Then ZeRO-0's all-reduce in place (one rank: the same gradients again), and the
+// overlapped pipeline's bucket exchanges. Several GPUs run the same paths under mpirun (not
+// available on a one-GPU machine).
 TEST(CudaReduce, OneRankBlockIsTheGradientsBitwise) {
   if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   ModelConfig mc;
@@ -462,6 +463,38 @@ TEST(CudaReduce, OneRankBlockIsTheGradientsBitwise) {
   std::fill(grads.begin(), grads.end(), NAN);
   UCP_ASSERT_OK(dev->AllReduceGradsToHost());
   EXPECT_EQ(0, std::memcmp(once.data(), grads.data(), once.size() * 4));
+
+  // --pipeline overlap's bucket exchanges (ZeRO 1-3's all-to-all and sum; ZeRO-0's
+  // all-reduce), in chunks of 1000: each grad group's sum is its gradients.
+  UCP_ASSERT_OK_AND_ASSIGN(auto ranges, GradGroupRanges(mc));
+  for (const bool zero0 : {false, true}) {
+    SCOPED_TRACE(zero0 ? "ZeRO-0" : "ZeRO 1-3");
+    dev.reset();
+    spec.reduce.all_reduce = false;
+    spec.reduce.buckets.clear();
+    for (const auto& [begin, end] : ranges) {
+      BucketExchange ex;
+      ex.pack = {{begin + (end - begin) / 2, end - begin - (end - begin) / 2},
+                 {begin, (end - begin) / 2}};  // two pieces, swapped
+      ex.sum_n = end - begin;
+      if (!zero0) ex.send_counts = ex.recv_counts = {ex.sum_n};
+      spec.reduce.buckets.push_back(ex);
+    }
+    UCP_ASSERT_OK_AND_ASSIGN(dev, MakeCudaTrainDevice(spec));
+    EXPECT_THAT(dev->Describe(), HasSubstr("each bucket reduced on the GPUs (NCCL)"));
+    UCP_ASSERT_OK(dev->UploadWeights());
+    UCP_ASSERT_OK(dev->ZeroGrads());
+    UCP_ASSERT_OK(dev->ForwardBackward(b, 1.0f, nullptr).status());
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      const auto [begin, end] = ranges[k];
+      const int64_t mid = begin + (end - begin) / 2;
+      std::vector<float> sum(static_cast<size_t>(end - begin), NAN), bucket;
+      bucket.insert(bucket.end(), once.begin() + mid, once.begin() + end);
+      bucket.insert(bucket.end(), once.begin() + begin, once.begin() + mid);
+      UCP_ASSERT_OK(dev->ExchangeBucketToHost(static_cast<int>(k), sum));
+      EXPECT_EQ(0, std::memcmp(bucket.data(), sum.data(), sum.size() * 4)) << "group " << k;
+    }
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include <tbb/parallel_for.h>
 
+#include "offload/comm/ordered_sum.h"
 #include "offload/train/page_vector.h"
 #include "ucp/base/check.h"
 #include "ucp/base/status_macros.h"
@@ -84,11 +85,13 @@ class CpuTwinDevice final : public TrainDevice {
  public:
   CpuTwinDevice(TrainDeviceSpec spec, Model model,
                 std::vector<std::pair<int64_t, int64_t>> group_ranges,
-                std::vector<ReduceChunk> reduce_chunks)
+                std::vector<ReduceChunk> reduce_chunks,
+                std::vector<std::vector<ExchangeChunk>> bucket_chunks)
       : spec_(std::move(spec)),
         model_(std::move(model)),
         group_ranges_(std::move(group_ranges)),
-        reduce_chunks_(std::move(reduce_chunks)) {
+        reduce_chunks_(std::move(reduce_chunks)),
+        bucket_chunks_(std::move(bucket_chunks)) {
     const size_t n = static_cast<size_t>(model_.num_params());
     w32_.assign(n, 0.0f);
     grads_.assign(n, 0.0f);
@@ -292,6 +295,18 @@ class CpuTwinDevice final : public TrainDevice {
   bool SumsGradNorm() const override { return true; }
   int64_t staged_bytes() const override { return staged_bytes_; }
 
+  // The GPU's bucket exchange, on the host.
+  Status ExchangeBucketToHost(int group, std::span<float> sum) override {
+    if (spec_.reduce.comm == nullptr || spec_.reduce.buckets.empty()) {
+      return TrainDevice::ExchangeBucketToHost(group, sum);
+    }
+    if (group < 0 || group >= static_cast<int>(spec_.reduce.buckets.size())) {
+      return InvalidArgumentError("twin device: no grad group " + std::to_string(group));
+    }
+    return ExchangeBucketOnHost(bucket_chunks_[static_cast<size_t>(group)], *spec_.reduce.comm,
+                                grads_, send_, recv_, sum);
+  }
+
   // The GPU's sums, on the host.
   Status AllReduceGradsToHost() override {
     if (spec_.reduce.comm == nullptr || !spec_.reduce.all_reduce) {
@@ -327,6 +342,8 @@ class CpuTwinDevice final : public TrainDevice {
   Model model_;
   std::vector<std::pair<int64_t, int64_t>> group_ranges_;
   std::vector<ReduceChunk> reduce_chunks_;
+  std::vector<std::vector<ExchangeChunk>> bucket_chunks_;  // by grad group
+  std::vector<float> send_, recv_;                         // ExchangeBucketToHost's scratch
   std::vector<float> w32_, grads_, master_, m_, v_;
   std::vector<uint16_t> w16_;
   int64_t pieces_n_ = 0;
@@ -739,6 +756,124 @@ Result<std::vector<ReduceChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, 
   return chunks;
 }
 
+Result<std::vector<ExchangeChunk>> PlanBucketChunks(const BucketExchange& ex, int ranks,
+                                                    int64_t chunk) {
+  const bool all_reduce = ex.send_counts.empty();
+  const int64_t packed = ex.packed();
+  int64_t sent = 0, longest = ex.sum_n;
+  for (int64_t c : ex.send_counts) {
+    sent += c;
+    longest = std::max(longest, c);
+  }
+  const bool counts_ok =
+      all_reduce ? ex.recv_counts.empty() && packed == ex.sum_n
+                 : static_cast<int>(ex.send_counts.size()) == ranks &&
+                       static_cast<int>(ex.recv_counts.size()) == ranks && sent == packed &&
+                       std::all_of(ex.recv_counts.begin(), ex.recv_counts.end(),
+                                   [&](int64_t c) { return c == ex.sum_n; }) &&
+                       std::all_of(ex.send_counts.begin(), ex.send_counts.end(),
+                                   [](int64_t c) { return c >= 0; });
+  if (chunk < 1 || ex.sum_n < 0 || !counts_ok) {
+    return InvalidArgumentError("bucket exchange: " + std::to_string(packed) +
+                                " packed floats, a sum of " + std::to_string(ex.sum_n) +
+                                ", counts for " + std::to_string(ex.send_counts.size()) +
+                                " of " + std::to_string(ranks) + " ranks, chunks of " +
+                                std::to_string(chunk) + " do not agree");
+  }
+  // The segments (one per rank; ZeRO-0: the whole pack) and where each starts in the pack.
+  const std::vector<int64_t> segments =
+      all_reduce ? std::vector<int64_t>{packed} : ex.send_counts;
+  std::vector<ExchangeChunk> chunks;
+  for (int64_t b = 0; b < longest; b += chunk) {
+    ExchangeChunk c;
+    c.begin = b;
+    c.recv_n = std::clamp<int64_t>(ex.sum_n - b, 0, chunk);
+    int64_t seg_start = 0, to = 0;
+    size_t range = 0;
+    int64_t range_start = 0;  // the pack element where ex.pack[range] starts
+    for (const int64_t seg : segments) {
+      const int64_t len = std::clamp<int64_t>(seg - b, 0, chunk);
+      if (!all_reduce) c.send_counts.push_back(len);
+      // Pack elements [seg_start + b, + len) from the ranges that hold them.
+      int64_t at = seg_start + b;
+      const int64_t end = at + len;
+      while (at < end) {
+        while (range_start + ex.pack[range].n <= at) range_start += ex.pack[range++].n;
+        const BucketExchange::Range& r = ex.pack[range];
+        const int64_t n = std::min(end, range_start + r.n) - at;
+        c.copies.push_back({r.model_offset + (at - range_start), to, n});
+        to += n;
+        at += n;
+      }
+      seg_start += seg;
+    }
+    chunks.push_back(std::move(c));
+  }
+  return chunks;
+}
+
+Status ExchangeBucketOnHost(std::span<const ExchangeChunk> chunks, Communicator& comm,
+                            std::span<const float> grads, std::vector<float>& send,
+                            std::vector<float>& recv, std::span<float> sum) {
+  const auto ranks = static_cast<size_t>(comm.size());
+  std::vector<int64_t> recv_counts(ranks);
+  for (const ExchangeChunk& c : chunks) {
+    if (c.recv_n > 0 && c.begin + c.recv_n > static_cast<int64_t>(sum.size())) {
+      return InvalidArgumentError("bucket exchange: a chunk ends at " +
+                                  std::to_string(c.begin + c.recv_n) + ", past the sum's " +
+                                  std::to_string(sum.size()) + " floats");
+    }
+    // (A rank whose part of the bucket is shorter than another's takes part with nothing.)
+    const std::span<float> out =
+        c.recv_n > 0 ? sum.subspan(static_cast<size_t>(c.begin), static_cast<size_t>(c.recv_n))
+                     : std::span<float>();
+    const bool all_reduce = c.send_counts.empty();
+    int64_t packed = 0;
+    for (const ReduceChunk::Copy& cp : c.copies) packed = std::max(packed, cp.to + cp.n);
+    if (!all_reduce && send.size() < static_cast<size_t>(packed)) {
+      send.resize(static_cast<size_t>(packed));
+    }
+    float* to = all_reduce ? out.data() : send.data();
+    for (const ReduceChunk::Copy& cp : c.copies) {
+      std::memcpy(to + cp.to, grads.data() + cp.from, static_cast<size_t>(cp.n) * 4);
+    }
+    if (all_reduce) {
+      UCP_RETURN_IF_ERROR(comm.AllReduceDeterministic(out, SumOrder::kRankOrder));
+      continue;
+    }
+    const size_t received = static_cast<size_t>(c.recv_n) * ranks;
+    if (recv.size() < received) recv.resize(received);
+    std::fill(recv_counts.begin(), recv_counts.end(), c.recv_n);
+    const std::span<float> in = std::span<float>(recv).first(received);
+    const auto sent = std::span<const float>(send).first(static_cast<size_t>(packed));
+    UCP_RETURN_IF_ERROR(comm.AllToAllV(sent, c.send_counts, in, recv_counts));
+    UCP_RETURN_IF_ERROR(OrderedSum(in, comm.size(), out, SumOrder::kRankOrder));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::vector<ExchangeChunk>>> PlanDeviceBuckets(const TrainDeviceSpec& spec,
+                                                                   int64_t numel, int64_t chunk,
+                                                                   const char* who) {
+  std::vector<std::vector<ExchangeChunk>> out;
+  if (spec.reduce.comm == nullptr || spec.reduce.buckets.empty()) return out;
+  for (size_t k = 0; k < spec.reduce.buckets.size(); ++k) {
+    const BucketExchange& ex = spec.reduce.buckets[k];
+    for (const BucketExchange::Range& r : ex.pack) {
+      if (r.n < 0 || r.model_offset < 0 || r.model_offset > numel - r.n) {
+        return InvalidArgumentError(std::string(who) + ": grad group " + std::to_string(k) +
+                                    "'s exchange reads [" + std::to_string(r.model_offset) +
+                                    ", +" + std::to_string(r.n) + "), outside the model's " +
+                                    std::to_string(numel) + " elements");
+      }
+    }
+    UCP_ASSIGN_OR_RETURN(auto chunks, PlanBucketChunks(ex, spec.reduce.comm->size(), chunk),
+                         std::string(who) + ": grad group " + std::to_string(k));
+    out.push_back(std::move(chunks));
+  }
+  return out;
+}
+
 Status ReduceChunksOnHost(std::span<const ReduceChunk> chunks, Communicator& comm, int64_t block,
                           std::span<const float> grads, std::span<float> h_block, const char* who) {
   if (static_cast<int64_t>(h_block.size()) != block) {
@@ -766,6 +901,13 @@ Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, i
     return InvalidArgumentError(std::string(who) +
                                 ": the reduction on the devices needs "
                                 "resident weights and whole host buffers, without device pieces");
+  }
+  if (!spec.reduce.buckets.empty()) {
+    if (spec.reduce.all_reduce || spec.reduce.block != 0 || !spec.reduce.pieces.empty()) {
+      return InvalidArgumentError(std::string(who) + ": the buckets' exchanges take no flat "
+                                  "view and no all-reduce of their own");
+    }
+    return std::vector<ReduceChunk>{};  // (PlanDeviceBuckets plans them)
   }
   if (spec.reduce.all_reduce) {
     if (spec.reduce.block != 0 || !spec.reduce.pieces.empty()) {
@@ -805,8 +947,10 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
     return std::unique_ptr<TrainDevice>(
         std::make_unique<CpuTwinStreamedDevice>(spec, std::move(model), std::move(ranges)));
   }
+  const int64_t chunk = spec.reduce.chunk > 0 ? spec.reduce.chunk : kTwinReduceChunk;
+  UCP_ASSIGN_OR_RETURN(auto buckets, PlanDeviceBuckets(spec, n, chunk, "twin device"));
   return std::unique_ptr<TrainDevice>(std::make_unique<CpuTwinDevice>(
-      spec, std::move(model), std::move(ranges), std::move(chunks)));
+      spec, std::move(model), std::move(ranges), std::move(chunks), std::move(buckets)));
 }
 
 }  // namespace ucp::offload

@@ -46,10 +46,31 @@ struct FlatPiece {
   int64_t n = 0;
 };
 
-/// Several processes, each with a device, with --pipeline sync: the step's reduction of the
-/// gradients runs where they are. At ZeRO stages 1-3 a reduce-scatter
-/// (TrainDevice::ReduceGradsToHost: only each rank's block crosses to the host); at stage 0
-/// an all-reduce (all_reduce; TrainDevice::AllReduceGradsToHost).
+/// --pipeline overlap with several processes: how one grad group's gradients are reduced as
+/// backward completes them (the trainer's bucket exchange; TrainDevice::ExchangeBucketToHost).
+/// ZeRO 1-3: the group's pieces of every rank's block, packed in rank order, send_counts[r] of
+/// them for rank r; each rank receives sum_n floats (its pieces) from every rank and adds them
+/// in rank order. ZeRO-0 (no counts): the group's pieces, packed and all-reduced.
+struct BucketExchange {
+  struct Range {
+    int64_t model_offset = 0;
+    int64_t n = 0;
+  };
+  std::vector<Range> pack;                        ///< from the model's gradient, in this order
+  std::vector<int64_t> send_counts, recv_counts;  ///< per rank; empty: ZeRO-0's all-reduce
+  int64_t sum_n = 0;                              ///< the result's floats
+  int64_t packed() const {
+    int64_t n = 0;
+    for (const Range& r : pack) n += r.n;
+    return n;
+  }
+};
+
+/// Several processes, each with a device: the step's reduction of the gradients runs where they
+/// are. With --pipeline sync, at ZeRO stages 1-3 a reduce-scatter (TrainDevice::
+/// ReduceGradsToHost: only each rank's block crosses to the host), at stage 0 an all-reduce
+/// (all_reduce; TrainDevice::AllReduceGradsToHost); with --pipeline overlap each bucket's
+/// exchange (buckets; TrainDevice::ExchangeBucketToHost).
 struct DeviceReduceSpec {
   /// The data-parallel ranks (the host's communicator: a GPU device starts NCCL's over it);
   /// null: the host reduces (GradsToHost, then the trainer's reduce-scatter or all-reduce).
@@ -63,6 +84,9 @@ struct DeviceReduceSpec {
   /// Block elements reduced at once (PlanReduceChunks); 0: the device's choice (the twin's
   /// small, a GPU's from its scratch budget). Tests set it to cross chunk boundaries.
   int64_t chunk = 0;
+  /// --pipeline overlap: each grad group's exchange (ExchangeBucketToHost); then block, pieces
+  /// and all_reduce are unused.
+  std::vector<BucketExchange> buckets;
 };
 
 /// ReduceGradsToHost's unit of work: block elements [begin, begin + n) of every block at once,
@@ -80,6 +104,33 @@ struct ReduceChunk {
   std::vector<Copy> copies;
 };
 
+/// A bucket exchange's unit of work: elements [begin, begin + chunk) of every rank's segment
+/// (ZeRO 1-3: send_counts[r] of them for rank r, recv_n = this rank's from each) or of the
+/// packed bucket (ZeRO-0: no counts, recv_n of them all-reduced), packed by `copies` from the
+/// model's gradient; reduced, its recv_n floats are the sum's [begin, begin + recv_n). Every
+/// rank has the same chunks (the counts are every rank's alike).
+struct ExchangeChunk {
+  int64_t begin = 0;
+  std::vector<int64_t> send_counts;
+  int64_t recv_n = 0;
+  std::vector<ReduceChunk::Copy> copies;
+};
+
+/// The chunks of `chunk` elements of each segment that cover bucket `ex` over `ranks` ranks.
+/// Errors: kInvalidArgument (counts not of `ranks`, or not the packed ranges'; chunk < 1).
+Result<std::vector<ExchangeChunk>> PlanBucketChunks(const BucketExchange& ex, int ranks,
+                                                    int64_t chunk);
+
+/// One bucket's exchange on the host, chunk by chunk, from the model's gradients `grads` into
+/// `sum` (the bucket's sum_n floats): the trainer's (one chunk), the CPU twin's and a GPU's
+/// without NCCL. The adds are elementwise, so the chunks do not change the bits: those of
+/// Communicator::AllToAllV then OrderedSum in rank order (ZeRO 1-3), or of
+/// AllReduceDeterministic in rank order (ZeRO-0). `send` and `recv` are scratch (grown as
+/// needed). Errors: kInvalidArgument (a chunk past the sum), those of the communicator.
+Status ExchangeBucketOnHost(std::span<const ExchangeChunk> chunks, Communicator& comm,
+                            std::span<const float> grads, std::vector<float>& send,
+                            std::vector<float>& recv, std::span<float> sum);
+
 /// The chunks of `chunk` block elements (the last one shorter) that cover spec.block, for
 /// `ranks` blocks of a model of `numel` elements.
 /// Errors: kInvalidArgument (a piece outside the model, its block or [0, ranks); chunk < 1).
@@ -92,6 +143,12 @@ struct TrainDeviceSpec;
 /// chunks. `who` names the device in errors. Errors: kInvalidArgument.
 Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
                                                   int64_t chunk, const char* who);
+
+/// PlanBucketChunks for each of spec.reduce.buckets, after checking their ranges against the
+/// model's `numel` elements; none: no chunks. Errors: kInvalidArgument naming `who`.
+Result<std::vector<std::vector<ExchangeChunk>>> PlanDeviceBuckets(const TrainDeviceSpec& spec,
+                                                                   int64_t numel, int64_t chunk,
+                                                                   const char* who);
 
 /// ReduceGradsToHost on the host (the CPU twin's; a GPU's without NCCL, after GradsToHost):
 /// the model's gradients `grads` packed chunk by chunk and reduce-scattered over `comm` (rank
@@ -284,6 +341,17 @@ class TrainDevice {
   /// communicators and the copy.
   virtual Status AllReduceGradsToHost() {
     return FailedPreconditionError("this device leaves the gradients' reduction to the host");
+  }
+  /// TrainDeviceSpec::reduce.buckets given (--pipeline overlap, several processes): grad group
+  /// `group`'s exchange (reduce.buckets[group]) from the device's gradients, once the backward
+  /// kernels queued before the hook's on_group_done(group) have run, into `sum`: the bits of
+  /// ExchangeBucketOnHost over the same gradients. On GPUs the packing, the exchange and the
+  /// adds are the devices' (NCCL); only the sum crosses. Any thread (the reduction's).
+  /// Errors: kFailedPrecondition (no buckets), kInvalidArgument (no such group, sum's size),
+  /// those of the communicators.
+  virtual Status ExchangeBucketToHost(int group, std::span<float> sum) {
+    (void)group, (void)sum;
+    return FailedPreconditionError("this device leaves the buckets' reduction to the host");
   }
   /// Device memory in use, bytes.
   virtual int64_t device_bytes() const = 0;

@@ -234,10 +234,9 @@ struct Piece {
 // the owner adds the world's copies in rank order (OrderedSum, as ReduceScatterDeterministic
 // does) into its block. Stage 0: the bucket's elements packed and all-reduced deterministically.
 struct BucketReduce {
-  std::vector<int64_t> send_counts, recv_counts;  // per rank
-  std::vector<Piece> send;                        // every rank's pieces of the bucket, rank order
-  std::vector<Piece> mine;                        // this rank's (stage 0: all of the bucket's)
-  int64_t mine_n = 0, send_n = 0;
+  BucketExchange ex;       // what crosses and is added (device.h), from the model's gradient
+  std::vector<Piece> mine;  // where the sum goes: this rank's pieces (stage 0: the bucket's)
+  std::vector<ExchangeChunk> chunks;  // the host's exchange: one chunk
 };
 
 // What a save copies out of the training state so the steps after it can go on.
@@ -348,6 +347,8 @@ struct Trainer::Impl {
   std::vector<BucketReduce> bucket_reduce;
   std::vector<float> send_buf, recv_buf, sum_buf;
   Status ReduceBucket(int k);
+  Status PlanBucketReduce();
+  bool device_exchanges = false;  // overlapped buckets exchanged by the device (SetUpDevice)
   Result<double> OverlappedBackward(int64_t first, int64_t end, float grad_scale);
 
   LrSchedule sched;
@@ -1601,9 +1602,69 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
     }
     device_reduces = true;
   }
+  // Overlapped, several processes: each bucket's exchange (ReduceBucket) runs on the devices,
+  // only this rank's sum of it crossing to the host (TrainDevice::ExchangeBucketToHost).
+  if (world > 1 && opts.pipeline == "overlap" && !staged() && !ds.stream_weights) {
+    UCP_RETURN_IF_ERROR(PlanBucketReduce());
+    ds.reduce.comm = comm;
+    for (const BucketReduce& br : bucket_reduce) ds.reduce.buckets.push_back(br.ex);
+    device_exchanges = true;
+  }
   UCP_ASSIGN_OR_RETURN(device,
                        opts.device == "twin" ? MakeCpuTwinDevice(ds) : opts.device_factory(ds),
                        "--device " + opts.device);
+  return Status::Ok();
+}
+
+// --pipeline overlap with several processes: each bucket's exchange (BucketReduce), and the
+// host's scratch for the largest. Once (SetUpDevice may ask first, for the device's exchanges).
+Status Trainer::Impl::PlanBucketReduce() {
+  if (!bucket_reduce.empty()) return Status::Ok();
+  const auto& groups = net->grad_groups();
+  std::vector<int> group_of(net->params().size(), 0);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    for (int64_t i = groups[k].first_param; i < groups[k].end_param; ++i) {
+      group_of[static_cast<size_t>(i)] = static_cast<int>(k);
+    }
+  }
+  bucket_reduce.assign(groups.size(), {});
+  if (blocks > 1) {
+    UCP_CHECK(blocks == world);
+    for (BucketReduce& br : bucket_reduce) br.ex.send_counts.assign(static_cast<size_t>(world), 0);
+    for (int r = 0; r < blocks; ++r) {
+      for (const Piece& pc : block_pieces[r]) {
+        BucketReduce& br = bucket_reduce[static_cast<size_t>(group_of[pc.param])];
+        br.ex.pack.push_back({pc.coff, pc.n});
+        br.ex.send_counts[static_cast<size_t>(r)] += pc.n;
+        if (r == rank) {
+          br.mine.push_back(pc);
+          br.ex.sum_n += pc.n;
+        }
+      }
+    }
+    for (BucketReduce& br : bucket_reduce) {
+      br.ex.recv_counts.assign(static_cast<size_t>(world), br.ex.sum_n);
+    }
+  } else {
+    for (const Piece& pc : block_pieces[0]) {
+      BucketReduce& br = bucket_reduce[static_cast<size_t>(group_of[pc.param])];
+      br.ex.pack.push_back({pc.coff, pc.n});
+      br.mine.push_back(pc);
+      br.ex.sum_n += pc.n;
+    }
+  }
+  for (BucketReduce& br : bucket_reduce) {
+    UCP_ASSIGN_OR_RETURN(br.chunks, PlanBucketChunks(br.ex, world, INT64_MAX));
+  }
+  size_t send = 0, recv = 0, sum = 0;
+  for (const BucketReduce& br : bucket_reduce) {
+    send = std::max(send, static_cast<size_t>(br.ex.packed()));
+    recv = std::max(recv, static_cast<size_t>(br.ex.sum_n * world));
+    sum = std::max(sum, static_cast<size_t>(br.ex.sum_n));
+  }
+  send_buf.assign(send, 0.0f);
+  recv_buf.assign(recv, 0.0f);
+  sum_buf.assign(sum, 0.0f);
   return Status::Ok();
 }
 
@@ -1641,47 +1702,7 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
     buckets[static_cast<size_t>(group_of[static_cast<size_t>(pc.param)])].pieces.push_back(
         {pc.coff, pc.foff, pc.n});
   }
-  if (world > 1) {
-    // Each bucket's exchange (BucketReduce), and scratch for the largest.
-    bucket_reduce.assign(groups.size(), {});
-    for (BucketReduce& br : bucket_reduce) {
-      br.send_counts.assign(static_cast<size_t>(world), 0);
-      br.recv_counts.assign(static_cast<size_t>(world), 0);
-    }
-    if (blocks > 1) {
-      UCP_CHECK(blocks == world);
-      for (int r = 0; r < blocks; ++r) {
-        for (const Piece& pc : block_pieces[r]) {
-          BucketReduce& br = bucket_reduce[static_cast<size_t>(group_of[pc.param])];
-          br.send.push_back(pc);
-          br.send_counts[r] += pc.n;
-          br.send_n += pc.n;
-          if (r == rank) {
-            br.mine.push_back(pc);
-            br.mine_n += pc.n;
-          }
-        }
-      }
-      for (BucketReduce& br : bucket_reduce) {
-        std::fill(br.recv_counts.begin(), br.recv_counts.end(), br.mine_n);
-      }
-    } else {
-      for (const Piece& pc : block_pieces[0]) {
-        BucketReduce& br = bucket_reduce[static_cast<size_t>(group_of[pc.param])];
-        br.mine.push_back(pc);
-        br.mine_n += pc.n;
-      }
-    }
-    size_t send = 0, recv = 0, sum = 0;
-    for (const BucketReduce& br : bucket_reduce) {
-      send = std::max(send, static_cast<size_t>(br.send_n));
-      recv = std::max(recv, static_cast<size_t>(br.mine_n * world));
-      sum = std::max(sum, static_cast<size_t>(br.mine_n));
-    }
-    send_buf.assign(send, 0.0f);
-    recv_buf.assign(recv, 0.0f);
-    sum_buf.assign(sum, 0.0f);
-  }
+  if (world > 1) UCP_RETURN_IF_ERROR(PlanBucketReduce());
   PipelineOptions po;
   po.adam = ac;
   po.adam_threads = std::max(1, threads / 2);
@@ -1745,41 +1766,26 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
 Status Trainer::Impl::ReduceBucket(int k) {
   const auto t0 = Clock::now();
   const BucketReduce& br = bucket_reduce[static_cast<size_t>(k)];
-  if (device != nullptr) {
-    // The bucket's gradient, complete on the device, to the host buffer the exchange reads.
-    UCP_RETURN_IF_ERROR(device->GroupGradsToHost(k), "gradients of " + pipeline->buckets()[k].name);
-  }
-  const std::span<float> sum = std::span<float>(sum_buf).first(static_cast<size_t>(br.mine_n));
+  const std::span<float> sum = std::span<float>(sum_buf).first(static_cast<size_t>(br.ex.sum_n));
   const std::string what = "reducing the gradients of " + pipeline->buckets()[k].name;
-  if (blocks > 1) {
-    int64_t at = 0;
-    for (const Piece& pc : br.send) {
-      std::memcpy(send_buf.data() + at, grads.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
-      at += pc.n;
-    }
-    const std::span<float> recv =
-        std::span<float>(recv_buf).first(static_cast<size_t>(br.mine_n * world));
-    UCP_RETURN_IF_ERROR(comm->AllToAllV(std::span<const float>(send_buf).first(at),
-                                        br.send_counts, recv, br.recv_counts),
-                        what);
-    UCP_RETURN_IF_ERROR(OrderedSum(recv, world, sum, SumOrder::kRankOrder), what);
-    at = 0;
-    for (const Piece& pc : br.mine) {
-      std::memcpy(gblock.data() + pc.foff, sum.data() + at, static_cast<size_t>(pc.n) * 4);
-      at += pc.n;
-    }
+  if (device_exchanges) {
+    // Where the gradients are: only this rank's sum crosses (the same bits as below).
+    UCP_RETURN_IF_ERROR(device->ExchangeBucketToHost(k, sum), what);
   } else {
-    int64_t at = 0;
-    for (const Piece& pc : br.mine) {
-      std::memcpy(sum.data() + at, grads.data() + pc.coff, static_cast<size_t>(pc.n) * 4);
-      at += pc.n;
+    if (device != nullptr) {
+      // The bucket's gradient, complete on the device, to the host buffer the exchange reads.
+      UCP_RETURN_IF_ERROR(device->GroupGradsToHost(k),
+                          "gradients of " + pipeline->buckets()[k].name);
     }
-    UCP_RETURN_IF_ERROR(comm->AllReduceDeterministic(sum, SumOrder::kRankOrder), what);
-    at = 0;
-    for (const Piece& pc : br.mine) {
-      std::memcpy(grads.data() + pc.coff, sum.data() + at, static_cast<size_t>(pc.n) * 4);
-      at += pc.n;
-    }
+    UCP_RETURN_IF_ERROR(ExchangeBucketOnHost(br.chunks, *comm, grads, send_buf, recv_buf, sum),
+                        what);
+  }
+  // The sum to this rank's block (stage 0: back into the gradient).
+  int64_t at = 0;
+  for (const Piece& pc : br.mine) {
+    float* to = blocks > 1 ? gblock.data() + pc.foff : grads.data() + pc.coff;
+    std::memcpy(to, sum.data() + at, static_cast<size_t>(pc.n) * 4);
+    at += pc.n;
   }
   // The speculation's check, on the reduced values (validation decides on the global norm).
   bool finite = true;

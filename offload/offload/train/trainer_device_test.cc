@@ -339,6 +339,84 @@ TEST(PlanReduceChunks, PackEveryBlocksChunk) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("chunks of 0")));
 }
 
+// The chunks of a bucket exchange (PlanBucketChunks): each chunk's packed floats, segment by
+// segment, are that segment's next elements, so that the segments rebuilt from every chunk are
+// the whole exchange's (ranges crossing segment and chunk boundaries, an empty segment, a rank
+// whose segment ends before the others'); every chunk's counts are what each rank sends, and
+// recv_n is this rank's (sum_n) part; ZeRO-0's all-reduce packs its sum in order. Mismatched
+// counts are refused.
+TEST(PlanBucketChunks, RebuildTheSegments) {
+  BucketExchange ex;
+  ex.pack = {{50, 7}, {10, 5}, {80, 9}, {30, 4}};  // 25 floats: segments of 11, 0, 14
+  ex.send_counts = {11, 0, 14};
+  ex.sum_n = 11;  // this rank is rank 0
+  ex.recv_counts = {11, 11, 11};
+  std::vector<float> grads(100);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i);
+  std::vector<float> whole;  // the unchunked pack
+  for (const auto& r : ex.pack) {
+    for (int64_t i = 0; i < r.n; ++i) {
+      whole.push_back(grads[static_cast<size_t>(r.model_offset + i)]);
+    }
+  }
+  for (int64_t chunk : {1, 3, 4, 11, 14, 100}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    UCP_ASSERT_OK_AND_ASSIGN(std::vector<ExchangeChunk> chunks, PlanBucketChunks(ex, 3, chunk));
+    EXPECT_EQ(static_cast<int64_t>(chunks.size()), (14 + chunk - 1) / chunk);
+    std::vector<std::vector<float>> seg(3);
+    int64_t received = 0;
+    for (const ExchangeChunk& c : chunks) {
+      ASSERT_EQ(c.send_counts.size(), 3u);
+      EXPECT_EQ(c.recv_n, std::clamp<int64_t>(11 - c.begin, 0, chunk));
+      EXPECT_EQ(c.begin, received);
+      received += chunk;
+      int64_t packed = 0;
+      for (int64_t n : c.send_counts) packed += n;
+      std::vector<float> buf(static_cast<size_t>(packed), -1.0f);
+      for (const ReduceChunk::Copy& cp : c.copies) {
+        ASSERT_LE(cp.to + cp.n, packed);
+        for (int64_t i = 0; i < cp.n; ++i) {
+          buf[static_cast<size_t>(cp.to + i)] = grads[static_cast<size_t>(cp.from + i)];
+        }
+      }
+      int64_t at = 0;
+      for (size_t r = 0; r < 3; ++r) {
+        seg[r].insert(seg[r].end(), buf.begin() + at, buf.begin() + at + c.send_counts[r]);
+        at += c.send_counts[r];
+      }
+    }
+    EXPECT_EQ(seg[0], std::vector<float>(whole.begin(), whole.begin() + 11));
+    EXPECT_TRUE(seg[1].empty());
+    EXPECT_EQ(seg[2], std::vector<float>(whole.begin() + 11, whole.end()));
+  }
+  BucketExchange zero0;  // ZeRO-0: the pack is the sum
+  zero0.pack = ex.pack;
+  zero0.sum_n = 25;
+  UCP_ASSERT_OK_AND_ASSIGN(std::vector<ExchangeChunk> chunks, PlanBucketChunks(zero0, 3, 10));
+  ASSERT_EQ(chunks.size(), 3u);
+  std::vector<float> sum(25, -1.0f);
+  for (const ExchangeChunk& c : chunks) {
+    EXPECT_TRUE(c.send_counts.empty());
+    for (const ReduceChunk::Copy& cp : c.copies) {
+      ASSERT_LE(cp.to + cp.n, c.recv_n);
+      for (int64_t i = 0; i < cp.n; ++i) {
+        sum[static_cast<size_t>(c.begin + cp.to + i)] = grads[static_cast<size_t>(cp.from + i)];
+      }
+    }
+  }
+  EXPECT_EQ(sum, whole);
+  BucketExchange bad = ex;
+  bad.send_counts = {11, 1, 14};  // 26, not the pack's 25
+  EXPECT_THAT(PlanBucketChunks(bad, 3, 4).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("do not agree")));
+  bad = ex;
+  bad.recv_counts = {11, 11, 10};  // a rank that sends this one other than its sum
+  EXPECT_THAT(PlanBucketChunks(bad, 3, 4).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("do not agree")));
+  EXPECT_THAT(PlanBucketChunks(ex, 2, 4).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("do not agree")));
+}
+
 // The book of streamed weights: in the graph's order (forward, then backward) each group sits
 // at an offset congruent to its model offset modulo kAlign, inside the arena, never overlapping
 // another group held or loaded at the same time; forward's last two layers, still in the
