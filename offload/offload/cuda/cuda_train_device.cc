@@ -34,9 +34,9 @@ namespace {
 
 Status Cuda(cudaError_t err, const std::string& what) { return CudaStatus(err, what); }
 
-// The device memory of the data-parallel reduction (ReduceGradsToHost): the packed chunk, the
-// chunks every rank sent this one and the reduced block chunk, 2 P + 1 chunks in all, about
-// this many floats (128 MiB), so that it does not grow with the model.
+// The device memory of the data-parallel reductions (one ExchangeChunk's: packed, received,
+// summed, and an all-reduce's scratch), about this many floats (128 MiB), so that it does not
+// grow with the model.
 constexpr int64_t kReduceScratchFloats = int64_t{32} << 20;
 
 // With TrainDeviceSpec::stream_weights the device's weights, compute copy and gradients are the
@@ -165,40 +165,21 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   Status InitReduce() {
     if (spec_.reduce.comm == nullptr) return Status::Ok();
     const int64_t ranks = spec_.reduce.comm->size();
-    const int64_t chunk =
-        spec_.reduce.chunk > 0
-            ? spec_.reduce.chunk
-            : std::max<int64_t>(
-                  1, std::min(spec_.reduce.block, kReduceScratchFloats / (2 * ranks + 1)));
-    UCP_ASSIGN_OR_RETURN(reduce_chunks_,
-                         PlanDeviceReduce(spec_, model_.num_params(), chunk, "CUDA device"));
-    // (On the host, without NCCL, a bucket is exchanged whole, as the trainer's own exchange.)
-    UCP_ASSIGN_OR_RETURN(bucket_chunks_, PlanDeviceBuckets(spec_, model_.num_params(), INT64_MAX,
-                                                           "CUDA device"));
+    // Chunks of chunk_len_ elements: one chunk's scratch is packed (up to P chunks), received
+    // (P) and summed (1), plus an all-reduce's (about 2 + 1/P).
+    chunk_len_ = spec_.reduce.chunk > 0
+                     ? spec_.reduce.chunk
+                     : std::max<int64_t>(1, kReduceScratchFloats / (2 * ranks + 4));
+    const int64_t n = model_.num_params();
+    UCP_ASSIGN_OR_RETURN(step_chunks_, PlanDeviceReduce(spec_, n, chunk_len_, "CUDA device"));
+    UCP_ASSIGN_OR_RETURN(bucket_chunks_, PlanDeviceBuckets(spec_, n, chunk_len_, "CUDA device"));
 #ifdef UCP_OFFLOAD_HAVE_NCCL
     UCP_ASSIGN_OR_RETURN(const bool shared, SharesAGpu(*spec_.reduce.comm));
     if (shared) return Status::Ok();  // NCCL takes one rank per GPU: the host reduces
     UCP_ASSIGN_OR_RETURN(nccl_, NcclCommunicator::Create(*spec_.reduce.comm, device_),
                          "CUDA device: the GPUs' communicator");
-    if (!spec_.reduce.buckets.empty()) {
-      // Each bucket a chunk of every rank's segment at a time: packed (up to P chunks),
-      // received (P), summed (1), and ZeRO-0's all-reduce scratch (about 2 + 1/P).
-      const int64_t len = spec_.reduce.chunk > 0
-                              ? spec_.reduce.chunk
-                              : std::max<int64_t>(1, kReduceScratchFloats / (2 * ranks + 4));
-      UCP_ASSIGN_OR_RETURN(bucket_chunks_, PlanDeviceBuckets(spec_, model_.num_params(), len,
-                                                             "CUDA device"));
-      bucket_len_ = len;
-      reduce_floats_ = (2 * ranks + 1) * len + nccl_->AllReduceDeterministicScratch(len);
-    } else if (spec_.reduce.all_reduce) {
-      // In place, a chunk of the gradients at a time; its scratch is about 2 + 1/P chunks.
-      all_reduce_chunk_ = std::max<int64_t>(
-          1, std::min(model_.num_params(), spec_.reduce.chunk > 0 ? spec_.reduce.chunk
-                                                                   : kReduceScratchFloats / 3));
-      reduce_floats_ = nccl_->AllReduceDeterministicScratch(all_reduce_chunk_);
-    } else {
-      reduce_floats_ = (2 * ranks + 1) * chunk;
-    }
+    reduce_floats_ =
+        (2 * ranks + 1) * chunk_len_ + nccl_->AllReduceDeterministicScratch(chunk_len_);
     UCP_RETURN_IF_ERROR(Alloc(&d_reduce_, reduce_floats_ * 4, "the reduction's chunk"));
 #endif
     return Status::Ok();
@@ -387,27 +368,37 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     return Cuda(cudaStreamSynchronize(stream_), "gradients to the host");
   }
 
-  // On the GPUs: each chunk packed on the device from its gradients (the view's padding zero),
-  // reduce-scattered over NCCL with the adds in rank order (NcclCommunicator::
-  // ReduceScatterDeterministic: the host communicator's bits), and this rank's reduced chunk
-  // copied to the host: 1/P of the gradients cross the host link.
+  // The reductions (TrainDeviceSpec::reduce). On the GPUs (RunChunksOnGpus) each chunk is
+  // packed from the device's gradients, exchanged over NCCL and summed in rank order there, and
+  // only this rank's result crosses to the host. Without NCCL (the build's, or ranks sharing a
+  // GPU) the gradients cross and the host runs the same chunks (ExchangeOnHost). The same bits
+  // either way.
   Status ReduceGradsToHost(std::span<float> h_block) override {
-    if (spec_.reduce.comm == nullptr || spec_.reduce.all_reduce) {
+    if (spec_.reduce.comm == nullptr || spec_.reduce.all_reduce ||
+        !spec_.reduce.buckets.empty()) {
       return TrainDevice::ReduceGradsToHost(h_block);
     }
-#ifdef UCP_OFFLOAD_HAVE_NCCL
-    if (nccl_ != nullptr) return ReduceOnGpus(h_block);
-#endif
-    // No NCCL (the build's, or ranks sharing a GPU): the host's reduction of the same chunks.
+    UCP_RETURN_IF_ERROR(CheckReduceOutput(h_block, spec_.reduce.block, "CUDA device", "the block"));
+    if (HasNccl()) return RunChunksOnGpus(step_chunks_, nullptr, h_block, "reducing gradients");
     UCP_RETURN_IF_ERROR(GradsToHost());
-    return ReduceChunksOnHost(reduce_chunks_, *spec_.reduce.comm, spec_.reduce.block, spec_.h_grads,
-                              h_block, "CUDA device");
+    return ExchangeOnHost(step_chunks_, *spec_.reduce.comm, spec_.h_grads, host_send_, host_recv_,
+                          h_block);
   }
 
-  // --pipeline overlap: bucket `group`'s exchange. On the GPUs each chunk is packed from the
-  // device's gradients, exchanged over NCCL (AllToAllV, or ZeRO-0's all-reduce) and summed in
-  // rank order there, and only this rank's sum crosses; without NCCL the group's gradients
-  // cross and the host exchanges them. The same bits either way (ExchangeBucketOnHost's).
+  // ZeRO-0: every rank's h_grads the whole sum.
+  Status AllReduceGradsToHost() override {
+    if (spec_.reduce.comm == nullptr || !spec_.reduce.all_reduce) {
+      return TrainDevice::AllReduceGradsToHost();
+    }
+    if (HasNccl()) {
+      return RunChunksOnGpus(step_chunks_, nullptr, spec_.h_grads, "reducing gradients");
+    }
+    UCP_RETURN_IF_ERROR(GradsToHost());
+    return ExchangeOnHost(step_chunks_, *spec_.reduce.comm, spec_.h_grads, host_send_, host_recv_,
+                          spec_.h_grads);
+  }
+
+  // --pipeline overlap: bucket `group`'s exchange, once backward has completed the group.
   Status ExchangeBucketToHost(int group, std::span<float> sum) override {
     if (spec_.reduce.comm == nullptr || spec_.reduce.buckets.empty()) {
       return TrainDevice::ExchangeBucketToHost(group, sum);
@@ -415,60 +406,50 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     if (group < 0 || group >= static_cast<int>(bucket_chunks_.size())) {
       return InvalidArgumentError("CUDA device: no grad group " + std::to_string(group));
     }
-    const BucketExchange& ex = spec_.reduce.buckets[static_cast<size_t>(group)];
-    if (static_cast<int64_t>(sum.size()) != ex.sum_n) {
-      return InvalidArgumentError("CUDA device: grad group " + std::to_string(group) +
-                                  "'s sum holds " + std::to_string(ex.sum_n) + " floats, not " +
-                                  std::to_string(sum.size()));
+    const auto k = static_cast<size_t>(group);
+    UCP_RETURN_IF_ERROR(CheckReduceOutput(sum, spec_.reduce.buckets[k].sum_n, "CUDA device",
+                                          "the bucket's sum"));
+    if (HasNccl()) {
+      return RunChunksOnGpus(bucket_chunks_[k], group_done_[k], sum,
+                             "exchanging grad group " + std::to_string(group));
     }
-#ifdef UCP_OFFLOAD_HAVE_NCCL
-    if (nccl_ != nullptr) return ExchangeOnGpus(group, sum);
-#endif
     UCP_RETURN_IF_ERROR(GroupGradsToHost(group));
-    return ExchangeBucketOnHost(bucket_chunks_[static_cast<size_t>(group)], *spec_.reduce.comm,
-                                spec_.h_grads, host_send_, host_recv_, sum);
+    return ExchangeOnHost(bucket_chunks_[k], *spec_.reduce.comm, spec_.h_grads, host_send_,
+                          host_recv_, sum);
   }
 
-  // ZeRO-0: the gradients summed in place on the GPUs, a chunk at a time (the sums are
-  // elementwise, so the chunks do not change their bits), then all of them to the host.
-  Status AllReduceGradsToHost() override {
-    if (spec_.reduce.comm == nullptr || !spec_.reduce.all_reduce) {
-      return TrainDevice::AllReduceGradsToHost();
-    }
+  bool HasNccl() const {
 #ifdef UCP_OFFLOAD_HAVE_NCCL
-    if (nccl_ != nullptr) {
-      UCP_RETURN_IF_ERROR(AfterModel(stream_));
-      const int64_t n = model_.num_params();
-      for (int64_t at = 0; at < n; at += all_reduce_chunk_) {
-        UCP_RETURN_IF_ERROR(
-            nccl_->AllReduceDeterministic(d_grads_ + at, std::min(all_reduce_chunk_, n - at),
-                                          d_reduce_, SumOrder::kRankOrder, stream_),
-            "reducing gradients (elements " + std::to_string(at) + " on)");
-      }
-      UCP_RETURN_IF_ERROR(nccl_->Synchronize(stream_));
-      return GradsToHost();
-    }
+    return nccl_ != nullptr;
+#else
+    return false;
 #endif
-    UCP_RETURN_IF_ERROR(GradsToHost());
-    return spec_.reduce.comm->AllReduceDeterministic(spec_.h_grads, SumOrder::kRankOrder);
   }
 
 #ifdef UCP_OFFLOAD_HAVE_NCCL
-  Status ExchangeOnGpus(int group, std::span<float> sum) {
+  // ExchangeOnHost's chunks on the GPUs, after `after` (a grad group's event; null: the model's
+  // stream so far), each chunk's result copied into `out` at its begin.
+  Status RunChunksOnGpus(std::span<const ExchangeChunk> chunks, cudaEvent_t after,
+                         std::span<float> out, const std::string& what) {
     UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
-    const std::string what = "exchanging grad group " + std::to_string(group);
-    UCP_RETURN_IF_ERROR(
-        Cuda(cudaStreamWaitEvent(stream_, group_done_[static_cast<size_t>(group)], 0), what));
+    UCP_RETURN_IF_ERROR(after != nullptr ? Cuda(cudaStreamWaitEvent(stream_, after, 0), what)
+                                         : AfterModel(stream_));
     const int64_t ranks = nccl_->size();
     float* packed = d_reduce_;
-    float* received = packed + ranks * bucket_len_;
-    float* summed = received + ranks * bucket_len_;
-    float* scratch = summed + bucket_len_;
+    float* received = packed + ranks * chunk_len_;
+    float* summed = received + ranks * chunk_len_;
+    float* scratch = summed + chunk_len_;
     std::vector<int64_t> recv_counts(static_cast<size_t>(ranks));
-    for (const ExchangeChunk& c : bucket_chunks_[static_cast<size_t>(group)]) {
+    for (const ExchangeChunk& c : chunks) {
       const bool all_reduce = c.send_counts.empty();
       float* to = all_reduce ? summed : packed;
-      for (const ReduceChunk::Copy& cp : c.copies) {
+      int64_t copied = 0;
+      for (const GradCopy& cp : c.copies) copied += cp.n;
+      if (copied < c.packed()) {  // a flat view's padding
+        UCP_RETURN_IF_ERROR(
+            Cuda(cudaMemsetAsync(to, 0, static_cast<size_t>(c.packed()) * 4, stream_), what));
+      }
+      for (const GradCopy& cp : c.copies) {
         UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(to + cp.to, d_grads_ + cp.from,
                                                  static_cast<size_t>(cp.n) * 4,
                                                  cudaMemcpyDeviceToDevice, stream_),
@@ -487,7 +468,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
             OrderedSumOnDevice(summed, received, ranks, c.recv_n, false, stream_), what);
       }
       if (c.recv_n > 0) {
-        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(sum.data() + c.begin, summed,
+        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(out.data() + c.begin, summed,
                                                  static_cast<size_t>(c.recv_n) * 4,
                                                  cudaMemcpyDeviceToHost, stream_),
                                  what));
@@ -495,37 +476,10 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     }
     return nccl_->Synchronize(stream_);
   }
-
-  Status ReduceOnGpus(std::span<float> h_block) {
-    if (static_cast<int64_t>(h_block.size()) != spec_.reduce.block) {
-      return InvalidArgumentError("CUDA device: the block holds " + std::to_string(h_block.size()) +
-                                  " floats, not " + std::to_string(spec_.reduce.block));
-    }
-    UCP_RETURN_IF_ERROR(AfterModel(stream_));
-    const int64_t ranks = nccl_->size();
-    for (const ReduceChunk& c : reduce_chunks_) {
-      float* packed = d_reduce_;
-      float* received = packed + ranks * c.n;
-      float* reduced = received + ranks * c.n;
-      const std::string what = "reducing gradients (block elements " + std::to_string(c.begin) +
-                               " to " + std::to_string(c.begin + c.n) + ")";
-      UCP_RETURN_IF_ERROR(
-          Cuda(cudaMemsetAsync(packed, 0, static_cast<size_t>(ranks * c.n) * 4, stream_), what));
-      for (const ReduceChunk::Copy& cp : c.copies) {
-        UCP_RETURN_IF_ERROR(
-            Cuda(cudaMemcpyAsync(packed + cp.to, d_grads_ + cp.from, static_cast<size_t>(cp.n) * 4,
-                                 cudaMemcpyDeviceToDevice, stream_),
-                 what));
-      }
-      UCP_RETURN_IF_ERROR(nccl_->ReduceScatterDeterministic(packed, reduced, c.n, received,
-                                                            SumOrder::kRankOrder, stream_),
-                          what);
-      UCP_RETURN_IF_ERROR(
-          Cuda(cudaMemcpyAsync(h_block.data() + c.begin, reduced, static_cast<size_t>(c.n) * 4,
-                               cudaMemcpyDeviceToHost, stream_),
-               what));
-    }
-    return nccl_->Synchronize(stream_);
+#else
+  Status RunChunksOnGpus(std::span<const ExchangeChunk>, cudaEvent_t, std::span<float>,
+                         const std::string&) {
+    return FailedPreconditionError("CUDA device: this build has no NCCL");
   }
 #endif
 
@@ -873,19 +827,16 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   float* d_m_ = nullptr;
   float* d_v_ = nullptr;
   uint8_t* d_norm_ = nullptr;  // GradNormChunks: the chunks' doubles, then their floats
-  // ReduceGradsToHost: its chunks, and on the GPUs NCCL and one chunk's scratch (packed,
-  // received, reduced).
-  std::vector<ReduceChunk> reduce_chunks_;
+  // The reductions' chunks (the synchronous step's; by grad group the buckets') of chunk_len_
+  // elements, and on the GPUs NCCL and one chunk's scratch; without NCCL the host's scratch.
+  std::vector<ExchangeChunk> step_chunks_;
+  std::vector<std::vector<ExchangeChunk>> bucket_chunks_;
+  int64_t chunk_len_ = 0;
 #ifdef UCP_OFFLOAD_HAVE_NCCL
   std::unique_ptr<NcclCommunicator> nccl_;
 #endif
   float* d_reduce_ = nullptr;
   int64_t reduce_floats_ = 0;
-  int64_t all_reduce_chunk_ = 0;  // ZeRO-0's chunk of the gradients
-  // ExchangeBucketToHost: by grad group (on the GPUs chunks of bucket_len_; on the host whole),
-  // and the host's scratch.
-  std::vector<std::vector<ExchangeChunk>> bucket_chunks_;
-  int64_t bucket_len_ = 0;
   std::vector<float> host_send_, host_recv_;
   int64_t pieces_n_ = 0;
   int64_t staged_bytes_ = 0;

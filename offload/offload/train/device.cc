@@ -77,20 +77,20 @@ class CopyQueue {
   std::thread thread_;
 };
 
-// The twin's reduction (ReduceGradsToHost) in chunks this long: small, so that the tests' tiny
-// models cross several chunk boundaries, inside pieces too.
+// The twin's reductions in chunks this long: small, so that the tests' tiny models cross
+// several chunk boundaries, inside pieces too.
 constexpr int64_t kTwinReduceChunk = 1000;
 
 class CpuTwinDevice final : public TrainDevice {
  public:
   CpuTwinDevice(TrainDeviceSpec spec, Model model,
                 std::vector<std::pair<int64_t, int64_t>> group_ranges,
-                std::vector<ReduceChunk> reduce_chunks,
+                std::vector<ExchangeChunk> step_chunks,
                 std::vector<std::vector<ExchangeChunk>> bucket_chunks)
       : spec_(std::move(spec)),
         model_(std::move(model)),
         group_ranges_(std::move(group_ranges)),
-        reduce_chunks_(std::move(reduce_chunks)),
+        step_chunks_(std::move(step_chunks)),
         bucket_chunks_(std::move(bucket_chunks)) {
     const size_t n = static_cast<size_t>(model_.num_params());
     w32_.assign(n, 0.0f);
@@ -303,8 +303,8 @@ class CpuTwinDevice final : public TrainDevice {
     if (group < 0 || group >= static_cast<int>(spec_.reduce.buckets.size())) {
       return InvalidArgumentError("twin device: no grad group " + std::to_string(group));
     }
-    return ExchangeBucketOnHost(bucket_chunks_[static_cast<size_t>(group)], *spec_.reduce.comm,
-                                grads_, send_, recv_, sum);
+    return ExchangeOnHost(bucket_chunks_[static_cast<size_t>(group)], *spec_.reduce.comm, grads_,
+                          send_, recv_, sum);
   }
 
   // The GPU's sums, on the host.
@@ -312,8 +312,7 @@ class CpuTwinDevice final : public TrainDevice {
     if (spec_.reduce.comm == nullptr || !spec_.reduce.all_reduce) {
       return TrainDevice::AllReduceGradsToHost();
     }
-    UCP_RETURN_IF_ERROR(spec_.reduce.comm->AllReduceDeterministic(grads_, SumOrder::kRankOrder));
-    return GradsToHost();
+    return ExchangeOnHost(step_chunks_, *spec_.reduce.comm, grads_, send_, recv_, spec_.h_grads);
   }
 
   // The GPU's chunks, packed and reduce-scattered on the host.
@@ -321,8 +320,8 @@ class CpuTwinDevice final : public TrainDevice {
     if (spec_.reduce.comm == nullptr || spec_.reduce.all_reduce) {
       return TrainDevice::ReduceGradsToHost(h_block);
     }
-    return ReduceChunksOnHost(reduce_chunks_, *spec_.reduce.comm, spec_.reduce.block, grads_,
-                              h_block, "twin device");
+    UCP_RETURN_IF_ERROR(CheckReduceOutput(h_block, spec_.reduce.block, "twin device", "the block"));
+    return ExchangeOnHost(step_chunks_, *spec_.reduce.comm, grads_, send_, recv_, h_block);
   }
 
  private:
@@ -341,9 +340,11 @@ class CpuTwinDevice final : public TrainDevice {
   TrainDeviceSpec spec_;
   Model model_;
   std::vector<std::pair<int64_t, int64_t>> group_ranges_;
-  std::vector<ReduceChunk> reduce_chunks_;
-  std::vector<std::vector<ExchangeChunk>> bucket_chunks_;  // by grad group
-  std::vector<float> send_, recv_;                         // ExchangeBucketToHost's scratch
+  // The reductions' chunks: the synchronous step's, and by grad group the buckets'; their
+  // scratch.
+  std::vector<ExchangeChunk> step_chunks_;
+  std::vector<std::vector<ExchangeChunk>> bucket_chunks_;
+  std::vector<float> send_, recv_;
   std::vector<float> w32_, grads_, master_, m_, v_;
   std::vector<uint16_t> w16_;
   int64_t pieces_n_ = 0;
@@ -717,16 +718,18 @@ Status CheckStagedSpec(const TrainDeviceSpec& spec, int64_t numel, const char* w
   return Status::Ok();
 }
 
-Result<std::vector<ReduceChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, int ranks,
-                                                  int64_t numel, int64_t chunk) {
+Result<std::vector<ExchangeChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, int ranks,
+                                                    int64_t numel, int64_t chunk) {
   const std::string who = "the devices' reduction";
   if (chunk < 1 || ranks < 1 || spec.block < 0) {
     return InvalidArgumentError(who + ": chunks of " + std::to_string(chunk) + " elements of " +
                                 std::to_string(ranks) + " blocks of " + std::to_string(spec.block));
   }
-  std::vector<ReduceChunk> chunks;
+  // Every block's [b, b + n), each rank's recv_n = n of this one's.
+  std::vector<ExchangeChunk> chunks;
   for (int64_t b = 0; b < spec.block; b += chunk) {
-    chunks.push_back({b, std::min(chunk, spec.block - b), {}});
+    const int64_t n = std::min(chunk, spec.block - b);
+    chunks.push_back({b, std::vector<int64_t>(static_cast<size_t>(ranks), n), n, {}});
   }
   // Pieces in block order, so that each chunk's copies come in packed order.
   std::vector<FlatPiece> pieces = spec.pieces;
@@ -746,10 +749,10 @@ Result<std::vector<ReduceChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, 
     }
     // A piece may cross chunk boundaries: a copy per chunk it touches.
     for (int64_t at = pc.flat_offset; at < pc.flat_offset + pc.n;) {
-      ReduceChunk& c = chunks[static_cast<size_t>(at / chunk)];
-      const int64_t len = std::min(pc.flat_offset + pc.n, c.begin + c.n) - at;
-      c.copies.push_back(
-          {pc.model_offset + (at - pc.flat_offset), int64_t{pc.block} * c.n + (at - c.begin), len});
+      ExchangeChunk& c = chunks[static_cast<size_t>(at / chunk)];
+      const int64_t len = std::min(pc.flat_offset + pc.n, c.begin + c.recv_n) - at;
+      c.copies.push_back({pc.model_offset + (at - pc.flat_offset),
+                          int64_t{pc.block} * c.recv_n + (at - c.begin), len});
       at += len;
     }
   }
@@ -812,33 +815,36 @@ Result<std::vector<ExchangeChunk>> PlanBucketChunks(const BucketExchange& ex, in
   return chunks;
 }
 
-Status ExchangeBucketOnHost(std::span<const ExchangeChunk> chunks, Communicator& comm,
-                            std::span<const float> grads, std::vector<float>& send,
-                            std::vector<float>& recv, std::span<float> sum) {
+Status ExchangeOnHost(std::span<const ExchangeChunk> chunks, Communicator& comm,
+                      std::span<const float> grads, std::vector<float>& send,
+                      std::vector<float>& recv, std::span<float> out) {
   const auto ranks = static_cast<size_t>(comm.size());
   std::vector<int64_t> recv_counts(ranks);
   for (const ExchangeChunk& c : chunks) {
-    if (c.recv_n > 0 && c.begin + c.recv_n > static_cast<int64_t>(sum.size())) {
-      return InvalidArgumentError("bucket exchange: a chunk ends at " +
-                                  std::to_string(c.begin + c.recv_n) + ", past the sum's " +
-                                  std::to_string(sum.size()) + " floats");
+    if (c.recv_n > 0 && c.begin + c.recv_n > static_cast<int64_t>(out.size())) {
+      return InvalidArgumentError("exchange: a chunk ends at " +
+                                  std::to_string(c.begin + c.recv_n) + ", past the " +
+                                  std::to_string(out.size()) + " floats of its result");
     }
-    // (A rank whose part of the bucket is shorter than another's takes part with nothing.)
-    const std::span<float> out =
-        c.recv_n > 0 ? sum.subspan(static_cast<size_t>(c.begin), static_cast<size_t>(c.recv_n))
+    // (A rank whose part of a bucket is shorter than another's takes part with nothing.)
+    const std::span<float> mine =
+        c.recv_n > 0 ? out.subspan(static_cast<size_t>(c.begin), static_cast<size_t>(c.recv_n))
                      : std::span<float>();
     const bool all_reduce = c.send_counts.empty();
-    int64_t packed = 0;
-    for (const ReduceChunk::Copy& cp : c.copies) packed = std::max(packed, cp.to + cp.n);
+    const int64_t packed = c.packed();
     if (!all_reduce && send.size() < static_cast<size_t>(packed)) {
       send.resize(static_cast<size_t>(packed));
     }
-    float* to = all_reduce ? out.data() : send.data();
-    for (const ReduceChunk::Copy& cp : c.copies) {
-      std::memcpy(to + cp.to, grads.data() + cp.from, static_cast<size_t>(cp.n) * 4);
+    float* to = all_reduce ? mine.data() : send.data();
+    int64_t copied = 0;
+    for (const GradCopy& cp : c.copies) copied += cp.n;
+    if (copied < packed) std::fill(to, to + packed, 0.0f);  // a flat view's padding
+    for (const GradCopy& cp : c.copies) {
+      // memmove: an all-reduce in place copies a range onto itself.
+      std::memmove(to + cp.to, grads.data() + cp.from, static_cast<size_t>(cp.n) * 4);
     }
     if (all_reduce) {
-      UCP_RETURN_IF_ERROR(comm.AllReduceDeterministic(out, SumOrder::kRankOrder));
+      UCP_RETURN_IF_ERROR(comm.AllReduceDeterministic(mine, SumOrder::kRankOrder));
       continue;
     }
     const size_t received = static_cast<size_t>(c.recv_n) * ranks;
@@ -847,7 +853,7 @@ Status ExchangeBucketOnHost(std::span<const ExchangeChunk> chunks, Communicator&
     const std::span<float> in = std::span<float>(recv).first(received);
     const auto sent = std::span<const float>(send).first(static_cast<size_t>(packed));
     UCP_RETURN_IF_ERROR(comm.AllToAllV(sent, c.send_counts, in, recv_counts));
-    UCP_RETURN_IF_ERROR(OrderedSum(in, comm.size(), out, SumOrder::kRankOrder));
+    UCP_RETURN_IF_ERROR(OrderedSum(in, comm.size(), mine, SumOrder::kRankOrder));
   }
   return Status::Ok();
 }
@@ -874,29 +880,16 @@ Result<std::vector<std::vector<ExchangeChunk>>> PlanDeviceBuckets(const TrainDev
   return out;
 }
 
-Status ReduceChunksOnHost(std::span<const ReduceChunk> chunks, Communicator& comm, int64_t block,
-                          std::span<const float> grads, std::span<float> h_block, const char* who) {
-  if (static_cast<int64_t>(h_block.size()) != block) {
-    return InvalidArgumentError(std::string(who) + ": the block holds " +
-                                std::to_string(h_block.size()) + " floats, not " +
-                                std::to_string(block));
-  }
-  const auto ranks = static_cast<size_t>(comm.size());
-  std::vector<float> packed;
-  for (const ReduceChunk& c : chunks) {
-    packed.assign(ranks * static_cast<size_t>(c.n), 0.0f);  // the view's padding is zero
-    for (const ReduceChunk::Copy& cp : c.copies) {
-      std::memcpy(packed.data() + cp.to, grads.data() + cp.from, static_cast<size_t>(cp.n) * 4);
-    }
-    UCP_RETURN_IF_ERROR(comm.ReduceScatterDeterministic(
-        packed, h_block.subspan(static_cast<size_t>(c.begin), static_cast<size_t>(c.n))));
-  }
-  return Status::Ok();
+Status CheckReduceOutput(std::span<const float> out, int64_t want, const char* who,
+                         const char* what) {
+  if (static_cast<int64_t>(out.size()) == want) return Status::Ok();
+  return InvalidArgumentError(std::string(who) + ": " + what + " holds " +
+                              std::to_string(out.size()) + " floats, not " + std::to_string(want));
 }
 
-Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
-                                                  int64_t chunk, const char* who) {
-  if (spec.reduce.comm == nullptr) return std::vector<ReduceChunk>{};
+Result<std::vector<ExchangeChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
+                                                    int64_t chunk, const char* who) {
+  if (spec.reduce.comm == nullptr) return std::vector<ExchangeChunk>{};
   if (spec.stream_weights || spec.host_window != 0 || !spec.device_pieces.empty()) {
     return InvalidArgumentError(std::string(who) +
                                 ": the reduction on the devices needs "
@@ -907,14 +900,17 @@ Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, i
       return InvalidArgumentError(std::string(who) + ": the buckets' exchanges take no flat "
                                   "view and no all-reduce of their own");
     }
-    return std::vector<ReduceChunk>{};  // (PlanDeviceBuckets plans them)
+    return std::vector<ExchangeChunk>{};  // (PlanDeviceBuckets plans them)
   }
   if (spec.reduce.all_reduce) {
     if (spec.reduce.block != 0 || !spec.reduce.pieces.empty()) {
       return InvalidArgumentError(std::string(who) + ": an all-reduce of the gradients takes no "
                                   "flat view (block and pieces)");
     }
-    return std::vector<ReduceChunk>{};
+    BucketExchange whole;  // the model's gradient, all-reduced into the host's
+    whole.pack = {{0, numel}};
+    whole.sum_n = numel;
+    return PlanBucketChunks(whole, spec.reduce.comm->size(), chunk);
   }
   return PlanReduceChunks(spec.reduce, spec.reduce.comm->size(), numel, chunk);
 }
@@ -935,10 +931,8 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
                                 std::to_string(n) + " parameters");
   }
   UCP_ASSIGN_OR_RETURN(auto ranges, GradGroupRanges(spec.model));
-  UCP_ASSIGN_OR_RETURN(
-      auto chunks,
-      PlanDeviceReduce(spec, n, spec.reduce.chunk > 0 ? spec.reduce.chunk : kTwinReduceChunk,
-                       "twin device"));
+  const int64_t chunk = spec.reduce.chunk > 0 ? spec.reduce.chunk : kTwinReduceChunk;
+  UCP_ASSIGN_OR_RETURN(auto chunks, PlanDeviceReduce(spec, n, chunk, "twin device"));
   if (spec.stream_weights) {
     if (!spec.device_pieces.empty()) {
       return InvalidArgumentError("twin device: streamed weights hold no device pieces "
@@ -947,7 +941,6 @@ Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& sp
     return std::unique_ptr<TrainDevice>(
         std::make_unique<CpuTwinStreamedDevice>(spec, std::move(model), std::move(ranges)));
   }
-  const int64_t chunk = spec.reduce.chunk > 0 ? spec.reduce.chunk : kTwinReduceChunk;
   UCP_ASSIGN_OR_RETURN(auto buckets, PlanDeviceBuckets(spec, n, chunk, "twin device"));
   return std::unique_ptr<TrainDevice>(std::make_unique<CpuTwinDevice>(
       spec, std::move(model), std::move(ranges), std::move(chunks), std::move(buckets)));

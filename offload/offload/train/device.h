@@ -81,39 +81,43 @@ struct DeviceReduceSpec {
   int64_t block = 0;
   /// Every block's pieces; the view's other elements (padding) are zero.
   std::vector<FlatPiece> pieces;
-  /// Block elements reduced at once (PlanReduceChunks); 0: the device's choice (the twin's
-  /// small, a GPU's from its scratch budget). Tests set it to cross chunk boundaries.
+  /// Elements reduced at once (ExchangeChunk); 0: the device's choice (the twin's small, a
+  /// GPU's from its scratch budget). Tests set it to cross chunk boundaries.
   int64_t chunk = 0;
   /// --pipeline overlap: each grad group's exchange (ExchangeBucketToHost); then block, pieces
   /// and all_reduce are unused.
   std::vector<BucketExchange> buckets;
 };
 
-/// ReduceGradsToHost's unit of work: block elements [begin, begin + n) of every block at once,
-/// packed as ranks x n floats (block r's at r n) by `copies` from the model's gradient, the rest
-/// of the packed floats zero (the view's padding). Reduced, its n floats are h_block's
-/// [begin, begin + n). The CPU twin and the GPU run the same chunks.
-struct ReduceChunk {
-  struct Copy {
-    int64_t from = 0;  ///< model element
-    int64_t to = 0;    ///< packed element
-    int64_t n = 0;
-  };
-  int64_t begin = 0;
+/// A copy of n gradient elements from the model (element `from`) into an exchange's packed
+/// floats (element `to`).
+struct GradCopy {
+  int64_t from = 0;
+  int64_t to = 0;
   int64_t n = 0;
-  std::vector<Copy> copies;
 };
 
-/// A bucket exchange's unit of work: elements [begin, begin + chunk) of every rank's segment
-/// (ZeRO 1-3: send_counts[r] of them for rank r, recv_n = this rank's from each) or of the
-/// packed bucket (ZeRO-0: no counts, recv_n of them all-reduced), packed by `copies` from the
-/// model's gradient; reduced, its recv_n floats are the sum's [begin, begin + recv_n). Every
-/// rank has the same chunks (the counts are every rank's alike).
+/// The unit of work of every reduction on the devices (ReduceGradsToHost, AllReduceGradsToHost,
+/// ExchangeBucketToHost), the same for the CPU twin and the GPU. ZeRO 1-3: the packed floats are
+/// send_counts[r] for rank r, in rank order; each rank receives recv_n floats from every rank and
+/// adds them in rank order (AllToAllV, then OrderedSum). An all-reduce (no counts): recv_n packed
+/// floats, all-reduced (AllReduceDeterministic). `copies` fill the packed floats from the model's
+/// gradient, the rest are zero (a flat view's padding); reduced, the recv_n floats are the
+/// result's [begin, begin + recv_n). Every rank has the same chunks (their counts are every
+/// rank's alike), and the adds are elementwise, so cutting a reduction into chunks does not
+/// change its bits.
 struct ExchangeChunk {
   int64_t begin = 0;
   std::vector<int64_t> send_counts;
   int64_t recv_n = 0;
-  std::vector<ReduceChunk::Copy> copies;
+  std::vector<GradCopy> copies;
+  /// The packed floats: the counts' sum, or recv_n for an all-reduce.
+  int64_t packed() const {
+    if (send_counts.empty()) return recv_n;
+    int64_t n = 0;
+    for (int64_t c : send_counts) n += c;
+    return n;
+  }
 };
 
 /// The chunks of `chunk` elements of each segment that cover bucket `ex` over `ranks` ranks.
@@ -121,28 +125,30 @@ struct ExchangeChunk {
 Result<std::vector<ExchangeChunk>> PlanBucketChunks(const BucketExchange& ex, int ranks,
                                                     int64_t chunk);
 
-/// One bucket's exchange on the host, chunk by chunk, from the model's gradients `grads` into
-/// `sum` (the bucket's sum_n floats): the trainer's (one chunk), the CPU twin's and a GPU's
-/// without NCCL. The adds are elementwise, so the chunks do not change the bits: those of
-/// Communicator::AllToAllV then OrderedSum in rank order (ZeRO 1-3), or of
-/// AllReduceDeterministic in rank order (ZeRO-0). `send` and `recv` are scratch (grown as
-/// needed). Errors: kInvalidArgument (a chunk past the sum), those of the communicator.
-Status ExchangeBucketOnHost(std::span<const ExchangeChunk> chunks, Communicator& comm,
-                            std::span<const float> grads, std::vector<float>& send,
-                            std::vector<float>& recv, std::span<float> sum);
-
-/// The chunks of `chunk` block elements (the last one shorter) that cover spec.block, for
-/// `ranks` blocks of a model of `numel` elements.
+/// A flat view's reduce-scatter (the synchronous step at ZeRO 1-3) as chunks of `chunk` block
+/// elements (the last one shorter) covering spec.block: chunk c packs block elements
+/// [c.begin, c.begin + c.recv_n) of every block (block r's at r recv_n), and its sum is that
+/// range of this rank's block. The bits are Communicator::ReduceScatterDeterministic's (rank
+/// order) over the view. For `ranks` blocks of a model of `numel` elements.
 /// Errors: kInvalidArgument (a piece outside the model, its block or [0, ranks); chunk < 1).
-Result<std::vector<ReduceChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, int ranks,
-                                                  int64_t numel, int64_t chunk);
+Result<std::vector<ExchangeChunk>> PlanReduceChunks(const DeviceReduceSpec& spec, int ranks,
+                                                    int64_t numel, int64_t chunk);
+
+/// Chunks on the host, from the model's gradients `grads` into `out`: the trainer's bucket
+/// exchange (one chunk), the CPU twin's reductions and a GPU's without NCCL. `grads` and `out`
+/// may be the same floats (an all-reduce in place). `send` and `recv` are scratch (grown as
+/// needed). Errors: kInvalidArgument (a chunk past `out`), those of the communicator.
+Status ExchangeOnHost(std::span<const ExchangeChunk> chunks, Communicator& comm,
+                      std::span<const float> grads, std::vector<float>& send,
+                      std::vector<float>& recv, std::span<float> out);
 
 struct TrainDeviceSpec;
-/// PlanReduceChunks for spec.reduce, after checking it against the rest of the spec (resident
-/// weights, whole host buffers, no device pieces); no reduce spec, or an all-reduce: no
-/// chunks. `who` names the device in errors. Errors: kInvalidArgument.
-Result<std::vector<ReduceChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
-                                                  int64_t chunk, const char* who);
+/// The synchronous step's chunks for spec.reduce (PlanReduceChunks; an all-reduce: the whole
+/// gradient's, PlanBucketChunks), after checking it against the rest of the spec (resident
+/// weights, whole host buffers, no device pieces); no reduce spec, or buckets: no chunks. `who`
+/// names the device in errors. Errors: kInvalidArgument.
+Result<std::vector<ExchangeChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec, int64_t numel,
+                                                    int64_t chunk, const char* who);
 
 /// PlanBucketChunks for each of spec.reduce.buckets, after checking their ranges against the
 /// model's `numel` elements; none: no chunks. Errors: kInvalidArgument naming `who`.
@@ -150,13 +156,10 @@ Result<std::vector<std::vector<ExchangeChunk>>> PlanDeviceBuckets(const TrainDev
                                                                    int64_t numel, int64_t chunk,
                                                                    const char* who);
 
-/// ReduceGradsToHost on the host (the CPU twin's; a GPU's without NCCL, after GradsToHost):
-/// the model's gradients `grads` packed chunk by chunk and reduce-scattered over `comm` (rank
-/// order) into h_block, which must hold `block` floats. `who` names the device in errors.
-/// Errors: kInvalidArgument (h_block's size), those of the communicator.
-Status ReduceChunksOnHost(std::span<const ReduceChunk> chunks, Communicator& comm, int64_t block,
-                          std::span<const float> grads, std::span<float> h_block,
-                          const char* who);
+/// Checks that a reduction's output holds the floats it should (`what` names them).
+/// Errors: kInvalidArgument naming `who`.
+Status CheckReduceOutput(std::span<const float> out, int64_t want, const char* who,
+                         const char* what);
 
 /// What the trainer tells the device when it is made.
 struct TrainDeviceSpec {
@@ -335,17 +338,16 @@ class TrainDevice {
     return FailedPreconditionError("this device leaves the gradients' reduction to the host");
   }
   /// TrainDeviceSpec::reduce given with all_reduce (ZeRO-0): the step's gradients summed over
-  /// reduce.comm's ranks, in place on the device, then all of them into h_grads, as
-  /// GradsToHost. The bits are Communicator::AllReduceDeterministic's (rank order) of every
-  /// rank's gradients. Errors: kFailedPrecondition (no such reduce spec), those of the
-  /// communicators and the copy.
+  /// reduce.comm's ranks into h_grads (every rank the whole sum). The bits are
+  /// Communicator::AllReduceDeterministic's (rank order) of every rank's gradients.
+  /// Errors: kFailedPrecondition (no such reduce spec), those of the communicators and the copy.
   virtual Status AllReduceGradsToHost() {
     return FailedPreconditionError("this device leaves the gradients' reduction to the host");
   }
   /// TrainDeviceSpec::reduce.buckets given (--pipeline overlap, several processes): grad group
   /// `group`'s exchange (reduce.buckets[group]) from the device's gradients, once the backward
   /// kernels queued before the hook's on_group_done(group) have run, into `sum`: the bits of
-  /// ExchangeBucketOnHost over the same gradients. On GPUs the packing, the exchange and the
+  /// ExchangeOnHost over the same gradients. On GPUs the packing, the exchange and the
   /// adds are the devices' (NCCL); only the sum crosses. Any thread (the reduction's).
   /// Errors: kFailedPrecondition (no buckets), kInvalidArgument (no such group, sum's size),
   /// those of the communicators.

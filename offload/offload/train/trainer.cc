@@ -348,6 +348,7 @@ struct Trainer::Impl {
   std::vector<float> send_buf, recv_buf, sum_buf;
   Status ReduceBucket(int k);
   Status PlanBucketReduce();
+  std::vector<int> GroupOfParams() const;
   bool device_exchanges = false;  // overlapped buckets exchanged by the device (SetUpDevice)
   Result<double> OverlappedBackward(int64_t first, int64_t end, float grad_scale);
 
@@ -1587,8 +1588,8 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   // Several processes, synchronous: the step's reduction runs on the devices, with the bits of
   // the host's reduction in Step. At ZeRO 1-3 a reduce-scatter, only each rank's block coming
   // to the host (TrainDevice::ReduceGradsToHost); at ZeRO-0 an all-reduce, the whole sum
-  // crossing to every rank's host (AllReduceGradsToHost). (Overlapped, each bucket still
-  // crosses whole to be reduced on the host; streamed and staged buffers keep theirs.)
+  // crossing to every rank's host (AllReduceGradsToHost). (Streamed and staged buffers keep
+  // the host's reductions.)
   if (world > 1 && opts.pipeline == "sync" && !staged() && !ds.stream_weights) {
     ds.reduce.comm = comm;
     ds.reduce.all_reduce = blocks == 1;
@@ -1616,10 +1617,8 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   return Status::Ok();
 }
 
-// --pipeline overlap with several processes: each bucket's exchange (BucketReduce), and the
-// host's scratch for the largest. Once (SetUpDevice may ask first, for the device's exchanges).
-Status Trainer::Impl::PlanBucketReduce() {
-  if (!bucket_reduce.empty()) return Status::Ok();
+// Each parameter's grad group (the model's grad_groups()), by parameter index.
+std::vector<int> Trainer::Impl::GroupOfParams() const {
   const auto& groups = net->grad_groups();
   std::vector<int> group_of(net->params().size(), 0);
   for (size_t k = 0; k < groups.size(); ++k) {
@@ -1627,7 +1626,15 @@ Status Trainer::Impl::PlanBucketReduce() {
       group_of[static_cast<size_t>(i)] = static_cast<int>(k);
     }
   }
-  bucket_reduce.assign(groups.size(), {});
+  return group_of;
+}
+
+// --pipeline overlap with several processes: each bucket's exchange (BucketReduce), and the
+// host's scratch for the largest. Once (SetUpDevice may ask first, for the device's exchanges).
+Status Trainer::Impl::PlanBucketReduce() {
+  if (!bucket_reduce.empty()) return Status::Ok();
+  const std::vector<int> group_of = GroupOfParams();
+  bucket_reduce.assign(net->grad_groups().size(), {});
   if (blocks > 1) {
     UCP_CHECK(blocks == world);
     for (BucketReduce& br : bucket_reduce) br.ex.send_counts.assign(static_cast<size_t>(world), 0);
@@ -1690,12 +1697,7 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
                               layout::ToString(layout) + ")");
   }
   const auto& groups = net->grad_groups();
-  std::vector<int> group_of(net->params().size(), 0);
-  for (size_t k = 0; k < groups.size(); ++k) {
-    for (int64_t i = groups[k].first_param; i < groups[k].end_param; ++i) {
-      group_of[static_cast<size_t>(i)] = static_cast<int>(k);
-    }
-  }
+  const std::vector<int> group_of = GroupOfParams();
   std::vector<Bucket> buckets(groups.size());
   for (size_t k = 0; k < groups.size(); ++k) buckets[k].name = groups[k].name;
   for (const Piece& pc : my_pieces()) {
@@ -1777,8 +1779,7 @@ Status Trainer::Impl::ReduceBucket(int k) {
       UCP_RETURN_IF_ERROR(device->GroupGradsToHost(k),
                           "gradients of " + pipeline->buckets()[k].name);
     }
-    UCP_RETURN_IF_ERROR(ExchangeBucketOnHost(br.chunks, *comm, grads, send_buf, recv_buf, sum),
-                        what);
+    UCP_RETURN_IF_ERROR(ExchangeOnHost(br.chunks, *comm, grads, send_buf, recv_buf, sum), what);
   }
   // The sum to this rank's block (stage 0: back into the gradient).
   int64_t at = 0;

@@ -298,26 +298,27 @@ TEST(PlanReduceChunks, PackEveryBlocksChunk) {
   }
   for (int64_t chunk : {1, 4, 5, 16, 17, 100}) {
     SCOPED_TRACE("chunk " + std::to_string(chunk));
-    UCP_ASSERT_OK_AND_ASSIGN(std::vector<ReduceChunk> chunks,
+    UCP_ASSERT_OK_AND_ASSIGN(std::vector<ExchangeChunk> chunks,
                              PlanReduceChunks(spec, ranks, numel, chunk));
     int64_t next = 0;
-    for (const ReduceChunk& c : chunks) {
+    for (const ExchangeChunk& c : chunks) {
       EXPECT_EQ(c.begin, next);
-      EXPECT_EQ(c.n, std::min(chunk, block - c.begin));
-      next = c.begin + c.n;
-      std::vector<float> packed(static_cast<size_t>(ranks * c.n), 0.0f);
-      for (const ReduceChunk::Copy& cp : c.copies) {
+      EXPECT_EQ(c.recv_n, std::min(chunk, block - c.begin));
+      EXPECT_EQ(c.send_counts, std::vector<int64_t>(ranks, c.recv_n));
+      next = c.begin + c.recv_n;
+      std::vector<float> packed(static_cast<size_t>(ranks * c.recv_n), 0.0f);
+      for (const GradCopy& cp : c.copies) {
         ASSERT_GE(cp.from, 0);
         ASSERT_LE(cp.from + cp.n, numel);
         ASSERT_GE(cp.to, 0);
-        ASSERT_LE(cp.to + cp.n, ranks * c.n);
+        ASSERT_LE(cp.to + cp.n, ranks * c.recv_n);
         for (int64_t i = 0; i < cp.n; ++i) {
           packed[static_cast<size_t>(cp.to + i)] = grads[static_cast<size_t>(cp.from + i)];
         }
       }
       for (int r = 0; r < ranks; ++r) {
-        for (int64_t i = 0; i < c.n; ++i) {
-          EXPECT_EQ(packed[static_cast<size_t>(r * c.n + i)],
+        for (int64_t i = 0; i < c.recv_n; ++i) {
+          EXPECT_EQ(packed[static_cast<size_t>(r * c.recv_n + i)],
                     flat[static_cast<size_t>(r * block + c.begin + i)])
               << "block " << r << " element " << c.begin + i;
         }
@@ -373,7 +374,7 @@ TEST(PlanBucketChunks, RebuildTheSegments) {
       int64_t packed = 0;
       for (int64_t n : c.send_counts) packed += n;
       std::vector<float> buf(static_cast<size_t>(packed), -1.0f);
-      for (const ReduceChunk::Copy& cp : c.copies) {
+      for (const GradCopy& cp : c.copies) {
         ASSERT_LE(cp.to + cp.n, packed);
         for (int64_t i = 0; i < cp.n; ++i) {
           buf[static_cast<size_t>(cp.to + i)] = grads[static_cast<size_t>(cp.from + i)];
@@ -397,7 +398,7 @@ TEST(PlanBucketChunks, RebuildTheSegments) {
   std::vector<float> sum(25, -1.0f);
   for (const ExchangeChunk& c : chunks) {
     EXPECT_TRUE(c.send_counts.empty());
-    for (const ReduceChunk::Copy& cp : c.copies) {
+    for (const GradCopy& cp : c.copies) {
       ASSERT_LE(cp.to + cp.n, c.recv_n);
       for (int64_t i = 0; i < cp.n; ++i) {
         sum[static_cast<size_t>(c.begin + cp.to + i)] = grads[static_cast<size_t>(cp.from + i)];
