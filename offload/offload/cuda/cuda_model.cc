@@ -237,6 +237,9 @@ struct CudaOps {
                      : cuda::AttentionBackward(dqkv, dout, qkv, lse, attn_scratch, B, T, NH, KV,
                                                hd, stream));
   }
+  // Whether AttentionBackwardWithOutput reads `out` (the flash kernels'; under sequence
+  // parallelism the graph then brings the output back by heads).
+  bool AttentionReadsOutput() const { return flash != nullptr; }
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd) {
     AttentionBackwardWithOutput(dqkv, dout, qkv, nullptr, lse, B, T, NH, KV, hd);

@@ -59,7 +59,7 @@
 //     op is position-wise, so it runs on the shard alone; attention is per head, so an all-to-all
 //     gives each rank the whole sequence of NH/P query heads (and their KV heads), causal by
 //     absolute position, and a second one returns the output rows to their shards (layout and
-//     head assignment: the Ulysses block below). Backward is the same transposed: the adjoint of
+//     head assignment: offload/model/ulysses.h). Backward is the same transposed: the adjoint of
 //     an all-to-all is the reverse all-to-all, and the adjoint of handing one KV head to several
 //     ranks is the sum of their KV gradients (in rank order). The loss is the shard's sum and
 //     every weight gradient is the shard's partial sum; the sum over the P shards is the loss and
@@ -86,6 +86,7 @@
 #include "offload/model/model_graph.h"
 #include "offload/model/model_ref.h"
 #include "offload/model/ops.h"
+#include "offload/model/ulysses.h"
 #include "ucp/base/check.h"
 #include "ucp/base/status_macros.h"
 
@@ -97,6 +98,8 @@ using graph::LayerOffsets;
 using graph::Layout;
 using graph::RefOps;
 using graph::RunGraph;
+using graph::UlyssesGeometry;
+using HostUlysses = graph::Ulysses<float, graph::HostUlyssesBackend<float>>;
 
 namespace {
 
@@ -182,262 +185,6 @@ Result<graph::Layout> graph::BuildLayout(const ModelConfig& c) {
 
 namespace {
 
-
-// ---- Ulysses sequence parallelism (DeepSpeed-Ulysses; the rules are DeepSpeed's)
-//
-// P ranks, this one r; NH query heads, KV groups of hpg = NH/KV query heads, head_dim hd;
-// W = (NH + 2 KV) hd values per fused qkv row (the interleaved groups of the math block); B
-// sequences; Tl positions per shard, T = P Tl in all; N = B Tl local rows.
-//
-// Head assignment. Rank r takes the query heads [r NHl, (r+1) NHl), NHl = NH/P (heads % P == 0),
-// and the KV heads they use, as KVl local groups of hpgl = NHl/KVl query heads each:
-//   * KV % P == 0 (the usual GQA case, GPT always): KVl = KV/P whole groups, [r KVl, (r+1) KVl),
-//     hpgl = hpg. Every KV head lives on one rank.
-//   * P % KV == 0, P > KV (replication): KVl = 1; the group g = r / (P/KV) is shared by the P/KV
-//     ranks r' with r' / (P/KV) == g, each taking hpgl = NHl of its query heads. Each of them
-//     gets a copy of the group's k and v heads, so its k/v gradient is a partial sum: the
-//     backward adds the P/KV partials back up, in rank order.
-//   Anything else is refused (ValidateSequenceParallel). Local group j of rank r is global group
-//   g(r, j) = KV % P == 0 ? r KVl + j : r / (P/KV); its query heads are the global heads
-//   [r NHl + j hpgl, + hpgl), found in the fused row at QCol(r, j) (hpgl hd contiguous values);
-//   its k then v at KCol(r, j) = g (hpg + 2) hd + hpg hd (2 hd contiguous values).
-//   The local fused row has Wl = (NHl + 2 KVl) hd values, the same interleaved-groups layout with
-//   NHl heads and KVl groups, so the attention ops run on it unchanged.
-//
-// The four all-to-alls (AllToAll: in and out are P equal blocks; block j of out <- block r of
-// rank j's in). [..] is a row-major shape; "block j" is the leading index.
-//   forward, before attention (QkvToHeads):
-//     send [P][B][Tl][Wl]: block j = rank j's columns (QCol/KCol of j) of the local qkv [N, W]
-//     recv [P][B][Tl][Wl]: block j = positions [j Tl, (j+1) Tl) of this rank's heads
-//     -> qkv_full [B][T][Wl] (interleave: row (b, j Tl + t) <- recv[j][b][t])
-//   forward, after attention (HeadsToSeq):
-//     send [P][B][Tl][NHl hd]: block j = positions [j Tl, (j+1) Tl) of att_full [B][T][NHl hd]
-//     recv [P][B][Tl][NHl hd]: block j = rank j's heads [j NHl, (j+1) NHl) at the local positions
-//     -> atty [N][NH hd] (columns [j NHl hd, (j+1) NHl hd) <- recv[j]; heads are concatenated
-//     head after head, so rank j's heads are one contiguous column block)
-//   backward: SeqToHeads is the transpose of HeadsToSeq (datty -> datt_full) and HeadsToQkv that
-//     of QkvToHeads (dqkv_full -> dqkv, adding: query columns receive one block each, KV columns
-//     one per rank sharing the head, added in rank order).
-// Buffers: send and recv of N P Wl floats each (>= N NH hd), owned here; qkv_full lives in the
-// per-layer activations (saved for backward: N P Wl per layer, N W without replication), lse is
-// [B][NHl][T] (N NH per layer, as without SP). The copies run on the Parallel, by rows; the
-// all-to-alls run on the calling thread. Deterministic: the exchanges are copies and the only
-// adds (replicated KV) are in rank order, so the same P and thread count give the same bits.
-struct UlyssesGeometry {
-  int64_t P = 1, r = 0, NH = 0, KV = 0, hd = 0, hpg = 0, W = 0;
-  int64_t NHl = 0, KVl = 0, hpgl = 0, Wl = 0;
-
-  UlyssesGeometry(const ModelConfig& c, int64_t size, int64_t rank)
-      : P(size), r(rank), NH(c.heads), KV(c.kv_heads), hd(c.head_dim) {
-    hpg = NH / KV;
-    W = (NH + 2 * KV) * hd;
-    NHl = NH / P;
-    KVl = KV % P == 0 ? KV / P : 1;
-    hpgl = NHl / KVl;
-    Wl = (NHl + 2 * KVl) * hd;
-  }
-  int64_t Group(int64_t rank, int64_t j) const {
-    return KV % P == 0 ? rank * KVl + j : rank / (P / KV);
-  }
-  int64_t QCol(int64_t rank, int64_t j) const {
-    const int64_t g = Group(rank, j), first_head = rank * NHl + j * hpgl;
-    return g * (hpg + 2) * hd + (first_head - g * hpg) * hd;
-  }
-  int64_t KCol(int64_t rank, int64_t j) const { return Group(rank, j) * (hpg + 2) * hd + hpg * hd; }
-};
-
-template <typename T>
-class Ulysses {
- public:
-  Ulysses(Communicator* comm, Parallel* par, const ModelConfig& c)
-      : comm_(comm), par_(par), geo_(c, comm->size(), comm->rank()) {}
-
-  const UlyssesGeometry& geo() const { return geo_; }
-  // Values per local row of the saved qkv_full ([B][T][Wl] holds N P Wl values).
-  int64_t qkv_width() const { return geo_.P * geo_.Wl; }
-
-  // Sizes the buffers for up to `max_rows` local rows (throws std::bad_alloc).
-  void Allocate(int64_t max_rows) {
-    const int64_t n = max_rows * geo_.P * geo_.Wl;
-    send_.assign(static_cast<size_t>(n), T(0));
-    recv_.assign(static_cast<size_t>(n), T(0));
-    qkv_.assign(static_cast<size_t>(max_rows * geo_.W), T(0));
-    att_.assign(static_cast<size_t>(max_rows * geo_.NH * geo_.hd), T(0));
-    dqkv_.assign(static_cast<size_t>(n), T(0));
-  }
-  // What Allocate(max_rows) allocates, in elements (for the memory plan).
-  static int64_t Elements(const UlyssesGeometry& g, int64_t max_rows) {
-    return 3 * max_rows * g.P * g.Wl + max_rows * g.W + max_rows * g.NH * g.hd;
-  }
-  int64_t allocated() const {
-    return static_cast<int64_t>(send_.size() + recv_.size() + qkv_.size() + att_.size() +
-                                dqkv_.size());
-  }
-  T* qkv_local() { return qkv_.data(); }   // [N, W]: the projection's output, this shard
-  T* att_full() { return att_.data(); }    // [B, T, NHl hd]: attention output or its gradient
-  T* dqkv_full() { return dqkv_.data(); }  // [B, T, Wl]
-
-  // Every rank agrees on the call before any all-to-all: a batch refused anywhere is refused
-  // everywhere, and mismatched shapes or shards never reach a collective of unequal sizes.
-  Status Agree(const Status& local, const Batch& b, bool backward) {
-    const int64_t base = b.position_offset - geo_.r * b.seq_len, bw = backward ? 1 : 0;
-    std::array<int64_t, 9> v = {
-        local.ok() ? 0 : 1, b.batch, -b.batch, b.seq_len, -b.seq_len, base, -base, bw, -bw};
-    UCP_RETURN_IF_ERROR(comm_->AllReduce(std::span<int64_t>(v), ReduceOp::kMax),
-                        "while the sequence-parallel ranks agree on the batch");
-    if (!local.ok()) return local;
-    const std::string sp = "sequence-parallel group of " + std::to_string(geo_.P) + " ranks";
-    if (v[0] != 0) return InvalidArgumentError("another rank of the " + sp + " refused its batch");
-    if (v[1] != -v[2] || v[3] != -v[4]) {
-      return InvalidArgumentError("the " + sp + " disagree on the shard: batch in [" +
-                                  std::to_string(-v[2]) + ", " + std::to_string(v[1]) +
-                                  "], seq_len in [" + std::to_string(-v[4]) + ", " +
-                                  std::to_string(v[3]) + "]");
-    }
-    if (v[5] != -v[6]) {
-      return InvalidArgumentError("the shards of the " + sp +
-                                  " are not consecutive: position_offset - rank * seq_len "
-                                  "ranges over [" +
-                                  std::to_string(-v[6]) + ", " + std::to_string(v[5]) + "] (rank " +
-                                  std::to_string(geo_.r) +
-                                  ": position_offset=" + std::to_string(b.position_offset) +
-                                  ", seq_len=" + std::to_string(b.seq_len) + ")");
-    }
-    if (v[7] != -v[8]) {
-      return InvalidArgumentError("some ranks of the " + sp +
-                                  " call Forward and others ForwardBackward");
-    }
-    return Status::Ok();
-  }
-
-  // qkv [B][Tl][W] (this shard, all heads) -> qkv_full [B][T][Wl] (all positions, this rank's
-  // heads).
-  Status QkvToHeads(const T* qkv, T* qkv_full, int64_t B, int64_t Tl) {
-    const UlyssesGeometry& g = geo_;
-    const int64_t N = B * Tl, qn = g.hpgl * g.hd;
-    T* send = send_.data();
-    par_->For(N, [&](int, int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const T* src = qkv + n * g.W;
-        for (int64_t j = 0; j < g.P; ++j) {
-          T* dst = send + (j * N + n) * g.Wl;
-          for (int64_t k = 0; k < g.KVl; ++k) {
-            T* d = dst + k * (g.hpgl + 2) * g.hd;
-            std::memcpy(d, src + g.QCol(j, k), sizeof(T) * qn);
-            std::memcpy(d + qn, src + g.KCol(j, k), sizeof(T) * 2 * g.hd);
-          }
-        }
-      }
-    });
-    UCP_RETURN_IF_ERROR(Exchange(N * g.Wl), "while ulysses gathers the sequence of qkv");
-    Interleave(recv_.data(), qkv_full, B, Tl, g.Wl);
-    return Status::Ok();
-  }
-
-  // att_full [B][T][NHl hd] -> atty [B][Tl][NH hd].
-  Status HeadsToSeq(const T* att_full, T* atty, int64_t B, int64_t Tl) {
-    const int64_t wh = geo_.NHl * geo_.hd;
-    Deinterleave(att_full, send_.data(), B, Tl, wh);
-    UCP_RETURN_IF_ERROR(Exchange(B * Tl * wh), "while ulysses returns the attention output");
-    BlocksToColumns(recv_.data(), atty, B * Tl, wh);
-    return Status::Ok();
-  }
-
-  // The transpose of HeadsToSeq: datty [B][Tl][NH hd] -> datt_full [B][T][NHl hd].
-  Status SeqToHeads(const T* datty, T* datt_full, int64_t B, int64_t Tl) {
-    const int64_t wh = geo_.NHl * geo_.hd;
-    ColumnsToBlocks(datty, send_.data(), B * Tl, wh);
-    UCP_RETURN_IF_ERROR(Exchange(B * Tl * wh), "while ulysses gathers the attention gradient");
-    Interleave(recv_.data(), datt_full, B, Tl, wh);
-    return Status::Ok();
-  }
-
-  // The transpose of QkvToHeads: dqkv [B][Tl][W] += dqkv_full [B][T][Wl] sent back to the
-  // shards, replicated KV heads' partial gradients added in rank order.
-  Status HeadsToQkv(const T* dqkv_full, T* dqkv, int64_t B, int64_t Tl) {
-    const UlyssesGeometry& g = geo_;
-    const int64_t N = B * Tl, qn = g.hpgl * g.hd;
-    Deinterleave(dqkv_full, send_.data(), B, Tl, g.Wl);
-    UCP_RETURN_IF_ERROR(Exchange(N * g.Wl), "while ulysses returns the qkv gradient");
-    const T* recv = recv_.data();
-    par_->For(N, [&](int, int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        T* dst = dqkv + n * g.W;
-        for (int64_t j = 0; j < g.P; ++j) {
-          const T* src = recv + (j * N + n) * g.Wl;
-          for (int64_t k = 0; k < g.KVl; ++k) {
-            const T* s = src + k * (g.hpgl + 2) * g.hd;
-            T* q = dst + g.QCol(j, k);
-            for (int64_t i = 0; i < qn; ++i) q[i] += s[i];
-            T* kv = dst + g.KCol(j, k);
-            for (int64_t i = 0; i < 2 * g.hd; ++i) kv[i] += s[qn + i];
-          }
-        }
-      }
-    });
-    return Status::Ok();
-  }
-
- private:
-  // send_[0, P n) -> recv_[0, P n): P blocks of n values.
-  Status Exchange(int64_t n) {
-    const size_t count = static_cast<size_t>(geo_.P * n);
-    if constexpr (std::is_same_v<T, float>) {
-      return comm_->AllToAll(std::span<const float>(send_.data(), count),
-                             std::span<float>(recv_.data(), count));
-    } else {
-      (void)count;
-      return UnimplementedError("sequence parallelism runs in fp32 only");
-    }
-  }
-  // src [P][B][Tl][w] -> dst [B][P Tl][w].
-  void Interleave(const T* src, T* dst, int64_t B, int64_t Tl, int64_t w) {
-    const int64_t P = geo_.P, blk = Tl * w;
-    par_->For(P * B, [&](int, int64_t u0, int64_t u1) {
-      for (int64_t u = u0; u < u1; ++u) {
-        const int64_t j = u / B, b = u % B;
-        std::memcpy(dst + (b * P + j) * blk, src + u * blk, sizeof(T) * blk);
-      }
-    });
-  }
-  // src [B][P Tl][w] -> dst [P][B][Tl][w].
-  void Deinterleave(const T* src, T* dst, int64_t B, int64_t Tl, int64_t w) {
-    const int64_t P = geo_.P, blk = Tl * w;
-    par_->For(P * B, [&](int, int64_t u0, int64_t u1) {
-      for (int64_t u = u0; u < u1; ++u) {
-        const int64_t j = u / B, b = u % B;
-        std::memcpy(dst + u * blk, src + (b * P + j) * blk, sizeof(T) * blk);
-      }
-    });
-  }
-  // src [P][N][w] -> dst [N][P w].
-  void BlocksToColumns(const T* src, T* dst, int64_t N, int64_t w) {
-    const int64_t P = geo_.P;
-    par_->For(N, [&](int, int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        for (int64_t j = 0; j < P; ++j) {
-          std::memcpy(dst + n * P * w + j * w, src + (j * N + n) * w, sizeof(T) * w);
-        }
-      }
-    });
-  }
-  // src [N][P w] -> dst [P][N][w].
-  void ColumnsToBlocks(const T* src, T* dst, int64_t N, int64_t w) {
-    const int64_t P = geo_.P;
-    par_->For(N, [&](int, int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        for (int64_t j = 0; j < P; ++j) {
-          std::memcpy(dst + (j * N + n) * w, src + n * P * w + j * w, sizeof(T) * w);
-        }
-      }
-    });
-  }
-
-  Communicator* comm_;
-  Parallel* par_;
-  UlyssesGeometry geo_;
-  std::vector<T> send_, recv_, qkv_, att_, dqkv_;
-};
 
 // The fast fp32 ops, all on the Parallel's arena.
 struct FastOps {
@@ -576,7 +323,7 @@ Result<double> RefForwardBackward(const ModelConfig& config, std::span<const dou
   return RunGraph<double>(ops, config, lay, acts, weights.data(),
                           grads.empty() ? nullptr : grads.data(), batch.inputs.data(),
                           batch.targets.data(), batch.batch, batch.seq_len, batch.position_offset,
-                          grad_scale, static_cast<Ulysses<double>*>(nullptr));
+                          grad_scale, static_cast<graph::NoSequenceParallel<double>*>(nullptr));
 }
 
 Status ValidateSequenceParallel(const ModelConfig& config, int64_t sp, int64_t seq_len) {
@@ -606,7 +353,7 @@ struct Model::Impl {
   int num_threads = 1;
   Parallel par{1};
   Acts<float> acts;
-  std::unique_ptr<Ulysses<float>> sp;  // null without sequence parallelism
+  std::unique_ptr<HostUlysses> sp;  // null without sequence parallelism
 
   Status Validate(std::span<const float> weights, std::span<float> grads, bool backward,
                   const Batch& batch, bool windows = false) const {
@@ -758,7 +505,7 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
   int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim, elements = 0;
   if (sp > 1) {
     const UlyssesGeometry geo(config, sp, 0);  // every rank's buffers have the same sizes
-    elements += Ulysses<float>::Elements(geo, rows);
+    elements += HostUlysses::Elements(geo, rows);
     qkv_width = geo.P * geo.Wl;
   }
   Acts<float> counter;  // sizes only: nothing is allocated
@@ -829,7 +576,8 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
   try {
     int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim;
     if (sp > 1) {
-      impl->sp = std::make_unique<Ulysses<float>>(sp_comm, &impl->par, config);
+      impl->sp = std::make_unique<HostUlysses>(
+          sp_comm, graph::HostUlyssesBackend<float>{&impl->par, sp_comm}, config);
       impl->sp->Allocate(rows);
       qkv_width = impl->sp->qkv_width();
     }

@@ -215,6 +215,7 @@ struct NoSequenceParallel {
   T* qkv_local() { return nullptr; }
   T* att_full() { return nullptr; }
   T* dqkv_full() { return nullptr; }
+  T* out_full() { return nullptr; }
   int64_t qkv_width() const { return 0; }
   template <typename... A> Status QkvToHeads(A...) { return Unsupported(); }
   template <typename... A> Status HeadsToSeq(A...) { return Unsupported(); }
@@ -436,8 +437,21 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
       UCP_RETURN_IF_ERROR(sp->SeqToHeads(a.datty.data(), sp->att_full(), B, Tn),
                           "in the backward of layer " + Str(l));
       ops.Zero(sp->dqkv_full(), N * qkv_width);
-      ops.AttentionBackward(sp->dqkv_full(), sp->att_full(), qkv, At(a.lse, l, NH), B, u.P * Tn,
-                            u.NHl, u.KVl, hd);
+      if constexpr (TakesAttentionOutput<Ops, T>) {
+        // The forward's output by heads, brought back from atty (which the projection's
+        // backward just read) as its gradient was: the same values attention wrote.
+        T* out_full = nullptr;
+        if (ops.AttentionReadsOutput()) {
+          out_full = sp->out_full();
+          UCP_RETURN_IF_ERROR(sp->SeqToHeads(At(a.atty, l, ah), out_full, B, Tn),
+                              "in the backward of layer " + Str(l));
+        }
+        ops.AttentionBackwardWithOutput(sp->dqkv_full(), sp->att_full(), qkv, out_full,
+                                        At(a.lse, l, NH), B, u.P * Tn, u.NHl, u.KVl, hd);
+      } else {
+        ops.AttentionBackward(sp->dqkv_full(), sp->att_full(), qkv, At(a.lse, l, NH), B,
+                              u.P * Tn, u.NHl, u.KVl, hd);
+      }
       UCP_RETURN_IF_ERROR(sp->HeadsToQkv(sp->dqkv_full(), a.dqkv.data(), B, Tn),
                           "in the backward of layer " + Str(l));
     }
