@@ -1,6 +1,7 @@
 // The one-process communicator, WorldCommunicator without a launcher, and the size checks every
 // implementation shares (against a stand-in of 3 ranks).
 #include "offload/comm/communicator.h"
+#include "offload/comm/rank_only_communicator.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -91,33 +92,10 @@ TEST(WorldCommunicatorTest, WithoutALauncherIsOneProcess) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("max_elements_per_call 0")));
 }
 
-// The shared checks, for a communicator of 3 ranks (nothing is communicated).
-class ThreeRanks final : public Communicator {
- public:
-  int rank() const override { return 1; }
-  int size() const override { return 3; }
-  Result<std::unique_ptr<Communicator>> Split(int, int) override { return Unused(); }
-  Status AllReduce(std::span<float>, ReduceOp) override { return Unused(); }
-  Status AllReduce(std::span<double>, ReduceOp) override { return Unused(); }
-  Status AllReduce(std::span<int64_t>, ReduceOp) override { return Unused(); }
-  Status ReduceScatter(std::span<const float>, std::span<float>) override { return Unused(); }
-  Status AllGather(std::span<const float>, std::span<float>) override { return Unused(); }
-  Status AllToAll(std::span<const float>, std::span<float>) override { return Unused(); }
-  Status AllToAllV(std::span<const float>, std::span<const int64_t>, std::span<float>,
-                   std::span<const int64_t>) override {
-    return Unused();
-  }
-  Status Broadcast(std::span<std::byte>, int) override { return Unused(); }
-  Status Barrier() override { return Unused(); }
-  [[noreturn]] void Abort(int code) override { std::_Exit(code); }
-
- private:
-  static Status Unused() { return InternalError("not a real communicator"); }
-};
-
+// The shared checks, for rank 1 of a communicator of 3 ranks (nothing is communicated).
 TEST(CommChecksTest, SizesForThreeRanks) {
   using namespace internal_comm;  // NOLINT(build/namespaces)
-  ThreeRanks c;
+  RankOnlyCommunicator c(1, 3);
   UCP_EXPECT_OK(CheckReduceScatterSizes("rs", c, 21, 7));
   UCP_EXPECT_OK(CheckReduceScatterSizes("rs", c, 0, 0));
   EXPECT_THAT(CheckReduceScatterSizes("rs", c, 22, 7),
@@ -152,7 +130,7 @@ TEST(CommChecksTest, SizesForThreeRanks) {
 
 // The deterministic collectives check sizes before they communicate.
 TEST(CommChecksTest, DeterministicChecksBeforeCommunicating) {
-  ThreeRanks c;
+  RankOnlyCommunicator c(1, 3);
   std::vector<float> in(10), out(3);
   EXPECT_THAT(c.ReduceScatterDeterministic(in, out),
               StatusIs(StatusCode::kInvalidArgument,

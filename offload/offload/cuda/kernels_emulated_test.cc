@@ -1,6 +1,7 @@
 // The kernel headers compiled for the host and run over simt_emulation.h's threads (cuda_platform.h).
 // The parameter gradients' column sums (cuda_column_kernels.h) against a double sum; the ordered
-// sums (cuda_ordered_sum_kernels.h) bitwise against OrderedSum; the flash attention kernels
+// sums (cuda_ordered_sum_kernels.h) bitwise against OrderedSum; Ulysses' row moves
+// (cuda_move_rows_kernels.h) bitwise against the CPU model's; the flash attention kernels
 // (cuda_flash_kernels.h): their tiling, masking, online softmax, the backward's two passes,
 // the group sums and every shared-memory index, against the double reference ops (ops::ref) on
 // the bf16-rounded inputs, with offload_cuda_ops_test's bounds for the GPU (bf16 probabilities
@@ -13,6 +14,7 @@
 #define UCP_SIMT_EMULATION
 #include "offload/cuda/cuda_column_kernels.h"
 #include "offload/cuda/cuda_flash_kernels.h"
+#include "offload/cuda/cuda_move_rows_kernels.h"
 #include "offload/cuda/cuda_ordered_sum_kernels.h"
 
 #include <gtest/gtest.h>
@@ -22,11 +24,15 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "offload/comm/ordered_sum.h"
+#include "offload/comm/rank_only_communicator.h"
 #include "offload/cuda/expect_close.h"
 #include "offload/model/ops.h"
+#include "offload/model/ulysses.h"
+#include "ucp/base/check.h"
 #include "ucp/tensor/float_bits.h"
 
 namespace ucp::offload::cuda::flash {
@@ -245,6 +251,118 @@ TEST(OrderedSumEmulated, IsOrderedSumBitwise) {
     if (count == 4 || count == 8 || count == 16) {
       EXPECT_NE(0, std::memcmp(sums[0].data(), sums[1].data(), n * 4)) << "count " << count;
     }
+  }
+  EXPECT_EQ(simt::Violations(), std::vector<std::string>{});
+}
+
+
+// ---- Ulysses' row moves (cuda_move_rows_kernels.h): the CUDA model's backend of ulysses.h.
+
+// The CPU model's moves, the all-to-all a loopback.
+struct HostLoopback : graph::HostUlyssesBackend<float> {
+  int64_t P = 1;
+  Status AllToAll(const float* send, float* recv, int64_t n) {
+    std::memcpy(recv, send, static_cast<size_t>(P * n) * 4);
+    return Status::Ok();
+  }
+};
+
+// The CUDA model's moves: MoveRowsOnDevice's launches of MoveRowsKernel, emulated.
+struct EmulatedMoves {
+  using Vec = std::vector<float>;
+  int64_t P = 1;
+  int64_t launches = 0;
+  Status Move(std::span<const graph::Strided<float>> moves, int64_t rows, bool add) {
+    ForEachMoveLaunch(moves.data(), static_cast<int64_t>(moves.size()), rows, add,
+                      [&](const RowMoves& batch, int k, unsigned blocks) {
+                        ++launches;
+                        simt::Launch(MoveRowsKernel, {blocks, static_cast<unsigned>(k), 1},
+                                     kMoveRowsThreads, 0, batch, rows, add);
+                      });
+    return Status::Ok();
+  }
+  Status AllToAll(const float* send, float* recv, int64_t n) {
+    std::memcpy(recv, send, static_cast<size_t>(P * n) * 4);
+    return Status::Ok();
+  }
+};
+
+struct UlyssesCase {
+  const char* name;
+  int64_t heads, kv_heads, P, r;
+};
+
+// One rank's four exchanges (forward's qkv to heads and output back; backward's gradient to heads
+// and qkv gradient back, added into a gradient already there) through both backends: the same
+// bits. The cases split whole KV groups (GPT's one head a group; LLaMA's groups of 2) and
+// replicate a KV group on two ranks, whose adds into one value must keep rank order; several
+// rows a move, and sequences longer than one.
+TEST(UlyssesMovesEmulated, AreTheCpuModelsBitwise) {
+  const int64_t B = 2, Tl = 3, hd = 8, N = B * Tl;
+  for (const UlyssesCase& u : {UlyssesCase{"gpt heads 4, P 2", 4, 4, 2, 1},
+                               UlyssesCase{"gqa heads 8 kv 4, P 2", 8, 4, 2, 0},
+                               UlyssesCase{"gqa heads 8 kv 4, P 4", 8, 4, 4, 3},
+                               UlyssesCase{"replicated kv 2, P 4", 8, 2, 4, 1}}) {
+    SCOPED_TRACE(u.name);
+    ModelConfig c;
+    c.heads = u.heads;
+    c.kv_heads = u.kv_heads;
+    c.head_dim = hd;
+    // Rank r of P for Ulysses' geometry; nothing is communicated (the backends below hand each
+    // all-to-all's blocks back to the same rank, so one process runs every move of one rank).
+    RankOnlyCommunicator comm(static_cast<int>(u.r), static_cast<int>(u.P));
+    const graph::UlyssesGeometry g(c, u.P, u.r);
+    Parallel par(2);
+    HostLoopback hb;
+    hb.par = &par;
+    hb.P = u.P;
+    EmulatedMoves eb;
+    eb.P = u.P;
+    graph::Ulysses<float, HostLoopback> host(&comm, hb, c);
+    graph::Ulysses<float, EmulatedMoves> dev(&comm, eb, c);
+    host.Allocate(N);
+    dev.Allocate(N);
+    // Values over many magnitudes, so that adds in another order would change bits.
+    auto values = [](size_t n, uint32_t seed) {
+      std::vector<float> v = flash::Random(n, seed);
+      for (size_t i = 0; i < n; ++i) v[i] *= std::ldexp(1.0f, static_cast<int>(i % 23) - 11);
+      return v;
+    };
+    const int64_t T = u.P * Tl, wh = g.NHl * hd;
+    const std::vector<float> qkv = values(static_cast<size_t>(N * g.W), 1);
+    const std::vector<float> att = values(static_cast<size_t>(B * T * wh), 2);
+    const std::vector<float> datty = values(static_cast<size_t>(N * g.NH * hd), 3);
+    const std::vector<float> dqkv_full = values(static_cast<size_t>(B * T * g.Wl), 4);
+    const std::vector<float> dqkv0 = values(static_cast<size_t>(N * g.W), 5);
+    struct Out {
+      std::vector<float> qkv_full, atty, datt_full, dqkv;
+    };
+    auto run = [&](auto& x) {
+      Out o;
+      o.qkv_full.assign(static_cast<size_t>(B * T * g.Wl), NAN);
+      o.atty.assign(static_cast<size_t>(N * g.NH * hd), NAN);
+      o.datt_full.assign(static_cast<size_t>(B * T * wh), NAN);
+      o.dqkv = dqkv0;
+      UCP_CHECK(x.QkvToHeads(qkv.data(), o.qkv_full.data(), B, Tl).ok());
+      UCP_CHECK(x.HeadsToSeq(att.data(), o.atty.data(), B, Tl).ok());
+      UCP_CHECK(x.SeqToHeads(datty.data(), o.datt_full.data(), B, Tl).ok());
+      UCP_CHECK(x.HeadsToQkv(dqkv_full.data(), o.dqkv.data(), B, Tl).ok());
+      return o;
+    };
+    const Out want = run(host), got = run(dev);
+    for (const auto& [w, v, what] :
+         {std::tuple{&want.qkv_full, &got.qkv_full, "qkv by heads"},
+          std::tuple{&want.atty, &got.atty, "output by positions"},
+          std::tuple{&want.datt_full, &got.datt_full, "output gradient by heads"},
+          std::tuple{&want.dqkv, &got.dqkv, "qkv gradient"}}) {
+      SCOPED_TRACE(what);
+      ASSERT_EQ(w->size(), v->size());
+      EXPECT_EQ(0, std::memcmp(w->data(), v->data(), w->size() * 4));
+      EXPECT_TRUE(std::none_of(v->begin(), v->end(), [](float f) { return std::isnan(f); }))
+          << "a value no move wrote";
+    }
+    // Every KV-gradient add is its own launch (2 P KVl of them), the copies batched.
+    EXPECT_GE(dev.backend().launches, 2 * u.P * g.KVl);
   }
   EXPECT_EQ(simt::Violations(), std::vector<std::string>{});
 }

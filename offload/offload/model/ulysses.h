@@ -14,6 +14,7 @@
 #include "offload/comm/communicator.h"
 #include "offload/model/model.h"
 #include "offload/model/ops.h"
+#include "offload/model/strided.h"
 #include "ucp/base/status.h"
 #include "ucp/base/status_macros.h"
 
@@ -86,17 +87,6 @@ struct UlyssesGeometry {
     return g * (hpg + 2) * hd + (first_head - g * hpg) * hd;
   }
   int64_t KCol(int64_t rank, int64_t j) const { return Group(rank, j) * (hpg + 2) * hd + hpg * hd; }
-};
-
-/// One strided move of a backend's Move: for each of its `rows` rows i, the `width` values at
-/// src + i spitch to dst + i dpitch (copied, or added into dst).
-template <typename T>
-struct Strided {
-  T* dst = nullptr;
-  int64_t dpitch = 0;
-  const T* src = nullptr;
-  int64_t spitch = 0;
-  int64_t width = 0;
 };
 
 /// A Ulysses backend (the CPU's below; the CUDA model's in cuda_model.cc) provides
