@@ -114,14 +114,18 @@ struct ModelScratch {
 };
 
 /// `c`: a ModelConfig (model.h; a template so this header needs none of it); gated_ffn: the
-/// FFN's first GEMM is 2 x ffn_hidden wide (LLaMA's SwiGLU).
+/// FFN's first GEMM is 2 x ffn_hidden wide (LLaMA's SwiGLU). sp > 1: Ulysses sequence
+/// parallelism (offload/model/ulysses.h; the caller has checked its rules): the position-wise ops
+/// run on this rank's max_seq_len / sp positions, attention on the whole sequence of its
+/// heads / sp query heads and their KV heads (kv_heads / sp, or one replicated group).
 template <typename Config>
 ModelScratch CudaModelScratch(const Config& c, bool gated_ffn, int64_t max_batch,
                               int64_t max_seq_len, bool gemm_bf16,
-                              bool flash_attention = false) {
+                              bool flash_attention = false, int64_t sp = 1) {
   ModelScratch s;
-  const int64_t rows = max_batch * max_seq_len;
-  s.attn_floats = AttentionBackwardScratch(max_batch, max_seq_len, c.heads);
+  const int64_t rows = max_batch * (max_seq_len / sp);
+  const int64_t NHl = c.heads / sp, KVl = c.kv_heads % sp == 0 ? c.kv_heads / sp : 1;
+  s.attn_floats = AttentionBackwardScratch(max_batch, max_seq_len, NHl);
   s.classifier_floats = ClassifierScratch(rows, c.vocab);
   s.token_ints = 4 * rows + 1;  // inputs, targets, GroupTokens's order and starts
   if (gemm_bf16) {
@@ -136,10 +140,10 @@ ModelScratch CudaModelScratch(const Config& c, bool gated_ffn, int64_t max_batch
     }
     if (flash_attention) {
       s.flash_bytes =
-          FlashAttentionScratchBytes(max_batch, max_seq_len, c.heads, c.kv_heads, c.head_dim);
+          FlashAttentionScratchBytes(max_batch, max_seq_len, NHl, KVl, c.head_dim);
     } else {
       s.attn_gemm_bytes =
-          AttentionGemmScratchBytes(max_batch, max_seq_len, c.heads, c.kv_heads, c.head_dim);
+          AttentionGemmScratchBytes(max_batch, max_seq_len, NHl, KVl, c.head_dim);
     }
   }
   return s;

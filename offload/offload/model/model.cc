@@ -517,21 +517,29 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
 
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, bool gemm_bf16,
-                                      bool flash_attention) {
-  if (max_batch < 1 || max_seq_len < 1) {
+                                      bool flash_attention, int sp) {
+  if (max_batch < 1 || max_seq_len < 1 || sp < 1) {
     return InvalidArgumentError("DeviceActivationBytes: batch=" + Str(max_batch) +
-                                ", seq_len=" + Str(max_seq_len) + " must be >= 1");
+                                ", seq_len=" + Str(max_seq_len) + ", sp=" + Str(sp) +
+                                " must be >= 1");
   }
   UCP_RETURN_IF_ERROR(ValidateConfig(config));
-  const int64_t rows = max_batch * max_seq_len;
-  int64_t elements = 0;
+  UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, sp, max_seq_len));
+  // As CudaModel::Create: this shard's rows, and under SP Ulysses' buffers.
+  const int64_t rows = max_batch * (max_seq_len / sp);
+  int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim, elements = 0;
+  const bool flash = gemm_bf16 && flash_attention;
+  if (sp > 1) {
+    const UlyssesGeometry geo(config, sp, 0);
+    elements += HostUlysses::Elements(geo, rows, flash);
+    qkv_width = geo.P * geo.Wl;
+  }
   Acts<float> counter;  // sizes only, as CudaModel::Create's DeviceActs::Allocate
-  counter.ForEachBuffer(config, rows, max_seq_len,
-                        (config.heads + 2 * config.kv_heads) * config.head_dim,
+  counter.ForEachBuffer(config, rows, max_seq_len, qkv_width,
                         [&](std::vector<float>&, int64_t n) { elements += n; });
   return elements * static_cast<int64_t>(sizeof(float)) +
          gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
-                                gemm_bf16, flash_attention)
+                                gemm_bf16, flash_attention, sp)
              .bytes();
 }
 

@@ -151,10 +151,12 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
 /// up to max_batch x max_seq_len tokens: its activations (the same buffers as the CPU model's)
 /// and its scratch (offload/model/gpu_sizes.h; with gemm_bf16 the bf16 GEMMs' and the GEMM
 /// attention's, or with flash_attention as well the flash kernels' in the GEMM attention's
-/// place). Host code: the memory plan's GPU column. Errors: as ActivationBytes.
+/// place). With an sp group of `sp` ranks, this rank's shard of the activations and Ulysses'
+/// buffers (and, for the flash kernels, the output by heads their backward reads). Host code:
+/// the memory plan's GPU column. Errors: as ActivationBytes.
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, bool gemm_bf16,
-                                      bool flash_attention = false);
+                                      bool flash_attention = false, int sp = 1);
 
 /// The flat layout's element ranges [begin, end) that a model whose GEMMs read bf16 weights
 /// (the CUDA model's GemmInputs::kBf16) still reads in fp32: every parameter but the GEMMs'

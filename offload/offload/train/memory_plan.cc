@@ -120,12 +120,13 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   UCP_ASSIGN_OR_RETURN(int64_t act, ActivationBytes(in.config, in.micro_batch, in.seq_len,
                                                     in.threads, in.sp));
   // With a device the host's model is only the parameter table (a micro-batch of one token),
-  // and the device holds the CUDA model's buffers (one process per GPU: no sequence sharding).
+  // and the device holds the CUDA model's buffers (under SP its shard of the positions and
+  // Ulysses' buffers).
   UCP_ASSIGN_OR_RETURN(int64_t host_act, ActivationBytes(in.config, 1, 1, in.threads, 1));
   UCP_ASSIGN_OR_RETURN(int64_t device_act,
                        DeviceActivationBytes(in.config, in.micro_batch, in.seq_len,
                                              in.gpu_gemm_bf16 && in.dtype == LowpDType::kBf16,
-                                             in.gpu_flash_attention));
+                                             in.gpu_flash_attention, in.sp));
   layout::Layout lay;
   lay.dp = in.dp;
   lay.sp = in.sp;
@@ -316,7 +317,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     // window by window).
     if (!plan.host_fits) {
       const int64_t save_row = rows[static_cast<size_t>(MemClass::kSaveStaging)].host_bytes;
-      const bool can_stage = hw == 0 && bf16 && in.sp == 1 && (world == 1 || blocks > 1) &&
+      const bool can_stage = hw == 0 && bf16 && (world == 1 || blocks > 1) &&
                              !in.overlap;
       const int64_t dw = std::min(kDefaultHostWindow, n);
       // (Several blocks: the exchange scratch goes too; the reduced block stays.)

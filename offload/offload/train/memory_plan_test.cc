@@ -410,6 +410,40 @@ TEST(PlanDeviceActivations, AreTheCudaModelsBuffersAndScratch) {
   EXPECT_GT(pass, gpu::kAttnPassBytes);
 }
 
+// Under Ulysses (sp = 2) the device holds this rank's shard of the positions: the position-wise
+// ops' buffers and scratch for half the rows, attention's scratch for the whole sequence of half
+// the heads, and Ulysses' buffers; beside the flash kernels also the output by heads their
+// backward reads. The plan's GPU column counts the same.
+TEST(PlanDeviceActivations, UnderSequenceParallelismAShardAndUlysses) {
+  PlanInput in = Input(2);
+  const ModelConfig& c = in.config;
+  const int64_t B = 2, T = 64, P = 2, rows = B * T / P;
+  const int64_t NHl = c.heads / P, KVl = c.kv_heads % P == 0 ? c.kv_heads / P : 1;
+  const gpu::ModelScratch whole = gpu::CudaModelScratch(c, true, B, T, true, false);
+  const gpu::ModelScratch shard = gpu::CudaModelScratch(c, true, B, T, true, false, P);
+  EXPECT_EQ(shard.classifier_floats, gpu::ClassifierScratch(rows, c.vocab));
+  EXPECT_EQ(shard.token_ints, 4 * rows + 1);
+  EXPECT_EQ(shard.attn_floats, B * NHl * T);
+  EXPECT_EQ(shard.attn_gemm_bytes,
+            gpu::AttentionGemmScratchBytes(B, T, NHl, KVl, c.head_dim));
+  EXPECT_LT(shard.bytes(), whole.bytes());
+  // The flash kernels in place of the GEMM attention: their scratch for the local heads, and
+  // the output by heads (rows x heads x head_dim floats).
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t gemm_attn, DeviceActivationBytes(c, B, T, true, false, P));
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t flash_attn, DeviceActivationBytes(c, B, T, true, true, P));
+  EXPECT_EQ(flash_attn - gemm_attn,
+            4 * rows * c.heads * c.head_dim +
+                gpu::FlashAttentionScratchBytes(B, T, NHl, KVl, c.head_dim) -
+                shard.attn_gemm_bytes);
+  in.sp = P;
+  in.dp = 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(plan.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes, gemm_attn);
+  // The sequence-parallel rules hold on the device too.
+  EXPECT_THAT(DeviceActivationBytes(c, B, 63, true, false, P),
+              ::ucp::testing::StatusIs(StatusCode::kInvalidArgument, HasSubstr("seq_len=63")));
+}
+
 // Beside the bf16 GEMMs the device's fp32 compute copy holds only what they do not read (the
 // embeddings and the norms of this untied LLaMA), as CudaTrainDevice allocates it
 // (cuda_train_test checks the allocation on a GPU); fp32 GEMMs, fp16 and streamed windows keep

@@ -1524,9 +1524,6 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   if (cfg.deterministic) {
     return UnimplementedError("--device " + opts.device + " does not run --deterministic");
   }
-  if (sp > 1) {
-    return UnimplementedError("--device " + opts.device + ": no sequence parallelism (sp > 1) yet");
-  }
   TrainDeviceSpec ds;
   ds.model = net->config();
   ds.weights = dtype == DType::kBf16   ? LowpDType::kBf16
@@ -1535,6 +1532,7 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   ds.seq_len = seq_len;
   ds.rank = rank;
   ds.threads = threads;
+  ds.sp_comm = sp_funneled.get();  // null at sp = 1
   ds.h_grads = grads;
   ds.h_weights16 = w_lp;
   ds.h_weights32 = w32;
@@ -2135,12 +2133,12 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   }
   t.funnel = std::make_unique<CommFunnel>();
   if (t.sp_comm != nullptr) t.sp_funneled = FunnelCommunicator(t.sp_comm.get(), t.funnel.get());
-  // With a device the CPU model is only the parameter table and grad groups: no activations.
-  // (With sp > 1 the device is refused later; the model is then made whole, as the CPU's.)
-  const bool on_device = opts.device != "cpu" && t.sp == 1;
+  // With a device the CPU model is only the parameter table and grad groups: no activations
+  // (and no sequence sharding: the device's model holds the sp group).
+  const bool on_device = opts.device != "cpu";
   UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, on_device ? 1 : t.micro_batch,
                                                 on_device ? 1 : t.seq_len, t.threads,
-                                                t.sp_funneled.get()));
+                                                on_device ? nullptr : t.sp_funneled.get()));
   t.net.emplace(std::move(net));
   // The model's parameter table must be the rule set's, in the same order (its flat buffer is
   // then the canonical order the optimizer groups are cut from).

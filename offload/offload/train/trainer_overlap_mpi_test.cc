@@ -243,7 +243,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DeviceTwinMpiTest,
                                            Case{"llama-tiny", "bf16", 1, 1, 0.05},
                                            Case{"gpt-tiny", "bf16", 1, 3, 0.05},
                                            Case{"gpt-tiny", "fp16", 1, 3, 0.05},
-                                           Case{"gpt-tiny", "fp32", 1, 1, 0.05}),
+                                           Case{"gpt-tiny", "fp32", 1, 1, 0.05},
+                                           // Ulysses: the device's model exchanges the heads
+                                           Case{"llama-tiny", "bf16", 2, 1, 0.05},
+                                           Case{"gpt-tiny", "fp32", 2, 0, 0.05}),
                          Name);
 
 // A staged run's checkpoint at dp=P (each rank's state from its block, the weights from its
