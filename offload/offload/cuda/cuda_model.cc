@@ -9,14 +9,17 @@
 #include <limits>
 #include <map>
 #include <new>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
+#include "offload/cuda/cuda_move_rows.h"
 #include "offload/cuda/cuda_ops.h"
 #include "offload/model/gpu_sizes.h"
 #include "offload/model/model_graph.h"
+#include "offload/model/ulysses.h"
 #include "ucp/base/status_macros.h"
 
 namespace ucp::offload::cuda {
@@ -68,6 +71,71 @@ class DeviceVec {
 };
 
 using DeviceActs = graph::Acts<float, DeviceVec<float>>;
+
+// Pinned host floats (cudaMallocHost): the staging of Ulysses' all-to-alls without NCCL, so the
+// copies each way run at the link's speed. Allocation failures throw std::bad_alloc.
+class PinnedFloats {
+ public:
+  explicit PinnedFloats(size_t n) : n_(n) {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, std::max<size_t>(1, n) * 4) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    p_ = static_cast<float*>(p);
+  }
+  PinnedFloats(const PinnedFloats&) = delete;
+  PinnedFloats& operator=(const PinnedFloats&) = delete;
+  ~PinnedFloats() { cudaFreeHost(p_); }
+  float* data() { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  float* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Ulysses' backend on the GPU (graph::Ulysses, ulysses.h): its strided moves as MoveRowsKernel
+// launches on the model's stream, its all-to-alls the SequenceParallel's (NCCL's) or, without
+// one, staged: the send blocks to pinned host memory, the host communicator's AllToAll, the
+// received blocks back (the stream waits for the first copy; the next exchange's wait covers
+// the second, so the host buffer is free again before it is reused).
+struct DeviceUlyssesBackend {
+  using Vec = DeviceVec<float>;
+  cudaStream_t stream = nullptr;
+  SequenceParallel sp;
+  std::shared_ptr<PinnedFloats> host_send, host_recv;  // staged only
+
+  Status Move(std::span<const graph::Strided<float>> list, int64_t rows, bool add) {
+    return MoveRowsOnDevice(list.data(), static_cast<int64_t>(list.size()), rows, add, stream);
+  }
+  Status AllToAll(const float* send, float* recv, int64_t n) {
+    if (sp.all_to_all) return sp.all_to_all(send, recv, n, stream);
+    const size_t count = static_cast<size_t>(sp.comm->size() * n);
+    if (host_send == nullptr || count > host_send->size()) {
+      return InternalError("ulysses: " + std::to_string(count) + " floats past the host staging");
+    }
+    if (const cudaError_t e = cudaMemcpyAsync(host_send->data(), send, count * 4,
+                                              cudaMemcpyDeviceToHost, stream);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return DeviceError(std::string("ulysses: blocks to the host: ") + cudaGetErrorName(e));
+    }
+    if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+      return DeviceError(std::string("ulysses: blocks to the host: ") + cudaGetErrorName(e));
+    }
+    UCP_RETURN_IF_ERROR(sp.comm->AllToAll(std::span<const float>(host_send->data(), count),
+                                          std::span<float>(host_recv->data(), count)));
+    if (const cudaError_t e = cudaMemcpyAsync(recv, host_recv->data(), count * 4,
+                                              cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return DeviceError(std::string("ulysses: blocks to the device: ") + cudaGetErrorName(e));
+    }
+    return Status::Ok();
+  }
+};
+using DeviceUlysses = graph::Ulysses<float, DeviceUlyssesBackend>;
 
 // CudaModel::ProfileOps: an event on the model's stream where each op begins, so an op's time is
 // up to the next one's start (the last, to the event after the graph); names and events of one
@@ -278,32 +346,23 @@ struct CudaModel::Impl {
   AttentionKernel attention = AttentionKernel::kGemm;
   graph::PackedIndex packed;      // kBf16: Fp32Layout::kPacked's
   std::unique_ptr<OpProfile> prof;  // ProfileOps
+  std::unique_ptr<DeviceUlysses> sp;  // null without sequence parallelism
 
   ~Impl() {
+    sp.reset();  // (its buffers before the stream they were used on)
     blas.reset();
     if (stream) cudaStreamDestroy(stream);
   }
 
-  // win: streamed weights (model.h WeightWindows), whose slots lie in the arena `w` (fp32) and
-  // `w16` (its bf16 twin at the same offsets); `backward` then says whether to run backward.
-  Result<double> Run(const float* w, float* g, const Batch& b, float grad_scale,
-                     const BackwardHook* hook, const uint16_t* w16,
-                     WeightWindows* win = nullptr, bool backward = false,
-                     Fp32Layout fp32 = Fp32Layout::kWhole) {
-    if ((gemm == GemmInputs::kBf16) != (w16 != nullptr)) {
-      return InvalidArgumentError(gemm == GemmInputs::kBf16
-                                      ? "CUDA model: bf16 GEMMs need the bf16 weights"
-                                      : "CUDA model: bf16 weights given to a model of fp32 GEMMs");
-    }
-    if (fp32 == Fp32Layout::kPacked && gemm != GemmInputs::kBf16) {
-      return InvalidArgumentError("CUDA model: packed fp32 weights need the bf16 GEMMs (the fp32 "
-                                  "GEMMs read every matrix in fp32)");
-    }
-    if (b.batch < 1 || b.batch > max_batch || b.seq_len < 1 ||
+  // The batch against the model's sizes: under SP a shard of max_seq_len / P positions.
+  Status CheckBatch(const Batch& b) const {
+    const int64_t shard = sp ? max_seq_len / sp->geo().P : max_seq_len;
+    if (b.batch < 1 || b.batch > max_batch || b.seq_len < 1 || b.seq_len > shard ||
         b.position_offset < 0 || b.position_offset + b.seq_len > max_seq_len) {
       return InvalidArgumentError("batch " + Str(b.batch) + " x " + Str(b.seq_len) + " at " +
                                   Str(b.position_offset) + " does not fit " + Str(max_batch) +
-                                  " x " + Str(max_seq_len));
+                                  " x " + Str(shard) +
+                                  (sp ? " (a shard of " + Str(max_seq_len) + " positions)" : ""));
     }
     const size_t n = static_cast<size_t>(b.batch * b.seq_len);
     if (b.inputs.size() != n || b.targets.size() != n) {
@@ -317,6 +376,34 @@ struct CudaModel::Impl {
                                     " outside the vocabulary of " + Str(config.vocab));
       }
     }
+    return Status::Ok();
+  }
+
+  // win: streamed weights (model.h WeightWindows), whose slots lie in the arena `w` (fp32) and
+  // `w16` (its bf16 twin at the same offsets); `backward` then says whether to run backward.
+  Result<double> Run(const float* w, float* g, const Batch& b, float grad_scale,
+                     const BackwardHook* hook, const uint16_t* w16,
+                     WeightWindows* win = nullptr, bool backward = false,
+                     Fp32Layout fp32 = Fp32Layout::kWhole) {
+    // Under SP every rank agrees on the call before any exchange (ulysses.h Agree): a call
+    // refused anywhere is refused everywhere.
+    Status valid = Status::Ok();
+    if ((gemm == GemmInputs::kBf16) != (w16 != nullptr)) {
+      valid = InvalidArgumentError(gemm == GemmInputs::kBf16
+                                       ? "CUDA model: bf16 GEMMs need the bf16 weights"
+                                       : "CUDA model: bf16 weights given to a model of fp32 GEMMs");
+    } else if (fp32 == Fp32Layout::kPacked && gemm != GemmInputs::kBf16) {
+      valid = InvalidArgumentError("CUDA model: packed fp32 weights need the bf16 GEMMs (the "
+                                   "fp32 GEMMs read every matrix in fp32)");
+    } else {
+      valid = CheckBatch(b);
+    }
+    if (sp) {
+      UCP_RETURN_IF_ERROR(sp->Agree(valid, b, backward || g != nullptr));
+    } else {
+      UCP_RETURN_IF_ERROR(valid);
+    }
+    const size_t n = static_cast<size_t>(b.batch * b.seq_len);
     if (cudaMemcpyAsync(inputs.data(), b.inputs.data(), n * 4, cudaMemcpyHostToDevice, stream) !=
             cudaSuccess ||
         cudaMemcpyAsync(targets.data(), b.targets.data(), n * 4, cudaMemcpyHostToDevice,
@@ -344,17 +431,20 @@ struct CudaModel::Impl {
                 static_cast<int64_t>(attn_flash.size()),
                 run_order.data(), run_starts.data(), token_runs.runs(),
                 fp32 == Fp32Layout::kPacked ? &packed : nullptr, prof.get()};
-    // Sequence parallelism is not run on the GPU yet: RunGraph's sp is always null.
     Result<double> loss = graph::RunGraph<float>(
         ops, config, layout, acts, win ? nullptr : w, win ? nullptr : g, inputs.data(),
-        targets.data(), b.batch, b.seq_len, b.position_offset, grad_scale,
-        static_cast<graph::NoSequenceParallel<float>*>(nullptr), hook, win, backward);
+        targets.data(), b.batch, b.seq_len, b.position_offset, grad_scale, sp.get(), hook, win,
+        backward);
     ops.Mark(CudaOps::Named("end"));
-    const cudaError_t sync = cudaStreamSynchronize(stream);
-    UCP_RETURN_IF_ERROR(ops.status);
-    if (sync != cudaSuccess) {
-      return DeviceError(std::string("model step: ") + cudaGetErrorName(sync));
+    // (Over NCCL, the sp group's wait, which reports a peer's failure instead of hanging.)
+    Status waited = Status::Ok();
+    if (sp && sp->backend().sp.synchronize) {
+      waited = sp->backend().sp.synchronize(stream).WithContext("model step");
+    } else if (const cudaError_t sync = cudaStreamSynchronize(stream); sync != cudaSuccess) {
+      waited = DeviceError(std::string("model step: ") + cudaGetErrorName(sync));
     }
+    UCP_RETURN_IF_ERROR(ops.status);
+    UCP_RETURN_IF_ERROR(waited);
     if (prof) UCP_RETURN_IF_ERROR(prof->Sum());
     return loss;
   }
@@ -362,8 +452,11 @@ struct CudaModel::Impl {
 
 Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch,
                                     int64_t max_seq_len, GemmInputs gemm,
-                                    AttentionKernel attention) {
+                                    AttentionKernel attention, SequenceParallel sp) {
   const bool flash = attention == AttentionKernel::kFlash;
+  const int P = sp.comm != nullptr ? sp.comm->size() : 1;
+  UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, P, max_seq_len),
+                      "CUDA model (max_seq_len: the whole sample's)");
   if (flash && gemm != GemmInputs::kBf16) {
     return InvalidArgumentError("CUDA model: the flash attention kernels are the bf16 GEMMs' "
                                 "(GemmInputs::kBf16)");
@@ -394,14 +487,31 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
   }
   UCP_ASSIGN_OR_RETURN(Blas blas, Blas::Create(impl->stream));
   impl->blas = std::make_unique<Blas>(std::move(blas));
-  const int64_t rows = max_batch * max_seq_len;
+  // Under SP this rank's shard of every sequence (model.cc's Model::Create, and what
+  // DeviceActivationBytes counts).
+  const int64_t rows = max_batch * (max_seq_len / P);
   try {
-    impl->acts.Allocate(config, rows, max_seq_len,
-                        (config.heads + 2 * config.kv_heads) * config.head_dim);
+    int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim;
+    if (P > 1) {
+      DeviceUlyssesBackend be;
+      be.stream = impl->stream;
+      const bool staged = !sp.all_to_all;
+      be.sp = std::move(sp);
+      impl->sp = std::make_unique<DeviceUlysses>(be.sp.comm, std::move(be), config);
+      impl->sp->Allocate(rows, flash);
+      qkv_width = impl->sp->qkv_width();
+      if (staged) {
+        // The largest exchange: qkv's, rows x P x Wl floats each way.
+        const size_t n = static_cast<size_t>(rows * qkv_width);
+        impl->sp->backend().host_send = std::make_shared<PinnedFloats>(n);
+        impl->sp->backend().host_recv = std::make_shared<PinnedFloats>(n);
+      }
+    }
+    impl->acts.Allocate(config, rows, max_seq_len, qkv_width);
     // The scratch as the memory plan counts it (gpu_sizes.h).
     const gpu::ModelScratch sc =
         gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
-                              gemm == GemmInputs::kBf16, flash);
+                              gemm == GemmInputs::kBf16, flash, P);
     impl->inputs.assign(static_cast<size_t>(rows), 0);
     impl->targets.assign(static_cast<size_t>(rows), 0);
     impl->run_order.assign(static_cast<size_t>(rows), 0);
@@ -431,6 +541,10 @@ const ModelConfig& CudaModel::config() const { return impl_->config; }
 const std::vector<ParamInfo>& CudaModel::params() const { return impl_->layout.params; }
 int64_t CudaModel::num_params() const { return impl_->layout.total; }
 
+int CudaModel::sp_size() const { return impl_->sp ? static_cast<int>(impl_->sp->geo().P) : 1; }
+bool CudaModel::sp_on_device() const {
+  return impl_->sp != nullptr && static_cast<bool>(impl_->sp->backend().sp.all_to_all);
+}
 GemmInputs CudaModel::gemm() const { return impl_->gemm; }
 AttentionKernel CudaModel::attention() const { return impl_->attention; }
 

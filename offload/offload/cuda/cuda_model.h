@@ -12,17 +12,23 @@
 // softmax and every stored activation stay fp32 either way, reading the fp32 weights (with kBf16
 // only those: Fp32Layout::kPacked).
 //
-// The trainer runs it through cuda_train_device.h (`ucp-train --device cuda`). Not yet:
-// sequence parallelism (NCCL all-to-alls). Backward hooks are passed through (the overlapped
-// pipeline's: cuda_train_device.cc orders each bucket's copy after its group's kernels with an
-// event).
+// Ulysses sequence parallelism (SequenceParallel): the CPU model's exchanges (offload/model/
+// ulysses.h), their strided moves run as kernels on the model's stream (cuda_move_rows.h) and
+// their all-to-alls over NCCL or staged through pinned host memory, so each rank of an sp group
+// holds its shard of the positions as the CPU model's does.
+//
+// The trainer runs it through cuda_train_device.h (`ucp-train --device cuda`). Backward hooks are
+// passed through (the overlapped pipeline's: cuda_train_device.cc orders each bucket's copy after
+// its group's kernels with an event).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "offload/comm/communicator.h"
 #include "offload/model/model.h"
 #include "ucp/base/result.h"
 
@@ -40,15 +46,35 @@ enum class Fp32Layout : uint8_t { kWhole, kPacked };
 /// head_dim); kFlash, the flash kernels (head_dim 64, 80, 96 or 128; no GEMM attention scratch).
 enum class AttentionKernel : uint8_t { kGemm, kFlash };
 
+/// Ulysses sequence parallelism on the GPU (see the file comment); comm null: none.
+struct SequenceParallel {
+  /// The sp group (rank = shard index; not owned): every batch is agreed over it before any
+  /// exchange, and without all_to_all the exchanges go through pinned host memory over it.
+  Communicator* comm = nullptr;
+  /// The all-to-all of device memory, queued on `stream` (a cudaStream_t): P blocks of n floats
+  /// each way, block j of recv from rank j's block r (NcclCommunicator::AllToAll); empty: staged
+  /// through the host over comm (a copy each way and the stream's synchronisation).
+  std::function<Status(const float* send, float* recv, int64_t n, void* stream)> all_to_all;
+  /// With all_to_all: how a run waits for the model's stream (NcclCommunicator::Synchronize,
+  /// which turns a peer's failure into an error where a plain wait would hang); empty: a plain
+  /// wait.
+  std::function<Status(void* stream)> synchronize;
+};
+
 class CudaModel {
  public:
   /// Activations for micro-batches up to max_batch x max_seq_len on the current device (and,
-  /// for kBf16, the bf16 scratch its GEMMs round their inputs into).
-  /// Errors: kInvalidArgument (config, sizes; kFlash beside kFp32 or with a head_dim the flash
-  /// kernels do not take), kDeviceError (no device, allocation, cuBLAS).
+  /// for kBf16, the bf16 scratch its GEMMs round their inputs into). With `sp` over P ranks,
+  /// max_seq_len is the whole sample's (model.h Model::Create): the activations hold this rank's
+  /// max_seq_len / P positions, and every Forward and ForwardBackward is collective over the
+  /// group, each rank passing its shard (Batch::position_offset = rank x shard length).
+  /// Errors: kInvalidArgument (config, sizes, the sequence-parallel rules; kFlash beside kFp32
+  /// or with a head_dim the flash kernels do not take), kDeviceError (no device, allocation,
+  /// cuBLAS), kResourceExhausted (memory).
   static Result<CudaModel> Create(const ModelConfig& config, int64_t max_batch,
                                   int64_t max_seq_len, GemmInputs gemm = GemmInputs::kFp32,
-                                  AttentionKernel attention = AttentionKernel::kGemm);
+                                  AttentionKernel attention = AttentionKernel::kGemm,
+                                  SequenceParallel sp = {});
   CudaModel(CudaModel&&) noexcept;
   CudaModel& operator=(CudaModel&&) noexcept;
   ~CudaModel();
@@ -58,6 +84,10 @@ class CudaModel {
   const std::vector<ParamInfo>& params() const;
   int64_t num_params() const;
 
+  /// The sp group's size (1: no sequence parallelism), and whether its all-to-alls run on the
+  /// device (SequenceParallel::all_to_all) rather than through the host.
+  int sp_size() const;
+  bool sp_on_device() const;
   GemmInputs gemm() const;
   AttentionKernel attention() const;
   /// The floats of Fp32Layout::kPacked's weights (kBf16; 0 for kFp32).
@@ -70,7 +100,8 @@ class CudaModel {
   /// two in step: the fp32 weights are the bf16 ones widened). `fp32`: kPacked, `weights` holds
   /// packed_fp32_elements() floats (kBf16 only).
   /// Errors: kInvalidArgument (batch sizes, a token >= vocab, weights16 missing or not wanted,
-  /// kPacked beside fp32 GEMMs), kDeviceError.
+  /// kPacked beside fp32 GEMMs; under SP any rank's refusal, or shards that are not one
+  /// sample's, on every rank), kDeviceError, those of the sp group's communicator.
   Result<double> Forward(const float* weights, const Batch& batch,
                          const uint16_t* weights16 = nullptr,
                          Fp32Layout fp32 = Fp32Layout::kWhole);

@@ -3,18 +3,23 @@
 // an untied head. Skips where no CUDA device exists; tests/gpu/run_gpu_checks.sh runs it on one.
 // Tolerance (fp32 GEMMs): loss within 1e-5 relative; max |gradient difference| <= 1e-4 x
 // max(1, max |grad|) (different summation orders and the GPU's expf/tanhf over a few layers).
-// bf16 GEMMs: see Bf16GemmsStayWithinBf16OfTheCpuModel.
+// bf16 GEMMs: see Bf16GemmsStayWithinBf16OfTheCpuModel. Ulysses sequence parallelism: P ranks
+// as threads on the one GPU (SequenceParallelShardsSumToTheWholeSequence).
 #include "offload/cuda/cuda_model.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "offload/comm/communicator.h"
 #include "offload/cuda/cuda_cast.h"
 #include "offload/model/model.h"
 #include "tests/testutil/status_matchers.h"
@@ -256,6 +261,199 @@ TEST_P(CudaModelTest, FlashAttentionStaysWithinBf16OfTheCpuModel) {
   std::printf("loss: cpu %.9g, cuda bf16 GEMMs + flash attention %.9g\n", k.loss_cpu, loss_gpu);
   EXPECT_EQ(loss_gpu, fwd_gpu);
   ExpectWithinBf16(cpu, k, loss_gpu, k.DeviceGrads());
+}
+
+// P ranks as threads of this process: what Ulysses asks of its communicator (the batch's
+// agreement, an int64 all-reduce; the staged exchanges, an all-to-all), over shared memory. The
+// GPU test runs on one GPU, where NCCL cannot take two ranks and no mpirun is at hand.
+class ThreadRanks final : public Communicator {
+ public:
+  struct Shared {
+    explicit Shared(int p) : P(p), bar(p), ptr(static_cast<size_t>(p)) {}
+    int P;
+    std::barrier<> bar;
+    std::vector<const void*> ptr;
+  };
+  ThreadRanks(Shared* s, int r) : s_(s), r_(r) {}
+  int rank() const override { return r_; }
+  int size() const override { return s_->P; }
+  Result<std::unique_ptr<Communicator>> Split(int, int) override { return No(); }
+  Status AllReduce(std::span<float>, ReduceOp) override { return No(); }
+  Status AllReduce(std::span<double>, ReduceOp) override { return No(); }
+  Status AllReduce(std::span<int64_t> data, ReduceOp op) override {
+    s_->ptr[static_cast<size_t>(r_)] = data.data();
+    s_->bar.arrive_and_wait();
+    std::vector<int64_t> out(data.begin(), data.end());
+    for (int j = 0; j < s_->P; ++j) {
+      const auto* v = static_cast<const int64_t*>(s_->ptr[static_cast<size_t>(j)]);
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (j == 0) out[i] = v[i];
+        else out[i] = op == ReduceOp::kMax ? std::max(out[i], v[i]) : out[i] + v[i];
+      }
+    }
+    s_->bar.arrive_and_wait();  // every rank has read every rank's values
+    std::copy(out.begin(), out.end(), data.begin());
+    return Status::Ok();
+  }
+  Status ReduceScatter(std::span<const float>, std::span<float>) override { return No(); }
+  Status AllGather(std::span<const float>, std::span<float>) override { return No(); }
+  Status AllToAll(std::span<const float> in, std::span<float> out) override {
+    s_->ptr[static_cast<size_t>(r_)] = in.data();
+    s_->bar.arrive_and_wait();
+    const size_t n = in.size() / static_cast<size_t>(s_->P);
+    for (int j = 0; j < s_->P; ++j) {
+      std::memcpy(out.data() + static_cast<size_t>(j) * n,
+                  static_cast<const float*>(s_->ptr[static_cast<size_t>(j)]) +
+                      static_cast<size_t>(r_) * n,
+                  n * 4);
+    }
+    s_->bar.arrive_and_wait();
+    return Status::Ok();
+  }
+  Status AllToAllV(std::span<const float>, std::span<const int64_t>, std::span<float>,
+                   std::span<const int64_t>) override {
+    return No();
+  }
+  Status Broadcast(std::span<std::byte>, int) override { return No(); }
+  Status Barrier() override { return No(); }
+  [[noreturn]] void Abort(int code) override { std::_Exit(code); }
+
+ private:
+  static Status No() { return UnimplementedError("not used by the test"); }
+  Shared* s_;
+  int r_;
+};
+
+// Each rank's result of one ForwardBackward on its shard.
+struct ShardRun {
+  Status status;
+  double loss = 0;
+  std::vector<float> grads;
+};
+
+// P ranks (threads), each a CudaModel over the sp group with its shard of batch (B x T), the
+// weights d_w (and d_w16 for bf16 GEMMs) shared, its own gradients. `bad_rank` >= 0: that rank
+// passes a token outside the vocabulary.
+std::vector<ShardRun> RunShards(const ModelConfig& c, int P, int64_t B, int64_t T,
+                                const Inputs& x, const float* d_w, const uint16_t* d_w16,
+                                GemmInputs gemm, AttentionKernel attention, int bad_rank = -1) {
+  ThreadRanks::Shared shared(P);
+  std::vector<ShardRun> runs(static_cast<size_t>(P));
+  const int64_t Tl = T / P;
+  const size_t n = x.w.size();
+  auto rank = [&](int r) {
+    ShardRun& out = runs[static_cast<size_t>(r)];
+    ThreadRanks comm(&shared, r);
+    Result<CudaModel> m =
+        CudaModel::Create(c, B, T, gemm, attention, SequenceParallel{&comm, {}, {}});
+    if (!m.ok()) {
+      out.status = m.status();
+      return;
+    }
+    std::vector<int32_t> in, tg;
+    for (int64_t b = 0; b < B; ++b) {
+      const auto at = static_cast<size_t>(b * T + r * Tl);
+      in.insert(in.end(), x.in.begin() + at, x.in.begin() + at + Tl);
+      tg.insert(tg.end(), x.tg.begin() + at, x.tg.begin() + at + Tl);
+    }
+    if (r == bad_rank) in[1] = static_cast<int32_t>(c.vocab);
+    float* d_g = nullptr;
+    if (cudaMalloc(&d_g, n * 4) != cudaSuccess || cudaMemset(d_g, 0, n * 4) != cudaSuccess) {
+      out.status = DeviceError("test gradients");
+      return;
+    }
+    Result<double> l = m->ForwardBackward(d_w, d_g, Batch{in, tg, B, Tl, r * Tl}, 1e-2f,
+                                          nullptr, d_w16);
+    out.status = l.status();
+    out.loss = l.value_or(0.0);
+    out.grads.resize(n);
+    if (cudaMemcpy(out.grads.data(), d_g, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      out.status = DeviceError("test gradients back");
+    }
+    cudaFree(d_g);
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < P; ++r) ts.emplace_back(rank, r);
+  for (std::thread& t : ts) t.join();
+  return runs;
+}
+
+// The shards' sums, in rank order: the whole sequence's loss and gradients.
+void SumShards(const std::vector<ShardRun>& runs, double& loss, std::vector<float>& g) {
+  loss = 0;
+  g.assign(runs[0].grads.size(), 0.0f);
+  for (const ShardRun& s : runs) {
+    loss += s.loss;
+    for (size_t i = 0; i < g.size(); ++i) g[i] += s.grads[i];
+  }
+}
+
+// Ulysses on the GPU (SequenceParallel, exchanges staged through the host): P = 2 ranks each
+// run their half of every sequence; the shards' losses and gradients, summed, are the CPU
+// model's on the whole sequences within the bounds above: fp32 GEMMs (1e-5, 1e-4), the bf16
+// GEMMs with the GEMM attention, and the flash kernels, whose backward reads the output brought
+// back by heads, on one KV head replicated on both ranks (LLaMA) or split (GPT). Then a batch
+// one rank refuses is refused on every rank, none left waiting in an exchange.
+TEST_P(CudaModelTest, SequenceParallelShardsSumToTheWholeSequence) {
+  const int P = 2;
+  {
+    SCOPED_TRACE("fp32 GEMMs");
+    const ModelConfig c = Config(GetParam());
+    const int64_t B = 3, T = 36;
+    UCP_ASSERT_OK_AND_ASSIGN(Model cpu, Model::Create(c, B, T, 2));
+    const Inputs x = MakeInputs(cpu, c, B * T, 21);
+    const size_t n = x.w.size();
+    std::vector<float> g_cpu(n, 0.0f);
+    UCP_ASSERT_OK_AND_ASSIGN(double loss_cpu,
+                             cpu.ForwardBackward(x.w, g_cpu, Batch{x.in, x.tg, B, T, 0}, 1e-2f));
+    float* d_w = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_w, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_w, x.w.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    const auto runs =
+        RunShards(c, P, B, T, x, d_w, nullptr, GemmInputs::kFp32, AttentionKernel::kGemm);
+    for (const ShardRun& s : runs) UCP_ASSERT_OK(s.status);
+    double loss = 0;
+    std::vector<float> g;
+    SumShards(runs, loss, g);
+    EXPECT_NEAR(loss, loss_cpu, 1e-5 * std::abs(loss_cpu));
+    for (const ParamInfo& p : cpu.params()) {
+      double scale = 1.0, err = 0.0;
+      for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+        scale = std::max(scale, static_cast<double>(std::abs(g_cpu[i])));
+        err = std::max(err, static_cast<double>(std::abs(g_cpu[i] - g[i])));
+      }
+      EXPECT_LE(err, 1e-4 * scale) << p.name;
+    }
+    // Rank 1 refuses its batch: both ranks return the refusal.
+    const auto bad =
+        RunShards(c, P, B, T, x, d_w, nullptr, GemmInputs::kFp32, AttentionKernel::kGemm, 1);
+    EXPECT_THAT(bad[0].status, ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,
+                                                       ::testing::HasSubstr("another rank")));
+    EXPECT_THAT(bad[1].status, ::ucp::testing::StatusIs(StatusCode::kInvalidArgument,
+                                                       ::testing::HasSubstr("vocabulary")));
+    cudaFree(d_w);
+  }
+  for (const AttentionKernel attention : {AttentionKernel::kGemm, AttentionKernel::kFlash}) {
+    const bool flash = attention == AttentionKernel::kFlash;
+    SCOPED_TRACE(flash ? "bf16 GEMMs, flash attention" : "bf16 GEMMs, GEMM attention");
+    ModelConfig c = Config(GetParam());
+    int64_t B = 3, T = 36;
+    if (flash) {
+      c.hidden = 128, c.heads = 2, c.head_dim = 64, c.max_positions = 128;
+      c.kv_heads = GetParam() == Family::kGpt ? 2 : 1;
+      B = 2, T = 100;
+    }
+    UCP_ASSERT_OK_AND_ASSIGN(Model cpu, Model::Create(c, B, T, 2));
+    Bf16Case k(cpu, c, B, T, 22);
+    const auto runs =
+        RunShards(c, P, B, T, k.x, k.d_w, k.d_w16, GemmInputs::kBf16, attention);
+    for (const ShardRun& s : runs) UCP_ASSERT_OK(s.status);
+    double loss = 0;
+    std::vector<float> g;
+    SumShards(runs, loss, g);
+    std::printf("loss: cpu %.9g, cuda over %d ranks %.9g\n", k.loss_cpu, P, loss);
+    ExpectWithinBf16(cpu, k, loss, g);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaModelTest, ::testing::Values(Family::kGpt, Family::kLlama));

@@ -220,6 +220,10 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
                           " parameters no GEMM reads"
                     : "") +
            (book_ ? "; weights streamed: the embeddings, the head and 2 layer windows" : "") +
+           (model_.sp_size() > 1
+                ? "; Ulysses over " + std::to_string(model_.sp_size()) + " ranks (all-to-alls " +
+                      (model_.sp_on_device() ? "over NCCL)" : "through the host)")
+                : "") +
            WhereReduced();
   }
 
@@ -880,6 +884,41 @@ Result<int64_t> CudaDeviceMemory(int rank) {
   return static_cast<int64_t>(prop.totalGlobalMem);
 }
 
+namespace {
+
+// How the model's Ulysses exchanges move (spec.sp_comm; none without): over an NCCL
+// communicator of the sp group where each of its ranks has a GPU of its own and nothing else of
+// this device uses NCCL at the same time, else staged through the host over spec.sp_comm.
+// (With --pipeline overlap the buckets' NCCL exchanges run on the communicator's thread while
+// backward runs: NCCL asks that communicators used concurrently be driven in the same order on
+// every rank, which the buckets' timing does not promise.) The communicator is owned by the
+// returned functions, so by the model. Collective over the sp group.
+Result<SequenceParallel> SequenceExchange(const TrainDeviceSpec& spec) {
+  SequenceParallel sp;
+  if (spec.sp_comm == nullptr || spec.sp_comm->size() == 1) return sp;
+  sp.comm = spec.sp_comm;
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+  if (!spec.reduce.buckets.empty()) return sp;
+  UCP_ASSIGN_OR_RETURN(const bool shared, CudaTrainDevice::SharesAGpu(*spec.sp_comm));
+  if (shared) return sp;
+  int device = 0;
+  UCP_RETURN_IF_ERROR(Cuda(cudaGetDevice(&device), "CUDA device: current device"));
+  UCP_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> made,
+                       NcclCommunicator::Create(*spec.sp_comm, device),
+                       "CUDA device: the sequence-parallel GPUs' communicator");
+  std::shared_ptr<NcclCommunicator> nccl(std::move(made));
+  sp.all_to_all = [nccl](const float* send, float* recv, int64_t n, void* stream) {
+    return nccl->AllToAll(send, recv, n, static_cast<cudaStream_t>(stream));
+  };
+  sp.synchronize = [nccl](void* stream) {
+    return nccl->Synchronize(static_cast<cudaStream_t>(stream));
+  };
+#endif
+  return sp;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& spec) {
   const int count = DeviceCount();
   if (count == 0) return DeviceError("CUDA device: no CUDA device");
@@ -887,11 +926,13 @@ Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& 
   // bf16 GEMMs read the device's bf16 training weights (d_w16_), which every upload, the
   // pipeline's write-back and the device Adam keep current; fp16 and fp32 training read fp32.
   const bool bf16 = spec.gemm_bf16 && spec.weights == LowpDType::kBf16;
+  UCP_ASSIGN_OR_RETURN(SequenceParallel sp, SequenceExchange(spec));
   UCP_ASSIGN_OR_RETURN(CudaModel model,
                        CudaModel::Create(spec.model, spec.max_batch, spec.seq_len,
                                          bf16 ? GemmInputs::kBf16 : GemmInputs::kFp32,
                                          bf16 && spec.flash_attention ? AttentionKernel::kFlash
-                                                                      : AttentionKernel::kGemm));
+                                                                      : AttentionKernel::kGemm,
+                                         std::move(sp)));
   auto dev = std::make_unique<CudaTrainDevice>(spec, std::move(model));
   UCP_RETURN_IF_ERROR(dev->Init());
   return std::unique_ptr<TrainDevice>(std::move(dev));
