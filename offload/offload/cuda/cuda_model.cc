@@ -72,70 +72,6 @@ class DeviceVec {
 
 using DeviceActs = graph::Acts<float, DeviceVec<float>>;
 
-// Pinned host floats (cudaMallocHost): the staging of Ulysses' all-to-alls without NCCL, so the
-// copies each way run at the link's speed. Allocation failures throw std::bad_alloc.
-class PinnedFloats {
- public:
-  explicit PinnedFloats(size_t n) : n_(n) {
-    void* p = nullptr;
-    if (cudaMallocHost(&p, std::max<size_t>(1, n) * 4) != cudaSuccess) {
-      cudaGetLastError();
-      throw std::bad_alloc();
-    }
-    p_ = static_cast<float*>(p);
-  }
-  PinnedFloats(const PinnedFloats&) = delete;
-  PinnedFloats& operator=(const PinnedFloats&) = delete;
-  ~PinnedFloats() { cudaFreeHost(p_); }
-  float* data() { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  float* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-// Ulysses' backend on the GPU (graph::Ulysses, ulysses.h): its strided moves as MoveRowsKernel
-// launches on the model's stream, its all-to-alls the SequenceParallel's (NCCL's) or, without
-// one, staged: the send blocks to pinned host memory, the host communicator's AllToAll, the
-// received blocks back (the stream waits for the first copy; the next exchange's wait covers
-// the second, so the host buffer is free again before it is reused).
-struct DeviceUlyssesBackend {
-  using Vec = DeviceVec<float>;
-  cudaStream_t stream = nullptr;
-  SequenceParallel sp;
-  std::shared_ptr<PinnedFloats> host_send, host_recv;  // staged only
-
-  Status Move(std::span<const graph::Strided<float>> list, int64_t rows, bool add) {
-    return MoveRowsOnDevice(list.data(), static_cast<int64_t>(list.size()), rows, add, stream);
-  }
-  Status AllToAll(const float* send, float* recv, int64_t n) {
-    if (sp.all_to_all) return sp.all_to_all(send, recv, n, stream);
-    const size_t count = static_cast<size_t>(sp.comm->size() * n);
-    if (host_send == nullptr || count > host_send->size()) {
-      return InternalError("ulysses: " + std::to_string(count) + " floats past the host staging");
-    }
-    if (const cudaError_t e = cudaMemcpyAsync(host_send->data(), send, count * 4,
-                                              cudaMemcpyDeviceToHost, stream);
-        e != cudaSuccess) {
-      cudaGetLastError();
-      return DeviceError(std::string("ulysses: blocks to the host: ") + cudaGetErrorName(e));
-    }
-    if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
-      return DeviceError(std::string("ulysses: blocks to the host: ") + cudaGetErrorName(e));
-    }
-    UCP_RETURN_IF_ERROR(sp.comm->AllToAll(std::span<const float>(host_send->data(), count),
-                                          std::span<float>(host_recv->data(), count)));
-    if (const cudaError_t e = cudaMemcpyAsync(recv, host_recv->data(), count * 4,
-                                              cudaMemcpyHostToDevice, stream);
-        e != cudaSuccess) {
-      cudaGetLastError();
-      return DeviceError(std::string("ulysses: blocks to the device: ") + cudaGetErrorName(e));
-    }
-    return Status::Ok();
-  }
-};
-using DeviceUlysses = graph::Ulysses<float, DeviceUlyssesBackend>;
 
 // CudaModel::ProfileOps: an event on the model's stream where each op begins, so an op's time is
 // up to the next one's start (the last, to the event after the graph); names and events of one
@@ -186,6 +122,79 @@ struct OpProfile {
     return Status::Ok();
   }
 };
+
+// Pinned host floats (cudaMallocHost): the staging of Ulysses' all-to-alls without NCCL, so the
+// copies each way run at the link's speed. Allocation failures throw std::bad_alloc.
+class PinnedFloats {
+ public:
+  explicit PinnedFloats(size_t n) : n_(n) {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, std::max<size_t>(1, n) * 4) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    p_ = static_cast<float*>(p);
+  }
+  PinnedFloats(const PinnedFloats&) = delete;
+  PinnedFloats& operator=(const PinnedFloats&) = delete;
+  ~PinnedFloats() { cudaFreeHost(p_); }
+  float* data() { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  float* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Ulysses' backend on the GPU (graph::Ulysses, ulysses.h): its strided moves as MoveRowsKernel
+// launches on the model's stream, its all-to-alls the SequenceParallel's (NCCL's) or, without
+// one, staged: the send blocks to pinned host memory, the host communicator's AllToAll, the
+// received blocks back (the stream waits for the first copy; the next exchange's wait covers
+// the second, so the host buffer is free again before it is reused).
+struct DeviceUlyssesBackend {
+  using Vec = DeviceVec<float>;
+  cudaStream_t stream = nullptr;
+  SequenceParallel sp;
+  std::shared_ptr<PinnedFloats> host_send, host_recv;  // staged only
+  // The model's profile (CudaModel::ProfileOps; null when off): the moves and the exchanges are
+  // ops of their own there, not time of the op before them.
+  const std::unique_ptr<OpProfile>* prof = nullptr;
+
+  Status Mark(const char* op) {
+    return prof != nullptr && *prof ? (*prof)->Mark(op, 0, stream) : Status::Ok();
+  }
+  Status Move(std::span<const graph::Strided<float>> list, int64_t rows, bool add) {
+    UCP_RETURN_IF_ERROR(Mark(add ? "ulysses adds" : "ulysses moves"));
+    return MoveRowsOnDevice(list.data(), static_cast<int64_t>(list.size()), rows, add, stream);
+  }
+  Status AllToAll(const float* send, float* recv, int64_t n) {
+    UCP_RETURN_IF_ERROR(Mark("ulysses all-to-all"));
+    if (sp.all_to_all) return sp.all_to_all(send, recv, n, stream);
+    const size_t count = static_cast<size_t>(sp.comm->size() * n);
+    if (host_send == nullptr || count > host_send->size()) {
+      return InternalError("ulysses: " + std::to_string(count) + " floats past the host staging");
+    }
+    if (const cudaError_t e = cudaMemcpyAsync(host_send->data(), send, count * 4,
+                                              cudaMemcpyDeviceToHost, stream);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return DeviceError(std::string("ulysses: blocks to the host: ") + cudaGetErrorName(e));
+    }
+    if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+      return DeviceError(std::string("ulysses: blocks to the host: ") + cudaGetErrorName(e));
+    }
+    UCP_RETURN_IF_ERROR(sp.comm->AllToAll(std::span<const float>(host_send->data(), count),
+                                          std::span<float>(host_recv->data(), count)));
+    if (const cudaError_t e = cudaMemcpyAsync(recv, host_recv->data(), count * 4,
+                                              cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return DeviceError(std::string("ulysses: blocks to the device: ") + cudaGetErrorName(e));
+    }
+    return Status::Ok();
+  }
+};
+using DeviceUlysses = graph::Ulysses<float, DeviceUlyssesBackend>;
 
 // The ops policy of RunGraph: each call launches; the first failure is kept and returned after
 // the graph (RunGraph's ops calls return nothing).
@@ -495,6 +504,7 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
     if (P > 1) {
       DeviceUlyssesBackend be;
       be.stream = impl->stream;
+      be.prof = &impl->prof;
       const bool staged = !sp.all_to_all;
       be.sp = std::move(sp);
       impl->sp = std::make_unique<DeviceUlysses>(be.sp.comm, std::move(be), config);
