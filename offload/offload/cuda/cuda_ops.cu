@@ -1102,48 +1102,68 @@ Status GradNormChunks(const float* x, int64_t n, int64_t chunk, double* partial,
   return Launched("gradient norm");
 }
 
-int64_t ClassifierScratch(int64_t N, int64_t V) {
-  // logits, then N doubles (2 floats each, 8-byte aligned), then the bad-target flag.
-  return gpu::ClassifierScratch(N, V);
+int64_t ClassifierScratch(int64_t N, int64_t V, int64_t most_rows) {
+  // a block's logits, then N doubles (2 floats each, 8-byte aligned), then the bad-target flag.
+  return gpu::ClassifierScratch(N, V, most_rows);
 }
 
 Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw, const float* x,
                                          const float* w, const int32_t* targets, float* scratch,
                                          int64_t N, int64_t C, int64_t V, float grad_scale,
-                                         const uint16_t* w16, uint16_t* scratch16) {
+                                         const uint16_t* w16, uint16_t* scratch16,
+                                         int64_t most_rows) {
   UCP_RETURN_IF_ERROR(Positive("classifier", {N, C, V}));
   if (w16 != nullptr && scratch16 == nullptr) {
     return InvalidArgumentError("classifier: bf16 weights without bf16 scratch");
   }
+  if (most_rows < 0) {
+    return InvalidArgumentError("classifier: most_rows " + std::to_string(most_rows) + " < 0");
+  }
   if (N == 0) return 0.0;
-  float* logits = scratch;
-  double* row_loss = reinterpret_cast<double*>(scratch + ((N * V + 1) / 2) * 2);
+  const int64_t R = gpu::ClassifierBlockRows(N, V, most_rows);
+  float* logits = scratch;  // [R, V]
+  double* row_loss = reinterpret_cast<double*>(scratch + ((R * V + 1) / 2) * 2);
   int* bad = reinterpret_cast<int*>(row_loss + N);
   cudaStream_t st = S(blas.stream());
   if (cudaMemsetAsync(bad, 0, sizeof(int), st) != cudaSuccess) return Launched("classifier flag");
-  UCP_RETURN_IF_ERROR(w16 ? MatmulForwardMixed(blas, logits, x, w16, nullptr, N, C, V, scratch16)
-                          : MatmulForward(blas, logits, x, w, nullptr, N, C, V));
-  CrossEntropyKernel<<<static_cast<unsigned>(N), kThreads, 0, st>>>(logits, row_loss, bad, targets,
-                                                                    V, grad_scale, dx != nullptr);
-  UCP_RETURN_IF_ERROR(Launched("classifier cross-entropy"));
-  std::vector<double> losses(static_cast<size_t>(N));
   int bad_host = 0;
+  auto refused = [&]() -> Status {
+    if (cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+        cudaStreamSynchronize(st) != cudaSuccess) {
+      return Launched("classifier target check");
+    }
+    if (bad_host != 0) {
+      return InvalidArgumentError("classifier: a target >= the vocabulary of " +
+                                  std::to_string(V));
+    }
+    return Status::Ok();
+  };
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(R, N - r0);
+    const float* xb = x + r0 * C;
+    UCP_RETURN_IF_ERROR(w16 ? MatmulForwardMixed(blas, logits, xb, w16, nullptr, rows, C, V,
+                                                 scratch16)
+                            : MatmulForward(blas, logits, xb, w, nullptr, rows, C, V));
+    CrossEntropyKernel<<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
+        logits, row_loss + r0, bad, targets + r0, V, grad_scale, dx != nullptr);
+    UCP_RETURN_IF_ERROR(Launched("classifier cross-entropy"));
+    if (dx != nullptr) {
+      // (No gradient from a block past a bad target: the check waits for this block.)
+      UCP_RETURN_IF_ERROR(refused());
+      UCP_RETURN_IF_ERROR(w16 ? MatmulBackwardMixed(blas, dx + r0 * C, dw, nullptr, logits, xb,
+                                                    w16, rows, C, V, scratch16)
+                              : MatmulBackward(blas, dx + r0 * C, dw, nullptr, logits, xb, w,
+                                               rows, C, V));
+    }
+  }
+  std::vector<double> losses(static_cast<size_t>(N));
   if (cudaMemcpyAsync(losses.data(), row_loss, sizeof(double) * N, cudaMemcpyDeviceToHost, st) !=
-          cudaSuccess ||
-      cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, st) != cudaSuccess ||
-      cudaStreamSynchronize(st) != cudaSuccess) {
+      cudaSuccess) {
     return Launched("classifier loss copy");
   }
-  if (bad_host != 0) {
-    return InvalidArgumentError("classifier: a target >= the vocabulary of " + std::to_string(V));
-  }
+  UCP_RETURN_IF_ERROR(refused());  // (also waits for the losses)
   double loss = 0.0;
   for (double l : losses) loss += l;  // row order, as the CPU reference
-  if (dx != nullptr) {
-    UCP_RETURN_IF_ERROR(
-        w16 ? MatmulBackwardMixed(blas, dx, dw, nullptr, logits, x, w16, N, C, V, scratch16)
-            : MatmulBackward(blas, dx, dw, nullptr, logits, x, w, N, C, V));
-  }
   return loss;
 }
 

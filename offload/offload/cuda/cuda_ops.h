@@ -172,20 +172,23 @@ Status ResidualBackward(float* da, float* db, const float* dout, int64_t n, void
 Status GradNormChunks(const float* x, int64_t n, int64_t chunk, double* partial, float* maxabs,
                       void* stream);
 
-/// The floats of scratch ClassifierForwardBackward needs: the N x V logits, and N doubles of
-/// per-row losses.
-int64_t ClassifierScratch(int64_t N, int64_t V);
+/// The floats of scratch ClassifierForwardBackward needs for up to N rows (gpu_sizes.h): one
+/// block's logits, and N doubles of per-row losses. `most_rows`: as ClassifierForwardBackward's.
+int64_t ClassifierScratch(int64_t N, int64_t V, int64_t most_rows = 0);
 /// The fused classifier: logits = x @ w[:V]^T, the summed cross-entropy of rows with a target
 /// >= 0 (returned, summed on the host in row order in double), and — when dx is not null — the
-/// gradient of grad_scale x that sum: dx += dlogits @ w, dw += dlogits^T @ x. Synchronises the
-/// stream (the loss is needed on the host). Errors: also kInvalidArgument for a target >= V.
-/// With `w16` (the bf16 copy of w) the three GEMMs are the mixed ones above (scratch16:
-/// MixedMatmulScratch(N, C, V) bf16 elements) and `w` is not read (it may be null); the softmax
-/// and the loss stay fp32 / double.
+/// gradient of grad_scale x that sum: dx += dlogits @ w, dw += dlogits^T @ x. A block of rows at
+/// a time (gpu_sizes.h ClassifierBlockRows; `most_rows` > 0: blocks of at most that many, for
+/// tests): each block's logits, cross-entropy and gradient GEMMs, so the logits never exceed one
+/// block's. Synchronises the stream (the loss is needed on the host; with dx, also after each
+/// block's cross-entropy, so a bad target stops it before any gradient is added). Errors: also
+/// kInvalidArgument for a target >= V. With `w16` (the bf16 copy of w) the three GEMMs are the
+/// mixed ones above (scratch16: MixedMatmulScratch(block rows, C, V) bf16 elements) and `w` is
+/// not read (it may be null); the softmax and the loss stay fp32 / double.
 Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw, const float* x,
                                          const float* w, const int32_t* targets, float* scratch,
                                          int64_t N, int64_t C, int64_t V, float grad_scale,
                                          const uint16_t* w16 = nullptr,
-                                         uint16_t* scratch16 = nullptr);
+                                         uint16_t* scratch16 = nullptr, int64_t most_rows = 0);
 
 }  // namespace ucp::offload::cuda

@@ -394,6 +394,34 @@ TEST_F(CudaOps, EncoderAndClassifier) {
     EXPECT_THAT(ClassifierForwardBackward(blas, nullptr, nullptr, dx.p, dwte.p, dtg.p, scratch.p,
                                           N, C, V, 1.0f, dwb.p, nullptr),
                 StatusIs(StatusCode::kInvalidArgument, HasSubstr("scratch")));
+    // In blocks of at most 10 rows (as the fp32 case below), bf16 scratch for one block: the
+    // same bounds.
+    Dev<uint16_t> b16(static_cast<size_t>(MixedMatmulScratch(10, C, V)));
+    Dev<float> bscratch(static_cast<size_t>(ClassifierScratch(N, V, 10))),
+        bx(static_cast<size_t>(N * C)), bw(static_cast<size_t>(V * C));
+    UCP_ASSERT_OK_AND_ASSIGN(double bloss,
+                             ClassifierForwardBackward(blas, bx.p, bw.p, dx.p, dwte.p, dtg.p,
+                                                       bscratch.p, N, C, V, 0.01f, dwb.p, b16.p,
+                                                       10));
+    EXPECT_NEAR(bloss, mref, 1e-4 * std::abs(mref));
+    ExpectClose(bx.Get(), mgx, 1e-2, "bf16 classifier dx, blocks");
+    ExpectClose(bw.Get(), mgw, 1e-2, "bf16 classifier dw, blocks");
+  }
+
+  {  // Blocks of rows (what long steps run: the logits of one block at a time): blocks of at
+     // most 10 rows (9 blocks, the last of 7), in a scratch that holds one block's logits; the
+     // same bounds (bf16: above).
+    const int64_t most = 10;
+    EXPECT_LT(ClassifierScratch(N, V, most), ClassifierScratch(N, V) / 4);
+    Dev<float> bscratch(static_cast<size_t>(ClassifierScratch(N, V, most))),
+        bx(static_cast<size_t>(N * C)), bw(static_cast<size_t>(V * C));
+    UCP_ASSERT_OK_AND_ASSIGN(double bloss,
+                             ClassifierForwardBackward(blas, bx.p, bw.p, dx.p, dwte.p, dtg.p,
+                                                       bscratch.p, N, C, V, 0.01f, nullptr,
+                                                       nullptr, most));
+    EXPECT_NEAR(bloss, rloss, 1e-4 * std::abs(rloss));
+    ExpectClose(bx.Get(), rgx, 1e-4, "classifier dx, blocks");
+    ExpectClose(bw.Get(), rgw, 1e-4, "classifier dw, blocks");
   }
 
   targets[3] = static_cast<int32_t>(V);  // out of the vocabulary: refused, not read past
@@ -401,6 +429,15 @@ TEST_F(CudaOps, EncoderAndClassifier) {
   EXPECT_THAT(ClassifierForwardBackward(blas, nullptr, nullptr, dx.p, dwte.p, bad.p, scratch.p, N,
                                         C, V, 1.0f),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("vocabulary")));
+  // With the gradient, in blocks: refused at the first block, before any gradient is added.
+  Dev<float> zx(std::vector<float>(static_cast<size_t>(N * C), 0.0f)),
+      zw(std::vector<float>(static_cast<size_t>(V * C), 0.0f));
+  EXPECT_THAT(ClassifierForwardBackward(blas, zx.p, zw.p, dx.p, dwte.p, bad.p, scratch.p, N, C, V,
+                                        1.0f, nullptr, nullptr, 10),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("vocabulary")));
+  for (const std::vector<float>& g : {zx.Get(), zw.Get()}) {
+    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
+  }
 }
 
 // Attention through GEMMs (bf16 training): against the double reference on the bf16-rounded

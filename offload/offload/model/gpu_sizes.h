@@ -24,8 +24,30 @@ inline int64_t MixedMatmulScratch(int64_t N, int64_t C, int64_t OC) {
 /// The fused attention backward's floats (each query's sum_j p_j dp_j).
 inline int64_t AttentionBackwardScratch(int64_t B, int64_t T, int64_t NH) { return B * NH * T; }
 
-/// The fused classifier's floats: the N x V logits, then N doubles of per-row losses and a flag.
-inline int64_t ClassifierScratch(int64_t N, int64_t V) { return ((N * V + 1) / 2) * 2 + 2 * N + 2; }
+/// The fused classifier (cuda_ops.h ClassifierForwardBackward) computes its logits a block of
+/// rows at a time, at most kClassifierBlockFloats floats (1 GiB) of them, so its scratch does not
+/// grow with the tokens of a step (at 64K tokens and a 128K vocabulary the whole logits would be
+/// 32 GiB). ClassifierMostRows: a block's most rows (`most_rows` > 0: that many instead, for
+/// tests).
+inline constexpr int64_t kClassifierBlockFloats = int64_t{1} << 28;
+inline int64_t ClassifierMostRows(int64_t V, int64_t most_rows = 0) {
+  if (most_rows > 0) return most_rows;
+  const int64_t most = kClassifierBlockFloats / (V > 0 ? V : 1);
+  return most > 0 ? most : 1;
+}
+/// The rows of each block for N rows: equal blocks (the last no shorter than the others by more
+/// than one row), as the CPU's ops::ClassifierBlockRows, so no block's GEMM is thin.
+inline int64_t ClassifierBlockRows(int64_t N, int64_t V, int64_t most_rows = 0) {
+  const int64_t most = ClassifierMostRows(V, most_rows);
+  const int64_t blocks = (N + most - 1) / most;
+  return blocks > 0 ? (N + blocks - 1) / blocks : 0;
+}
+/// The fused classifier's floats for up to N rows: a block's logits (min(N, most) rows x V), then
+/// N doubles of per-row losses and a flag.
+inline int64_t ClassifierScratch(int64_t N, int64_t V, int64_t most_rows = 0) {
+  const int64_t rows = std::min(N, ClassifierMostRows(V, most_rows));
+  return ((rows * V + 1) / 2) * 2 + 2 * N + 2;
+}
 
 /// The GEMM attention (cuda_ops.h AttentionForwardGemm): the score buffers of one pass are at
 /// most this many bytes by default, but always hold one KV group of (sequence, head) pairs.
@@ -129,15 +151,18 @@ ModelScratch CudaModelScratch(const Config& c, bool gated_ffn, int64_t max_batch
   s.classifier_floats = ClassifierScratch(rows, c.vocab);
   s.token_ints = 4 * rows + 1;  // inputs, targets, GroupTokens's order and starts
   if (gemm_bf16) {
-    // Every (in, out) width of the graph's GEMMs, the classifier's included.
+    // Every (in, out) width of the layers' GEMMs.
     const int64_t C = c.hidden, ah = c.heads * c.head_dim;
     const int64_t qkv = (c.heads + 2 * c.kv_heads) * c.head_dim;
     const int64_t F = c.ffn_hidden, F1 = gated_ffn ? 2 * F : F;
     const int64_t V = c.vocab;
-    const int64_t widths[5][2] = {{C, qkv}, {ah, C}, {C, F1}, {F, C}, {C, V}};
+    const int64_t widths[4][2] = {{C, qkv}, {ah, C}, {C, F1}, {F, C}};
     for (const auto& w : widths) {
       s.gemm16 = std::max(s.gemm16, MixedMatmulScratch(rows, w[0], w[1]));
     }
+    // The classifier's GEMMs, a block of rows at a time.
+    s.gemm16 = std::max(s.gemm16,
+                        MixedMatmulScratch(std::min(rows, ClassifierMostRows(V)), C, V));
     if (flash_attention) {
       s.flash_bytes =
           FlashAttentionScratchBytes(max_batch, max_seq_len, NHl, KVl, c.head_dim);

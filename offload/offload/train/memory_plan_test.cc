@@ -410,6 +410,28 @@ TEST(PlanDeviceActivations, AreTheCudaModelsBuffersAndScratch) {
   EXPECT_GT(pass, gpu::kAttnPassBytes);
 }
 
+// The CUDA classifier's logits are a block of rows at a time (at most 1 GiB): at 64K tokens and
+// a 128K vocabulary the scratch is one block's logits and the per-row losses, not 32 GiB; blocks
+// are equal (no thin last GEMM), and every shorter batch fits the scratch of the longest.
+TEST(PlanClassifier, LogitsABlockAtATime) {
+  const int64_t V = 128256, N = 65536;
+  const int64_t most = gpu::ClassifierMostRows(V);
+  EXPECT_EQ(most, (int64_t{1} << 28) / V);
+  EXPECT_LE(gpu::ClassifierScratch(N, V) * 4, (int64_t{1} << 30) + 16 * N + 8);
+  EXPECT_EQ(gpu::ClassifierScratch(100, V), ((100 * V + 1) / 2) * 2 + 2 * 100 + 2);  // one block
+  for (const int64_t n : {int64_t{1}, most - 1, most, most + 1, 3 * most + 7, N}) {
+    const int64_t r = gpu::ClassifierBlockRows(n, V);
+    const int64_t blocks = (n + r - 1) / r;
+    EXPECT_LE(r, most) << n;
+    EXPECT_EQ(blocks, (n + most - 1) / most) << n;  // no more blocks than needed
+    EXPECT_LE(r * blocks - n, blocks - 1) << n;     // equal: the last short by < 1 row a block
+    const int64_t R = ((r * V + 1) / 2) * 2;        // where the op puts the row losses
+    EXPECT_LE(R + 2 * n + 2, gpu::ClassifierScratch(N, V)) << n;
+  }
+  EXPECT_EQ(gpu::ClassifierBlockRows(87, 1000, 10), 10);  // a test's block size: 9 blocks
+  EXPECT_EQ(gpu::ClassifierBlockRows(0, V), 0);
+}
+
 // Under Ulysses (sp = 2) the device holds this rank's shard of the positions: the position-wise
 // ops' buffers and scratch for half the rows, attention's scratch for the whole sequence of half
 // the heads, and Ulysses' buffers; beside the flash kernels also the output by heads their
