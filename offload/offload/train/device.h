@@ -211,8 +211,9 @@ struct TrainDeviceSpec {
   /// Ulysses sequence parallelism (model.h): the sp group this rank's device shares each sample
   /// with (rank = shard index; not owned); null: none. seq_len is then the whole sample's, and
   /// each ForwardBackward and Forward is collective over the group, each rank passing its shard.
-  /// A GPU device moves the heads over NCCL where each rank of the group has its own GPU, else
-  /// through the host over this communicator.
+  /// A GPU device moves the heads over NCCL where each rank of the group has its own GPU and no
+  /// bucket exchange (reduce.buckets) runs beside backward, else through the host over this
+  /// communicator.
   Communicator* sp_comm = nullptr;
   /// The step's reduction on the devices (see DeviceReduceSpec); comm null: none. Resident
   /// weights with whole host buffers only (no streaming, no staging, no device pieces).
