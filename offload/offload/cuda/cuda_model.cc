@@ -511,10 +511,11 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
       impl->sp->Allocate(rows, flash);
       qkv_width = impl->sp->qkv_width();
       if (staged) {
-        // The largest exchange: qkv's, rows x P x Wl floats each way.
-        const size_t n = static_cast<size_t>(rows * qkv_width);
-        impl->sp->backend().host_send = std::make_shared<PinnedFloats>(n);
-        impl->sp->backend().host_recv = std::make_shared<PinnedFloats>(n);
+        // The largest exchange each way, as the memory plan's host column counts it.
+        UCP_ASSIGN_OR_RETURN(const int64_t n,
+                             UlyssesExchangeFloats(config, max_batch, max_seq_len, P));
+        impl->sp->backend().host_send = std::make_shared<PinnedFloats>(static_cast<size_t>(n));
+        impl->sp->backend().host_recv = std::make_shared<PinnedFloats>(static_cast<size_t>(n));
       }
     }
     impl->acts.Allocate(config, rows, max_seq_len, qkv_width);

@@ -543,6 +543,20 @@ Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_bat
              .bytes();
 }
 
+Result<int64_t> UlyssesExchangeFloats(const ModelConfig& config, int64_t max_batch,
+                                      int64_t max_seq_len, int sp) {
+  if (max_batch < 1 || max_seq_len < 1 || sp < 1) {
+    return InvalidArgumentError("UlyssesExchangeFloats: batch=" + Str(max_batch) +
+                                ", seq_len=" + Str(max_seq_len) + ", sp=" + Str(sp) +
+                                " must be >= 1");
+  }
+  UCP_RETURN_IF_ERROR(ValidateConfig(config));
+  UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, sp, max_seq_len));
+  if (sp == 1) return int64_t{0};
+  const UlyssesGeometry geo(config, sp, 0);
+  return max_batch * (max_seq_len / sp) * geo.P * geo.Wl;
+}
+
 int64_t Model::activation_bytes() const {
   int64_t elements = impl_->sp ? impl_->sp->allocated() : 0;
   impl_->acts.ForEachBuffer(impl_->config, impl_->acts.rows, impl_->acts.max_t,

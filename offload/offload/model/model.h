@@ -158,6 +158,14 @@ Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_bat
                                       int64_t max_seq_len, bool gemm_bf16,
                                       bool flash_attention = false, int sp = 1);
 
+/// The floats of Ulysses' largest exchange over `sp` ranks (qkv's, each rank's max_seq_len / sp
+/// positions of up to max_batch sequences): its send buffer, and its receive buffer; 0 at sp = 1.
+/// A GPU whose sp exchanges do not go over NCCL stages them through two pinned host buffers of
+/// this size (offload/cuda/cuda_model.h), which the memory plan's host column counts.
+/// Errors: as ActivationBytes.
+Result<int64_t> UlyssesExchangeFloats(const ModelConfig& config, int64_t max_batch,
+                                      int64_t max_seq_len, int sp);
+
 /// The flat layout's element ranges [begin, end) that a model whose GEMMs read bf16 weights
 /// (the CUDA model's GemmInputs::kBf16) still reads in fp32: every parameter but the GEMMs'
 /// matrices, i.e. the norms, the biases and the embeddings (the encoder looks its rows up in

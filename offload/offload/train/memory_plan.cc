@@ -123,6 +123,11 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   // and the device holds the CUDA model's buffers (under SP its shard of the positions and
   // Ulysses' buffers).
   UCP_ASSIGN_OR_RETURN(int64_t host_act, ActivationBytes(in.config, 1, 1, in.threads, 1));
+  // At sp > 1 a GPU whose sp exchanges go through the host pins their two staging buffers (with
+  // NCCL it does not: an upper bound).
+  UCP_ASSIGN_OR_RETURN(const int64_t staged_exchange,
+                       UlyssesExchangeFloats(in.config, in.micro_batch, in.seq_len, in.sp));
+  host_act += 2 * staged_exchange * 4;
   UCP_ASSIGN_OR_RETURN(int64_t device_act,
                        DeviceActivationBytes(in.config, in.micro_batch, in.seq_len,
                                              in.gpu_gemm_bf16 && in.dtype == LowpDType::kBf16,
@@ -218,7 +223,10 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   rows.push_back({MemClass::kActivations, "activations + scratch", act, device_act, host_act,
                   "micro-batch " + Str(in.micro_batch) + " x " + Str(in.seq_len) + " tokens" +
                       (in.sp > 1 ? " (1/" + Str(in.sp) + " of the positions)" : "") +
-                      ", fp32 (GPU: the CUDA model's, its GEMM and attention scratch included)"});
+                      ", fp32 (GPU: the CUDA model's, its GEMM and attention scratch included" +
+                      (in.sp > 1 ? "; host: the sp exchanges' pinned staging, unused over NCCL"
+                                 : "") +
+                      ")"});
   // The speculation snapshots: master, exp_avg and exp_avg_sq of the block.
   const int64_t snapshots = in.overlap && in.speculate ? 3 * block * 4 : 0;
   int64_t staging = 0;

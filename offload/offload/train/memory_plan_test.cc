@@ -461,6 +461,15 @@ TEST(PlanDeviceActivations, UnderSequenceParallelismAShardAndUlysses) {
   in.dp = 1;
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan plan, PlanMemory(in, PlanMachine{}));
   EXPECT_EQ(plan.rows[static_cast<size_t>(MemClass::kActivations)].device_bytes, gemm_attn);
+  // The host column: the parameter table's model and the exchanges' pinned staging (send and
+  // receive of the largest, qkv's: rows x P x (heads/P + 2 x 1 KV head) x head_dim floats).
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t exchange, UlyssesExchangeFloats(c, B, T, P));
+  EXPECT_EQ(exchange, rows * P * (NHl + 2 * KVl) * c.head_dim);
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t table, ActivationBytes(c, 1, 1, in.threads, 1));
+  EXPECT_EQ(plan.rows[static_cast<size_t>(MemClass::kActivations)].host_bytes,
+            table + 2 * exchange * 4);
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t none, UlyssesExchangeFloats(c, B, T, 1));
+  EXPECT_EQ(none, 0);
   // The sequence-parallel rules hold on the device too.
   EXPECT_THAT(DeviceActivationBytes(c, B, 63, true, false, P),
               ::ucp::testing::StatusIs(StatusCode::kInvalidArgument, HasSubstr("seq_len=63")));
