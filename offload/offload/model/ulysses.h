@@ -58,14 +58,15 @@ namespace ucp::offload::graph {
 // Buffers: send and recv of N P Wl floats each (>= N NH hd), owned here; qkv_full lives in the
 // per-layer activations (saved for backward: N P Wl per layer, N W without replication), lse is
 // [B][NHl][T] (N NH per layer, as without SP). Deterministic: the exchanges are copies and the
-// only adds (replicated KV) are in rank order, so the same P gives the same bits on every
-// backend.
+// only adds (replicated KV) are in rank order, so for the same P the exchanges give the same bits
+// on every backend.
 //
-// The rearrangements are written once, as lists of strided row copies (Strided), and a backend
+// The rearrangements are written once, as lists of strided row moves (Strided), and a backend
 // runs them: the CPU model's (HostUlyssesBackend: the Parallel's threads, the communicator's
-// AllToAll) and the CUDA model's (offload/cuda/cuda_model.cc: 2-D copies and an add kernel on its
+// AllToAll) and the CUDA model's (offload/cuda/cuda_model.cc: MoveRowsOnDevice launches on its
 // stream, the all-to-all over NCCL or staged through the host). So the GPU moves the same values
-// to the same places as the CPU model, which CI checks under MPI.
+// to the same places as the CPU model (offload_cuda_emulated_test runs the kernel's launches
+// against the CPU backend's moves).
 struct UlyssesGeometry {
   int64_t P = 1, r = 0, NH = 0, KV = 0, hd = 0, hpg = 0, W = 0;
   int64_t NHl = 0, KVl = 0, hpgl = 0, Wl = 0;
