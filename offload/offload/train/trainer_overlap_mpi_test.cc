@@ -249,6 +249,52 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DeviceTwinMpiTest,
                                            Case{"gpt-tiny", "fp32", 2, 0, 0.05}),
                          Name);
 
+// Ulysses on a device, and elastic: the device path (the CPU twin, as --device cuda) at
+// dp=P/2 x sp=2 saves at step 2; the CPU engine resumes that checkpoint at dp=P, sp=1, for step 3
+// and saves; the device path resumes that one at sp=2 for step 4. Steps 1-2 are bitwise the CPU
+// engine's at sp=2; steps 3-4 within 1e-7 relative of its uninterrupted run (dp=P sums the
+// gradients and the loss in another order: about 1e-9 here).
+TEST(DeviceTwinSpMpi, CheckpointsMoveBetweenTheDeviceAtSp2AndTheCpuAtSp1) {
+  const int P = World().size();
+  const TrainConfig c = Config({"llama-tiny", "fp32", 2, 1, 0.05}, Text());
+  const fs::path dir = Work() / "twin_sp_elastic";
+  const TrainRun cpu = Train(c, dir / "cpu", "sync");
+  std::vector<double> losses;
+  auto segment = [&](const std::string& device, const std::string& layout, bool resume,
+                     int64_t until) {
+    TrainConfig k = c;
+    k.layout = layout;
+    RunOptions r;
+    r.out = dir / "run";
+    if (resume) r.resume = dir / "run";
+    r.threads = 1;
+    r.async_save = false;
+    r.device = device;
+    r.comm = &World();
+    auto t = Trainer::Create(k, r);
+    UCP_CHECK(t.ok()) << t.status();  // a failure here would strand the peers: end the job
+    while (t->step() < until) {
+      auto rec = t->Step();
+      UCP_CHECK(rec.ok()) << rec.status();
+      losses.push_back(rec->loss);
+    }
+    UCP_CHECK(t->Save().ok());
+  };
+  const std::string sp2 = "dp=" + std::to_string(P / 2) + ",sp=2,zero=1";
+  segment("twin", sp2, false, 2);
+  segment("cpu", "dp=" + std::to_string(P) + ",zero=1", true, 3);
+  segment("twin", sp2, true, 4);
+  ASSERT_EQ(losses.size(), cpu.records.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    if (i < 2) {
+      EXPECT_EQ(losses[i], cpu.records[i].loss) << "step " << i + 1;
+    } else {
+      EXPECT_NEAR(losses[i], cpu.records[i].loss, 1e-7 * std::abs(cpu.records[i].loss))
+          << "step " << i + 1;
+    }
+  }
+}
+
 // A staged run's checkpoint at dp=P (each rank's state from its block, the weights from its
 // device, the dp replicas written once) resumes on the CPU engine, continuing bitwise as the
 // uninterrupted CPU run.
