@@ -69,6 +69,20 @@ Inputs MakeInputs(const Model& cpu, const ModelConfig& c, int64_t rows, uint32_t
   return x;
 }
 
+// The fp32 GEMMs' gradient bound (the file comment): each tensor's max |difference| <= 1e-4 x
+// max(1, max |grad|).
+void ExpectWithinFp32(const Model& cpu, const std::vector<float>& g_cpu,
+                      const std::vector<float>& g_gpu) {
+  for (const ParamInfo& p : cpu.params()) {
+    double scale = 1.0, err = 0.0;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      scale = std::max(scale, static_cast<double>(std::abs(g_cpu[i])));
+      err = std::max(err, static_cast<double>(std::abs(g_cpu[i] - g_gpu[i])));
+    }
+    EXPECT_LE(err, 1e-4 * scale) << p.name;
+  }
+}
+
 class CudaModelTest : public ::testing::TestWithParam<Family> {
  protected:
   void SetUp() override {
@@ -127,14 +141,7 @@ TEST_P(CudaModelTest, MatchesTheCpuModel) {
 
   EXPECT_NEAR(loss_gpu, loss_cpu, 1e-5 * std::abs(loss_cpu));
   EXPECT_EQ(loss_gpu, fwd_gpu);  // the forward alone computes the same loss
-  for (const ParamInfo& p : cpu.params()) {
-    double scale = 1.0, err = 0.0;
-    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
-      scale = std::max(scale, static_cast<double>(std::abs(g_cpu[i])));
-      err = std::max(err, static_cast<double>(std::abs(g_cpu[i] - g_gpu[i])));
-    }
-    EXPECT_LE(err, 1e-4 * scale) << p.name;
-  }
+  ExpectWithinFp32(cpu, g_cpu, g_gpu);
 }
 
 // The bf16 GEMMs' case: weights that are bf16 values (w rounded, w16 their bits; the fp32 copy
@@ -416,14 +423,7 @@ TEST_P(CudaModelTest, SequenceParallelShardsSumToTheWholeSequence) {
     std::vector<float> g;
     SumShards(runs, loss, g);
     EXPECT_NEAR(loss, loss_cpu, 1e-5 * std::abs(loss_cpu));
-    for (const ParamInfo& p : cpu.params()) {
-      double scale = 1.0, err = 0.0;
-      for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
-        scale = std::max(scale, static_cast<double>(std::abs(g_cpu[i])));
-        err = std::max(err, static_cast<double>(std::abs(g_cpu[i] - g[i])));
-      }
-      EXPECT_LE(err, 1e-4 * scale) << p.name;
-    }
+    ExpectWithinFp32(cpu, g_cpu, g);
     // Rank 1 refuses its batch: both ranks return the refusal.
     const auto bad =
         RunShards(c, P, B, T, x, d_w, nullptr, GemmInputs::kFp32, AttentionKernel::kGemm, 1);

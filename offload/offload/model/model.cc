@@ -492,6 +492,36 @@ Result<std::vector<std::pair<int64_t, int64_t>>> Fp32ReadRanges(const ModelConfi
   return ranges;
 }
 
+// The sizes every memory function below takes, checked alike (`who` names the function).
+static Status CheckShardSizes(const char* who, const ModelConfig& config, int64_t max_batch,
+                              int64_t max_seq_len, int sp) {
+  if (max_batch < 1 || max_seq_len < 1 || sp < 1) {
+    return InvalidArgumentError(std::string(who) + ": batch=" + Str(max_batch) +
+                                ", seq_len=" + Str(max_seq_len) + ", sp=" + Str(sp) +
+                                " must be >= 1");
+  }
+  UCP_RETURN_IF_ERROR(ValidateConfig(config));
+  return ValidateSequenceParallel(config, sp, max_seq_len);
+}
+
+// The activations of this rank's shard, in elements, as Model::Create and CudaModel::Create
+// allocate them: the graph's buffers for max_batch x max_seq_len / sp rows and, at sp > 1,
+// Ulysses' (with the output by heads when `output_full`). The sizes are checked.
+static int64_t ShardActivationElements(const ModelConfig& config, int64_t max_batch,
+                                       int64_t max_seq_len, int sp, bool output_full) {
+  const int64_t rows = max_batch * (max_seq_len / sp);
+  int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim, elements = 0;
+  if (sp > 1) {
+    const UlyssesGeometry geo(config, sp, 0);  // every rank's buffers have the same sizes
+    elements += HostUlysses::Elements(geo, rows, output_full);
+    qkv_width = geo.P * geo.Wl;
+  }
+  Acts<float> counter;  // sizes only: nothing is allocated
+  counter.ForEachBuffer(config, rows, max_seq_len, qkv_width,
+                        [&](std::vector<float>&, int64_t n) { elements += n; });
+  return elements;
+}
+
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                                 int num_threads, int sp) {
   if (max_batch < 1 || max_seq_len < 1 || num_threads < 1 || sp < 1) {
@@ -499,44 +529,21 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
                                 Str(max_seq_len) + ", threads=" + Str(num_threads) +
                                 ", sp=" + Str(sp) + " must be >= 1");
   }
-  UCP_RETURN_IF_ERROR(ValidateConfig(config));
-  UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, sp, max_seq_len));
+  UCP_RETURN_IF_ERROR(CheckShardSizes("ActivationBytes", config, max_batch, max_seq_len, sp));
   const int64_t rows = max_batch * (max_seq_len / sp);
-  int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim, elements = 0;
-  if (sp > 1) {
-    const UlyssesGeometry geo(config, sp, 0);  // every rank's buffers have the same sizes
-    elements += HostUlysses::Elements(geo, rows);
-    qkv_width = geo.P * geo.Wl;
-  }
-  Acts<float> counter;  // sizes only: nothing is allocated
-  counter.ForEachBuffer(config, rows, max_seq_len, qkv_width,
-                        [&](std::vector<float>&, int64_t n) { elements += n; });
-  elements += static_cast<int64_t>(ScratchFloats(config, rows, max_seq_len, num_threads));
+  const int64_t elements =
+      ShardActivationElements(config, max_batch, max_seq_len, sp, false) +
+      static_cast<int64_t>(ScratchFloats(config, rows, max_seq_len, num_threads));
   return elements * static_cast<int64_t>(sizeof(float));
 }
 
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, bool gemm_bf16,
                                       bool flash_attention, int sp) {
-  if (max_batch < 1 || max_seq_len < 1 || sp < 1) {
-    return InvalidArgumentError("DeviceActivationBytes: batch=" + Str(max_batch) +
-                                ", seq_len=" + Str(max_seq_len) + ", sp=" + Str(sp) +
-                                " must be >= 1");
-  }
-  UCP_RETURN_IF_ERROR(ValidateConfig(config));
-  UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, sp, max_seq_len));
-  // As CudaModel::Create: this shard's rows, and under SP Ulysses' buffers.
-  const int64_t rows = max_batch * (max_seq_len / sp);
-  int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim, elements = 0;
-  const bool flash = gemm_bf16 && flash_attention;
-  if (sp > 1) {
-    const UlyssesGeometry geo(config, sp, 0);
-    elements += HostUlysses::Elements(geo, rows, flash);
-    qkv_width = geo.P * geo.Wl;
-  }
-  Acts<float> counter;  // sizes only, as CudaModel::Create's DeviceActs::Allocate
-  counter.ForEachBuffer(config, rows, max_seq_len, qkv_width,
-                        [&](std::vector<float>&, int64_t n) { elements += n; });
+  UCP_RETURN_IF_ERROR(
+      CheckShardSizes("DeviceActivationBytes", config, max_batch, max_seq_len, sp));
+  const int64_t elements = ShardActivationElements(config, max_batch, max_seq_len, sp,
+                                                   gemm_bf16 && flash_attention);
   return elements * static_cast<int64_t>(sizeof(float)) +
          gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
                                 gemm_bf16, flash_attention, sp)
@@ -545,13 +552,8 @@ Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_bat
 
 Result<int64_t> UlyssesExchangeFloats(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, int sp) {
-  if (max_batch < 1 || max_seq_len < 1 || sp < 1) {
-    return InvalidArgumentError("UlyssesExchangeFloats: batch=" + Str(max_batch) +
-                                ", seq_len=" + Str(max_seq_len) + ", sp=" + Str(sp) +
-                                " must be >= 1");
-  }
-  UCP_RETURN_IF_ERROR(ValidateConfig(config));
-  UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, sp, max_seq_len));
+  UCP_RETURN_IF_ERROR(
+      CheckShardSizes("UlyssesExchangeFloats", config, max_batch, max_seq_len, sp));
   if (sp == 1) return int64_t{0};
   const UlyssesGeometry geo(config, sp, 0);
   return max_batch * (max_seq_len / sp) * geo.P * geo.Wl;
