@@ -69,6 +69,8 @@
 // statistics, qkv (after RoPE; under SP the gathered [B, T, local heads] copy attention reads),
 // the attention output and its row log-sum-exp (the probabilities are recomputed in backward),
 // the residual stream after attention and after the MLP, the MLP's pre-activation and activation.
+// With Recompute::kLayers only the residual stream after each layer is kept per layer; the rest
+// is one layer's, rewritten by the rerun of each layer's forward before its backward.
 #include "offload/model/model.h"
 
 #include <cblas.h>
@@ -508,7 +510,8 @@ static Status CheckShardSizes(const char* who, const ModelConfig& config, int64_
 // allocate them: the graph's buffers for max_batch x max_seq_len / sp rows and, at sp > 1,
 // Ulysses' (with the output by heads when `output_full`). The sizes are checked.
 static int64_t ShardActivationElements(const ModelConfig& config, int64_t max_batch,
-                                       int64_t max_seq_len, int sp, bool output_full) {
+                                       int64_t max_seq_len, int sp, bool output_full,
+                                       Recompute recompute) {
   const int64_t rows = max_batch * (max_seq_len / sp);
   int64_t qkv_width = (config.heads + 2 * config.kv_heads) * config.head_dim, elements = 0;
   if (sp > 1) {
@@ -517,13 +520,14 @@ static int64_t ShardActivationElements(const ModelConfig& config, int64_t max_ba
     qkv_width = geo.P * geo.Wl;
   }
   Acts<float> counter;  // sizes only: nothing is allocated
+  counter.recompute = recompute;
   counter.ForEachBuffer(config, rows, max_seq_len, qkv_width,
                         [&](std::vector<float>&, int64_t n) { elements += n; });
   return elements;
 }
 
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
-                                int num_threads, int sp) {
+                                int num_threads, int sp, Recompute recompute) {
   if (max_batch < 1 || max_seq_len < 1 || num_threads < 1 || sp < 1) {
     return InvalidArgumentError("ActivationBytes: batch=" + Str(max_batch) + ", seq_len=" +
                                 Str(max_seq_len) + ", threads=" + Str(num_threads) +
@@ -532,18 +536,18 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
   UCP_RETURN_IF_ERROR(CheckShardSizes("ActivationBytes", config, max_batch, max_seq_len, sp));
   const int64_t rows = max_batch * (max_seq_len / sp);
   const int64_t elements =
-      ShardActivationElements(config, max_batch, max_seq_len, sp, false) +
+      ShardActivationElements(config, max_batch, max_seq_len, sp, false, recompute) +
       static_cast<int64_t>(ScratchFloats(config, rows, max_seq_len, num_threads));
   return elements * static_cast<int64_t>(sizeof(float));
 }
 
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, bool gemm_bf16,
-                                      bool flash_attention, int sp) {
+                                      bool flash_attention, int sp, Recompute recompute) {
   UCP_RETURN_IF_ERROR(
       CheckShardSizes("DeviceActivationBytes", config, max_batch, max_seq_len, sp));
   const int64_t elements = ShardActivationElements(config, max_batch, max_seq_len, sp,
-                                                   gemm_bf16 && flash_attention);
+                                                   gemm_bf16 && flash_attention, recompute);
   return elements * static_cast<int64_t>(sizeof(float)) +
          gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
                                 gemm_bf16, flash_attention, sp)
@@ -570,8 +574,10 @@ int64_t Model::activation_bytes() const {
   return elements * static_cast<int64_t>(sizeof(float));
 }
 
+Recompute Model::recompute() const { return impl_->acts.recompute; }
+
 Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
-                            int num_threads, Communicator* sp_comm) {
+                            int num_threads, Communicator* sp_comm, Recompute recompute) {
   UCP_ASSIGN_OR_RETURN(Layout layout, BuildLayout(config));
   if (max_batch < 1 || max_seq_len < 1) {
     return InvalidArgumentError("max_batch=" + Str(max_batch) +
@@ -605,7 +611,7 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
       impl->sp->Allocate(rows);
       qkv_width = impl->sp->qkv_width();
     }
-    impl->acts.Allocate(config, rows, max_seq_len, qkv_width);
+    impl->acts.Allocate(config, rows, max_seq_len, qkv_width, recompute);
     impl->par.Reserve(ScratchFloats(config, rows, max_seq_len, num_threads));
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("activations for " + Str(max_batch) + " x " + Str(max_seq_len) +

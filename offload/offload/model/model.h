@@ -33,6 +33,17 @@ class Communicator;
 
 enum class Family : uint8_t { kGpt, kLlama };
 
+/// Which activations a model keeps from forward to backward (activation checkpointing; Megatron's
+/// "full" recomputation, one layer per checkpoint).
+///   kNone:   every layer's (model.cc lists them).
+///   kLayers: only each layer's output (the next layer's input) and one layer's worth of the
+///            rest; backward reruns each layer's forward from its input, into that one layer's
+///            buffers, just before the layer's backward (the last layer's are still there). The
+///            ops are deterministic, so the rerun writes the bits the first run wrote and the
+///            gradients are bitwise kNone's; the cost is one more forward of the layers, about a
+///            third more compute, which MFU (ModelStepFlops) does not count.
+enum class Recompute : uint8_t { kNone, kLayers };
+
 /// Hyper-parameters the math needs. From a patterns::ModelSpec (FromSpec) or set by hand in tests.
 struct ModelConfig {
   Family family = Family::kGpt;
@@ -140,23 +151,26 @@ struct ParamTable {
 };
 Result<ParamTable> ModelParamTable(const ModelConfig& config);
 
-/// The bytes Model::Create(config, max_batch, max_seq_len, num_threads, sp group of `sp`)
-/// allocates for activations, backward scratch and the ops' scratch: a pure function (for the
-/// memory plan, offload/train/memory_plan.h), equal to that model's activation_bytes().
+/// The bytes Model::Create(config, max_batch, max_seq_len, num_threads, sp group of `sp`,
+/// recompute) allocates for activations, backward scratch and the ops' scratch: a pure function
+/// (for the memory plan, offload/train/memory_plan.h), equal to that model's activation_bytes().
 /// Errors: kInvalidArgument (config, sizes, the sequence-parallel rules).
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
-                                int num_threads, int sp = 1);
+                                int num_threads, int sp = 1,
+                                Recompute recompute = Recompute::kNone);
 
 /// What the CUDA model (offload/cuda/cuda_model.h) allocates on the device for micro-batches of
 /// up to max_batch x max_seq_len tokens: its activations (the same buffers as the CPU model's)
 /// and its scratch (offload/model/gpu_sizes.h; with gemm_bf16 the bf16 GEMMs' and the GEMM
 /// attention's, or with flash_attention as well the flash kernels' in the GEMM attention's
 /// place). With an sp group of `sp` ranks, this rank's shard of the activations and Ulysses'
-/// buffers (and, for the flash kernels, the output by heads their backward reads). Host code:
-/// the memory plan's GPU column. Errors: as ActivationBytes.
+/// buffers (and, for the flash kernels, the output by heads their backward reads); with
+/// `recompute`, the activations it keeps. Host code: the memory plan's GPU column.
+/// Errors: as ActivationBytes.
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, bool gemm_bf16,
-                                      bool flash_attention = false, int sp = 1);
+                                      bool flash_attention = false, int sp = 1,
+                                      Recompute recompute = Recompute::kNone);
 
 /// The floats of Ulysses' largest exchange over `sp` ranks (qkv's, each rank's max_seq_len / sp
 /// positions of up to max_batch sequences): its send buffer, and its receive buffer; 0 at sp = 1.
@@ -189,11 +203,13 @@ class Model {
   /// calling thread only and kept until the model is destroyed; null or of size 1: no sequence
   /// parallelism. With P = sp_comm->size() > 1, max_seq_len is the whole sample's length (each
   /// shard holds at most max_seq_len / P positions) and ValidateSequenceParallel(config, P,
-  /// max_seq_len) must pass.
+  /// max_seq_len) must pass. `recompute`: which activations backward finds kept and which it
+  /// recomputes (Recompute; the same bits either way).
   /// Errors: kInvalidArgument (config; max_seq_len > max_positions for GPT; the sequence-parallel
   /// rules), kResourceExhausted.
   static Result<Model> Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
-                              int num_threads, Communicator* sp_comm = nullptr);
+                              int num_threads, Communicator* sp_comm = nullptr,
+                              Recompute recompute = Recompute::kNone);
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
   ~Model();
@@ -207,6 +223,7 @@ class Model {
   int sp_rank() const;
   /// The bytes this model holds for activations and scratch (what ActivationBytes predicts).
   int64_t activation_bytes() const;
+  Recompute recompute() const;
 
   /// Sum over the batch of the per-token cross-entropy (natural log) of tokens with target >= 0,
   /// in double (under SP: over this shard's tokens). Writes nothing but scratch.

@@ -41,9 +41,13 @@ Result<Layout> BuildLayout(const ModelConfig& c);
 // Activations and backward scratch for up to `rows` = max_batch * max_seq_len tokens.
 // Vec: std::vector<T> on the host; on the GPU a device vector (cuda_model.cc) with the same
 // assign(n, 0), data() and size(), plus Upload(const std::vector<T>&).
+// With Recompute::kLayers the per-layer buffers but resid_out (each layer's output, the next
+// one's input) hold one layer, which every layer's forward overwrites (RunGraph reruns a layer's
+// forward before its backward).
 template <typename T, typename Vec = std::vector<T>>
 struct Acts {
   int64_t rows = 0, max_t = 0;
+  Recompute recompute = Recompute::kNone;
   Vec encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean,
       ln2_rstd, fch, fch_act, resid_out, lnf, lnf_mean, lnf_rstd, tmp;
   Vec dres, dln, dfch_act, dfch, datty, dqkv;
@@ -52,9 +56,11 @@ struct Acts {
   // max_rows: tokens of the largest batch (this shard's under SP); max_seq: the largest position
   // + 1 (the RoPE tables); qkv_width: values per row of the saved qkv, (NH + 2 KV) hd, or under SP
   // P (NH/P + 2 KV_r) hd (the gathered heads of UlyssesGeometry, per local row).
-  void Allocate(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width) {
+  void Allocate(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width,
+                Recompute rc = Recompute::kNone) {
     rows = max_rows;
     max_t = max_seq;
+    recompute = rc;
     ForEachBuffer(c, max_rows, max_seq, qkv_width,
                   [](Vec& v, int64_t n) { v.assign(static_cast<size_t>(n), T(0)); });
     if (c.family == Family::kLlama) {
@@ -71,20 +77,25 @@ struct Acts {
     v.Upload(h);
   }
 
-  // Every buffer with its element count: Allocate sizes them, ActivationBytes (the memory plan)
-  // adds them up, so the two cannot disagree.
+  // The layers the per-layer buffers other than resid_out hold.
+  int64_t layer_slots(const ModelConfig& c) const {
+    return recompute == Recompute::kLayers ? 1 : c.layers;
+  }
+
+  // Every buffer with its element count (for `recompute`, set first): Allocate sizes them,
+  // ActivationBytes (the memory plan) adds them up, so the two cannot disagree.
   template <typename Sizer>
   void ForEachBuffer(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width,
                      Sizer&& sz) {
-    const int64_t L = c.layers, C = c.hidden, N = max_rows;
+    const int64_t L = c.layers, S = layer_slots(c), C = c.hidden, N = max_rows;
     const int64_t qkv_dim = (c.heads + 2 * c.kv_heads) * c.head_dim, ah = c.heads * c.head_dim;
     const int64_t F = c.ffn_hidden, F1 = c.family == Family::kGpt ? F : 2 * F;
     sz(encoded, N * C);
-    sz(ln1, L * N * C), sz(ln1_mean, L * N), sz(ln1_rstd, L * N);
-    sz(qkv, L * N * qkv_width), sz(atty, L * N * ah), sz(lse, L * N * c.heads);
-    sz(resid_mid, L * N * C);
-    sz(ln2, L * N * C), sz(ln2_mean, L * N), sz(ln2_rstd, L * N);
-    sz(fch, L * N * F1), sz(fch_act, L * N * F), sz(resid_out, L * N * C);
+    sz(ln1, S * N * C), sz(ln1_mean, S * N), sz(ln1_rstd, S * N);
+    sz(qkv, S * N * qkv_width), sz(atty, S * N * ah), sz(lse, S * N * c.heads);
+    sz(resid_mid, S * N * C);
+    sz(ln2, S * N * C), sz(ln2_mean, S * N), sz(ln2_rstd, S * N);
+    sz(fch, S * N * F1), sz(fch_act, S * N * F), sz(resid_out, L * N * C);
     sz(lnf, N * C), sz(lnf_mean, N), sz(lnf_rstd, N), sz(tmp, N * C);
     sz(dres, N * C), sz(dln, N * C), sz(dfch_act, N * F), sz(dfch, N * F1), sz(datty, N * ah);
     sz(dqkv, N * qkv_dim);
@@ -301,8 +312,15 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
   };
   const T* rope_cos = gpt ? nullptr : a.rope_cos.data() + pos0 * (hd / 2);
   const T* rope_sin = gpt ? nullptr : a.rope_sin.data() + pos0 * (hd / 2);
-  // Layer l's slice of a per-layer activation of `dim` values per row.
-  auto At = [&](auto& v, int64_t l, int64_t dim) { return v.data() + l * R * dim; };
+  // Layer l's slice of a per-layer activation of `dim` values per row: its own, or with
+  // recomputation the one slot the layers share (Acts); Out(l) is layer l's output, kept for
+  // every layer either way, and In(l) its input.
+  const bool recompute = a.recompute == Recompute::kLayers;
+  auto At = [&](auto& v, int64_t l, int64_t dim) {
+    return v.data() + (recompute ? 0 : l) * R * dim;
+  };
+  auto Out = [&](int64_t l) { return a.resid_out.data() + l * R * C; };
+  auto In = [&](int64_t l) -> const T* { return l == 0 ? a.encoded.data() : Out(l - 1); };
   auto Norm = [&](T* out, T* mean, T* rstd, const T* x, int64_t w_off, int64_t b_off) {
     if (gpt) {
       ops.LayerNormForward(out, mean, rstd, x, P(w_off), P(b_off), N, C, eps);
@@ -318,20 +336,11 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
       ops.RmsNormBackward(dx, G(w_off), dout, x, P(w_off), rstd, N, C);
     }
   };
-
-  // ---- forward (grad groups as below: L+1 the embeddings, 1 + (L-1-l) layer l, 0 the head)
-  auto GroupNeeded = [&](int64_t k) {
-    if (hook != nullptr && hook->on_group_needed) hook->on_group_needed(static_cast<int>(k));
-  };
-  const int64_t emb = cfg.layers + 1;
-  GroupNeeded(emb);
-  UCP_RETURN_IF_ERROR(Acquire(emb, false));
-  const T* wpe = gpt ? P(lay.wpe) + pos0 * C : nullptr;
-  ops.EncoderForward(a.encoded.data(), inputs, P(lay.wte), wpe, B, Tn, C);
-  UCP_RETURN_IF_ERROR(Release(emb, false));
-  const T* x = a.encoded.data();
-  for (int64_t l = 0; l < cfg.layers; ++l) {
+  // Layer l's forward, In(l) -> Out(l), its activations into At(.., l, ..); its weights are
+  // acquired. Forward runs it once per layer; with recomputation backward runs it again.
+  auto LayerForward = [&](int64_t l) -> Status {
     const LayerOffsets& o = lay.layers[l];
+    const T* x = In(l);
     T* ln1 = At(a.ln1, l, C);
     T* qkv = At(a.qkv, l, qkv_width);
     T* atty = At(a.atty, l, ah);
@@ -339,10 +348,6 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     T* ln2 = At(a.ln2, l, C);
     T* fch = At(a.fch, l, F1);
     T* fch_act = At(a.fch_act, l, F);
-    T* resid_out = At(a.resid_out, l, C);
-    const int64_t k = 1 + (cfg.layers - 1 - l);
-    GroupNeeded(k);
-    UCP_RETURN_IF_ERROR(Acquire(k, false));
     Norm(ln1, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), x, o.ln1_w, o.ln1_b);
     T* qkv_shard = sp ? sp->qkv_local() : qkv;  // [N, qkv_dim], this batch's positions
     ops.MatmulForward(qkv_shard, ln1, M(o.qkv_w), P(o.qkv_b), N, C, qkv_dim);
@@ -365,10 +370,28 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
       ops.SwigluForward(fch_act, fch, N, F);
     }
     ops.MatmulForward(a.tmp.data(), fch_act, M(o.fc2_w), P(o.fc2_b), N, F, C);
-    ops.ResidualForward(resid_out, resid_mid, a.tmp.data(), N * C);
+    ops.ResidualForward(Out(l), resid_mid, a.tmp.data(), N * C);
+    return Status::Ok();
+  };
+
+  // ---- forward (grad groups as below: L+1 the embeddings, 1 + (L-1-l) layer l, 0 the head)
+  auto GroupNeeded = [&](int64_t k) {
+    if (hook != nullptr && hook->on_group_needed) hook->on_group_needed(static_cast<int>(k));
+  };
+  const int64_t emb = cfg.layers + 1;
+  GroupNeeded(emb);
+  UCP_RETURN_IF_ERROR(Acquire(emb, false));
+  const T* wpe = gpt ? P(lay.wpe) + pos0 * C : nullptr;
+  ops.EncoderForward(a.encoded.data(), inputs, P(lay.wte), wpe, B, Tn, C);
+  UCP_RETURN_IF_ERROR(Release(emb, false));
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    const int64_t k = 1 + (cfg.layers - 1 - l);
+    GroupNeeded(k);
+    UCP_RETURN_IF_ERROR(Acquire(k, false));
+    UCP_RETURN_IF_ERROR(LayerForward(l));
     UCP_RETURN_IF_ERROR(Release(k, false));
-    x = resid_out;
   }
+  const T* x = cfg.layers > 0 ? Out(cfg.layers - 1) : a.encoded.data();
   GroupNeeded(0);
   // The head (with tied embeddings the classifier reads, and backward adds into, the
   // embeddings' matrix: they stay acquired until the encoder's backward).
@@ -401,7 +424,10 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     const LayerOffsets& o = lay.layers[l];
     const int64_t k = 1 + (cfg.layers - 1 - l);
     UCP_RETURN_IF_ERROR(Acquire(k, true));
-    const T* x_in = l == 0 ? a.encoded.data() : At(a.resid_out, l - 1, C);
+    // The shared slot holds the last layer's activations from forward; the others' are rerun.
+    if (recompute && l + 1 < cfg.layers) {
+      UCP_RETURN_IF_ERROR(LayerForward(l), "recomputing layer " + Str(l) + " for backward");
+    }
     T* qkv = At(a.qkv, l, qkv_width);
     // MLP branch.
     ops.Zero(a.dfch_act.data(), N * F);
@@ -459,7 +485,7 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     ops.Zero(a.dln.data(), N * C);
     ops.MatmulBackward(a.dln.data(), G(o.qkv_w), G(o.qkv_b), a.dqkv.data(), At(a.ln1, l, C),
                        M(o.qkv_w), N, C, qkv_dim);
-    NormBackward(dres, a.dln.data(), x_in, At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), o.ln1_w,
+    NormBackward(dres, a.dln.data(), In(l), At(a.ln1_mean, l, 1), At(a.ln1_rstd, l, 1), o.ln1_w,
                  o.ln1_b);
     UCP_RETURN_IF_ERROR(Release(k, true));
     GroupDone(k);

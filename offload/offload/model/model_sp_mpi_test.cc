@@ -5,8 +5,9 @@
 // from their shards with the all-to-alls; the shards' losses and gradients summed over the group
 // must match the whole-sequence ones up to the order of the adds. sp = world size, and sp = 2 at
 // -np 4 (two dp groups of 2 ranks, with different samples). Also: shards at a position_offset
-// base other than 0, determinism, and refusals (head / sequence rules at Create; a batch refused
-// on one rank is refused on every rank, with no rank left in a collective).
+// base other than 0, determinism, recomputed layers (Recompute::kLayers: the same bits), and
+// refusals (head / sequence rules at Create; a batch refused on one rank is refused on every
+// rank, with no rank left in a collective).
 //
 // All ranks run the same tests in the same order; checks that could differ between ranks use
 // EXPECT, so no rank leaves a test early and strands the others in a collective.
@@ -148,6 +149,15 @@ void RunCase(const SpCase& sc, Group& g, int64_t base) {
   UCP_CHECK(ls2.ok()) << ls2.status();
   EXPECT_EQ(*ls2, *ls);
   EXPECT_EQ(gs2, gs);  // bitwise
+  // Recomputing the layers in backward reruns the exchanges too (every rank alike): the same
+  // bits as keeping the activations.
+  auto rc_model = Model::Create(c, B, 2 * T, sc.threads, g.comm.get(), Recompute::kLayers);
+  UCP_CHECK(rc_model.ok()) << rc_model.status();
+  std::vector<float> gr(w.size(), 0.0f);
+  auto lr = rc_model->ForwardBackward(w, gr, shard, scale);
+  UCP_CHECK(lr.ok()) << lr.status();
+  EXPECT_EQ(*lr, *ls);
+  EXPECT_EQ(gr, gs);  // bitwise
 
   std::vector<double> loss = {*ls};
   UCP_CHECK(g.comm->AllReduce(std::span<double>(loss), ReduceOp::kSum).ok());
