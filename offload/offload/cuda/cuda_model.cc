@@ -461,7 +461,8 @@ struct CudaModel::Impl {
 
 Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch,
                                     int64_t max_seq_len, GemmInputs gemm,
-                                    AttentionKernel attention, SequenceParallel sp) {
+                                    AttentionKernel attention, SequenceParallel sp,
+                                    Recompute recompute) {
   const bool flash = attention == AttentionKernel::kFlash;
   const int P = sp.comm != nullptr ? sp.comm->size() : 1;
   UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, P, max_seq_len),
@@ -518,7 +519,7 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
         impl->sp->backend().host_recv = std::make_shared<PinnedFloats>(static_cast<size_t>(n));
       }
     }
-    impl->acts.Allocate(config, rows, max_seq_len, qkv_width);
+    impl->acts.Allocate(config, rows, max_seq_len, qkv_width, recompute);
     // The scratch as the memory plan counts it (gpu_sizes.h).
     const gpu::ModelScratch sc =
         gpu::CudaModelScratch(config, config.family != Family::kGpt, max_batch, max_seq_len,
@@ -558,6 +559,7 @@ bool CudaModel::sp_on_device() const {
 }
 GemmInputs CudaModel::gemm() const { return impl_->gemm; }
 AttentionKernel CudaModel::attention() const { return impl_->attention; }
+Recompute CudaModel::recompute() const { return impl_->acts.recompute; }
 
 int64_t CudaModel::packed_fp32_elements() const { return impl_->packed.elements(); }
 

@@ -70,11 +70,14 @@ class CudaModel {
   /// group, each rank passing its shard (Batch::position_offset = rank x shard length).
   /// Errors: kInvalidArgument (config, sizes, the sequence-parallel rules; kFlash beside kFp32
   /// or with a head_dim the flash kernels do not take), kDeviceError (no device, allocation,
-  /// cuBLAS), kResourceExhausted (memory).
+  /// cuBLAS), kResourceExhausted (memory). `recompute`: as model.h Model::Create's (kLayers keeps
+  /// each layer's output and one layer's other activations; backward reruns the layers' kernels,
+  /// which are deterministic, so the bits are kNone's).
   static Result<CudaModel> Create(const ModelConfig& config, int64_t max_batch,
                                   int64_t max_seq_len, GemmInputs gemm = GemmInputs::kFp32,
                                   AttentionKernel attention = AttentionKernel::kGemm,
-                                  SequenceParallel sp = {});
+                                  SequenceParallel sp = {},
+                                  Recompute recompute = Recompute::kNone);
   CudaModel(CudaModel&&) noexcept;
   CudaModel& operator=(CudaModel&&) noexcept;
   ~CudaModel();
@@ -90,6 +93,7 @@ class CudaModel {
   bool sp_on_device() const;
   GemmInputs gemm() const;
   AttentionKernel attention() const;
+  Recompute recompute() const;
   /// The floats of Fp32Layout::kPacked's weights (kBf16; 0 for kFp32).
   int64_t packed_fp32_elements() const;
 

@@ -270,6 +270,53 @@ TEST_P(CudaModelTest, FlashAttentionStaysWithinBf16OfTheCpuModel) {
   ExpectWithinBf16(cpu, k, loss_gpu, k.DeviceGrads());
 }
 
+// Recompute::kLayers on the device: one layer's activations kept besides the layers' outputs
+// (as DeviceActivationBytes counts them), and the bits of the model that keeps them all, with
+// the fp32 GEMMs, the bf16 GEMMs and GEMM attention, and the flash kernels (whose backward
+// reads the recomputed output). Three layers, so two are rerun; every size a multiple of 64,
+// so the layers' slices and the one shared slot have the same alignment for cuBLAS.
+TEST_P(CudaModelTest, RecomputedLayersGiveTheKeptBits) {
+  ModelConfig c = Config(GetParam());
+  c.hidden = 128, c.heads = 2, c.head_dim = 64, c.max_positions = 128, c.layers = 3;
+  c.kv_heads = GetParam() == Family::kGpt ? 2 : 1;
+  c.ffn_hidden = 256;
+  const int64_t B = 2, T = 64;
+  UCP_ASSERT_OK_AND_ASSIGN(Model cpu, Model::Create(c, B, T, 2));
+  Bf16Case k(cpu, c, B, T, 13);
+  const Batch batch = k.batch(B, T);
+  const size_t n = k.x.w.size();
+  struct Mode {
+    GemmInputs gemm;
+    AttentionKernel attention;
+  };
+  for (const Mode m : {Mode{GemmInputs::kFp32, AttentionKernel::kGemm},
+                       Mode{GemmInputs::kBf16, AttentionKernel::kGemm},
+                       Mode{GemmInputs::kBf16, AttentionKernel::kFlash}}) {
+    const bool bf16 = m.gemm == GemmInputs::kBf16;
+    SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") +
+                 (m.attention == AttentionKernel::kFlash ? " flash" : ""));
+    std::vector<float> g[2];
+    double loss[2] = {0, 0};
+    for (const Recompute rc : {Recompute::kNone, Recompute::kLayers}) {
+      UCP_ASSERT_OK_AND_ASSIGN(CudaModel gpu,
+                               CudaModel::Create(c, B, T, m.gemm, m.attention, {}, rc));
+      EXPECT_EQ(gpu.recompute(), rc);
+      ASSERT_EQ(cudaMemset(k.d_g, 0, n * 4), cudaSuccess);
+      const int i = rc == Recompute::kLayers ? 1 : 0;
+      UCP_ASSERT_OK_AND_ASSIGN(
+          loss[i], gpu.ForwardBackward(k.d_w, k.d_g, batch, 1e-2f, nullptr,
+                                       bf16 ? k.d_w16 : nullptr));
+      g[i] = k.DeviceGrads();
+    }
+    EXPECT_EQ(loss[0], loss[1]);
+    EXPECT_TRUE(g[0] == g[1]) << "recomputed layers' gradients differ from the kept ones'";
+  }
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t kept, DeviceActivationBytes(c, B, T, true, true));
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t rc, DeviceActivationBytes(c, B, T, true, true, 1,
+                                                             Recompute::kLayers));
+  EXPECT_LT(rc, kept);
+}
+
 // P ranks as threads of this process: what Ulysses asks of its communicator (the batch's
 // agreement, an int64 all-reduce; the staged exchanges, an all-to-all), over shared memory. The
 // GPU test runs on one GPU, where NCCL cannot take two ranks and no mpirun is at hand.
