@@ -163,6 +163,10 @@ int main(int argc, char** argv) {
      "--device cuda, bf16 GEMMs: attention through batched GEMMs over T x T scores (gemm) or "
      "the tiled flash kernels (flash: causal FLOPs only, no T x T buffers; head_dim 64, 80, 96 "
      "or 128)")
+    ("recompute", po::bool_switch(&r.recompute),
+     "activation checkpointing: keep each layer's output and one layer's other activations, "
+     "and rerun each layer's forward before its backward (CPU or device; about a third more "
+     "compute for a fraction of the activation memory; the same bits)")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
      "threads per process (0: all cores; on --resume, the run's recorded count, so that the "

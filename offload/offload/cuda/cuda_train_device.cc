@@ -932,7 +932,7 @@ Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& 
                                          bf16 ? GemmInputs::kBf16 : GemmInputs::kFp32,
                                          bf16 && spec.flash_attention ? AttentionKernel::kFlash
                                                                       : AttentionKernel::kGemm,
-                                         std::move(sp)));
+                                         std::move(sp), spec.recompute));
   auto dev = std::make_unique<CudaTrainDevice>(spec, std::move(model));
   UCP_RETURN_IF_ERROR(dev->Init());
   return std::unique_ptr<TrainDevice>(std::move(dev));

@@ -917,7 +917,7 @@ Result<std::vector<ExchangeChunk>> PlanDeviceReduce(const TrainDeviceSpec& spec,
 
 Result<std::unique_ptr<TrainDevice>> MakeCpuTwinDevice(const TrainDeviceSpec& spec) {
   UCP_ASSIGN_OR_RETURN(Model model, Model::Create(spec.model, spec.max_batch, spec.seq_len,
-                                                  spec.threads, spec.sp_comm));
+                                                  spec.threads, spec.sp_comm, spec.recompute));
   const int64_t n = model.num_params();
   // As the CUDA device: bf16 training needs no host fp32 weights (may be empty); staged host
   // buffers are windows (and neither streamed nor with device pieces).

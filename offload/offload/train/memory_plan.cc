@@ -117,8 +117,9 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     return InvalidArgumentError("memory plan: seq_len=" + Str(in.seq_len) +
                                 " does not divide by sp=" + Str(in.sp));
   }
+  const Recompute recompute = in.recompute ? Recompute::kLayers : Recompute::kNone;
   UCP_ASSIGN_OR_RETURN(int64_t act, ActivationBytes(in.config, in.micro_batch, in.seq_len,
-                                                    in.threads, in.sp));
+                                                    in.threads, in.sp, recompute));
   // With a device the host's model is only the parameter table (a micro-batch of one token),
   // and the device holds the CUDA model's buffers (under SP its shard of the positions and
   // Ulysses' buffers).
@@ -131,7 +132,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   UCP_ASSIGN_OR_RETURN(int64_t device_act,
                        DeviceActivationBytes(in.config, in.micro_batch, in.seq_len,
                                              in.gpu_gemm_bf16 && in.dtype == LowpDType::kBf16,
-                                             in.gpu_flash_attention, in.sp));
+                                             in.gpu_flash_attention, in.sp, recompute));
   layout::Layout lay;
   lay.dp = in.dp;
   lay.sp = in.sp;
@@ -223,6 +224,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   rows.push_back({MemClass::kActivations, "activations + scratch", act, device_act, host_act,
                   "micro-batch " + Str(in.micro_batch) + " x " + Str(in.seq_len) + " tokens" +
                       (in.sp > 1 ? " (1/" + Str(in.sp) + " of the positions)" : "") +
+                      (in.recompute ? ", layers recomputed in backward" : "") +
                       ", fp32 (GPU: the CUDA model's, its GEMM and attention scratch included" +
                       (in.sp > 1 ? "; host: the sp exchanges' pinned staging, unused over NCCL"
                                  : "") +
@@ -304,6 +306,17 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
         Bytes(usable) + " usable (" + Bytes(machine.device_bytes) + " less a " +
         Bytes(machine.device_reserve_bytes) +
         " reserve); lower --micro-batch or --seq-len, or shard the sequence (sp)";
+    // Recomputing the layers is the one switch that keeps the run's shape: say whether it fits.
+    if (!in.recompute) {
+      PlanInput with = in;
+      with.recompute = true;
+      UCP_ASSIGN_OR_RETURN(const MemoryPlan rc, PlanMemory(with, machine));
+      v += rc.device_fits ? ", or recompute the layers (--recompute: it fits, " +
+                                Bytes(rc.device_total) + " with weights " +
+                                (rc.placement == WeightPlacement::kResident ? "resident" :
+                                                                              "streamed") + ")"
+                          : " (not even with --recompute: " + Bytes(rc.device_total) + ")";
+    }
   } else {
     v = std::string("GPU: fits with weights ") +
         (plan.placement == WeightPlacement::kResident ? "resident" : "streamed per layer") +

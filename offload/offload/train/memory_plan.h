@@ -80,6 +80,9 @@ struct PlanInput {
   /// With those bf16 GEMMs, attention through the flash kernels (--gpu-attention flash): no
   /// GEMM attention scratch on the device.
   bool gpu_flash_attention = false;
+  /// --recompute: the model (the CPU's, or the device's) keeps one layer's activations besides
+  /// each layer's output (model.h Recompute::kLayers).
+  bool recompute = false;
   /// --gpu-tail-buckets: the elements whose masters and Adam states the device Adam keeps on the
   /// device too (the last grad groups' parameters; the host block still holds every element).
   int64_t device_optimizer_elements = 0;

@@ -410,6 +410,55 @@ TEST(PlanDeviceActivations, AreTheCudaModelsBuffersAndScratch) {
   EXPECT_GT(pass, gpu::kAttnPassBytes);
 }
 
+// --recompute: both columns' activations are the recomputing models' (ActivationBytes and
+// DeviceActivationBytes with Recompute::kLayers), the row says so, and a device that streams the
+// weights without it keeps them resident with it.
+TEST(PlanRecompute, CountsOneLayersActivations) {
+  PlanInput in = Input(4);
+  in.seq_len = 64;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan kept, PlanMemory(in, PlanMachine{}));
+  in.recompute = true;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan rc, PlanMemory(in, PlanMachine{}));
+  const auto act = static_cast<size_t>(MemClass::kActivations);
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t cpu,
+                           ActivationBytes(in.config, 4, 64, in.threads, 1, Recompute::kLayers));
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t gpu, DeviceActivationBytes(in.config, 4, 64, true, false, 1,
+                                                              Recompute::kLayers));
+  EXPECT_EQ(rc.rows[act].cpu_bytes, cpu);
+  EXPECT_EQ(rc.rows[act].device_bytes, gpu);
+  EXPECT_LT(cpu, kept.rows[act].cpu_bytes);
+  EXPECT_LT(gpu, kept.rows[act].device_bytes);
+  EXPECT_THAT(rc.rows[act].note, HasSubstr("layers recomputed"));
+  EXPECT_THAT(kept.rows[act].note, ::testing::Not(HasSubstr("recomputed")));
+
+  PlanMachine m;
+  m.device_reserve_bytes = 0;
+  m.device_bytes = (kept.device_total + rc.device_total) / 2;
+  in.recompute = false;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tight, PlanMemory(in, m));
+  in.recompute = true;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tight_rc, PlanMemory(in, m));
+  EXPECT_EQ(tight.placement, WeightPlacement::kStreamed);
+  EXPECT_EQ(tight_rc.placement, WeightPlacement::kResident);
+  EXPECT_TRUE(tight_rc.device_fits);
+
+  // A device the run does not fit even streamed, but does with --recompute: the verdict says so;
+  // a smaller one fits neither way, and the verdict says that.
+  m.device_bytes = rc.device_total;
+  in.recompute = false;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan small, PlanMemory(in, m));
+  ASSERT_FALSE(small.device_fits);
+  EXPECT_THAT(small.verdict, HasSubstr("or recompute the layers (--recompute: it fits, " +
+                                       FormatBytes(rc.device_total) + " with weights resident)"));
+  m.device_bytes = rc.device_total / 4;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tiny, PlanMemory(in, m));
+  EXPECT_THAT(tiny.verdict, HasSubstr("(not even with --recompute: "));
+  in.recompute = true;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tiny_rc, PlanMemory(in, m));
+  EXPECT_FALSE(tiny_rc.device_fits);
+  EXPECT_THAT(tiny_rc.verdict, ::testing::Not(HasSubstr("--recompute")));
+}
+
 // The CUDA classifier's logits are a block of rows at a time (at most 1 GiB): at 64K tokens and
 // a 128K vocabulary the scratch is one block's logits and the per-row losses, not 32 GiB; blocks
 // are equal (no thin last GEMM), and every shorter batch fits the scratch of the longest.

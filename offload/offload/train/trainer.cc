@@ -1540,6 +1540,7 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   ds.adam = ac;
   ds.gemm_bf16 = opts.gpu_gemm == "auto" && dtype == DType::kBf16;
   ds.flash_attention = ds.gemm_bf16 && opts.gpu_attention == "flash";
+  ds.recompute = opts.recompute ? Recompute::kLayers : Recompute::kNone;
   // Weight placement (memory_plan.h): as asked, or with "auto" the plan's for the device's
   // memory when it is known.
   if (weights == WeightChoice::kStreamed) {
@@ -1998,6 +1999,7 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   // The twin's model is the CPU's: its GEMMs read fp32, so its device holds the whole copy.
   in.gpu_gemm_bf16 = opts.gpu_gemm == "auto" && opts.device != "twin";
   in.gpu_flash_attention = opts.gpu_attention == "flash";
+  in.recompute = opts.recompute;
   // --gpu-tail-buckets N: the last N grad groups' elements also on the device (SetUpDevice
   // checks N).
   if (opts.gpu_tail_buckets > 0) {
@@ -2136,9 +2138,11 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   // With a device the CPU model is only the parameter table and grad groups: no activations
   // (and no sequence sharding: the device's model holds the sp group).
   const bool on_device = opts.device != "cpu";
-  UCP_ASSIGN_OR_RETURN(Model net, Model::Create(mc, on_device ? 1 : t.micro_batch,
-                                                on_device ? 1 : t.seq_len, t.threads,
-                                                on_device ? nullptr : t.sp_funneled.get()));
+  UCP_ASSIGN_OR_RETURN(Model net,
+                       Model::Create(mc, on_device ? 1 : t.micro_batch, on_device ? 1 : t.seq_len,
+                                     t.threads, on_device ? nullptr : t.sp_funneled.get(),
+                                     opts.recompute && !on_device ? Recompute::kLayers
+                                                                  : Recompute::kNone));
   t.net.emplace(std::move(net));
   // The model's parameter table must be the rule set's, in the same order (its flat buffer is
   // then the canonical order the optimizer groups are cut from).
@@ -2277,7 +2281,8 @@ std::string Trainer::Describe() const {
      << "\n"
      << "schedule: " << t.cfg.steps << " steps of " << t.cfg.global_batch << " samples ("
      << t.cfg.global_batch * t.seq_len << " tokens) in micro-batches of " << t.micro_batch
-     << "; lr " << t.cfg.lr << " -> " << t.cfg.min_lr << ", warm-up " << t.cfg.warmup_samples
+     << (t.opts.recompute ? ", layers recomputed in backward" : "") << "; lr " << t.cfg.lr
+     << " -> " << t.cfg.min_lr << ", warm-up " << t.cfg.warmup_samples
      << " samples, "
      << (t.cfg.decay_samples > t.cfg.warmup_samples
              ? "cosine to " + std::to_string(t.cfg.decay_samples) + " samples"

@@ -124,6 +124,11 @@ struct RunOptions {
   /// device memory, resident when that is 0 (unknown). The same bits either way; not recorded.
   std::string weights = "auto";
   int64_t device_memory = 0;
+  /// Activation checkpointing (model.h Recompute::kLayers): keep each layer's output and one
+  /// layer's other activations, and rerun each layer's forward before its backward, on the CPU
+  /// model or the device's. About a third more compute for a fraction of the activations; the
+  /// same bits either way, so not recorded (a resume may change it).
+  bool recompute = false;
   /// What the host keeps of a device's weights and gradients (TrainDeviceSpec::host_window;
   /// docs/offload.md, "Staged host buffers"): "whole" (a pinned copy of each, 6 B/parameter in
   /// bf16) or "staged" (only pinned windows of host_window elements: after backward the

@@ -275,6 +275,32 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("llama-tiny-tied", "bf16", "overlap", false, true),
                       std::make_tuple("gpt-tiny", "fp16", "overlap", true, true)));
 
+// --recompute (activation checkpointing) changes no bit: the CPU trainer with it, the twin
+// device with it (resident and streamed weights, sync and overlapped), against the CPU trainer
+// without it.
+TEST(Recompute, BitwiseTheKeptActivations) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  const Outcome a = Train(cpu, 4);
+  struct Run {
+    const char *device, *weights, *pipeline;
+  };
+  for (const Run& run : {Run{"cpu", "auto", "sync"}, Run{"cpu", "auto", "overlap"},
+                         Run{"twin", "auto", "sync"}, Run{"twin", "streamed", "sync"},
+                         Run{"twin", "streamed", "overlap"}}) {
+    const std::string name = std::string(run.device) + "_" + run.weights + "_" + run.pipeline;
+    SCOPED_TRACE(name);
+    RunOptions o = Opts(tmp.path() / name, run.device, 0, run.pipeline);
+    o.recompute = true;
+    o.weights = run.weights;
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
+    EXPECT_THAT(t.Describe(), HasSubstr("layers recomputed in backward"));
+    ExpectSame(a, Train(t, 4));
+  }
+  EXPECT_THAT(cpu.Describe(), ::testing::Not(HasSubstr("recomputed")));
+}
+
 // The chunks of the devices' reduction (PlanReduceChunks): packing every chunk by its copies,
 // zero elsewhere, gives exactly the flat view's chunk (every block's [begin, begin + n), block r
 // at r n), for pieces that cross chunk boundaries, padding between and after them, a shorter
