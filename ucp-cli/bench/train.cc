@@ -278,7 +278,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.pipeline = pipeline;
   r.gpu_gemm = vm["gpu-gemm"].as<std::string>();
   r.gpu_attention = vm["gpu-attention"].as<std::string>();
-  r.recompute = vm["recompute"].as<bool>();
+  r.recompute = vm["recompute"].as<std::string>();
   r.gpu_tail_buckets = vm["gpu-tail-buckets"].as<int>();
   r.finish_under_forward = !vm["sync-finish"].as<bool>();
   r.speculate = !vm["no-speculation"].as<bool>();
@@ -428,7 +428,10 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   os << "model " << (largest ? fs::path(model_file).stem().string() : model) << ": " << n
      << " parameters (tp=1, vocabulary padded), " << batch
      << " x " << seq << " = " << static_cast<int64_t>(tok) << " tokens per step, training dtype "
-     << dtype << "\n";
+     << dtype
+     << (t.recompute().Of(mc.layers) > 0 ? "; " + offload::RecomputeNote(t.recompute(), mc.layers)
+                                         : std::string())
+     << "\n";
   os << "ucp step (forward+backward+clip+AdamW+copy-out): best " << best * 1e3 << " ms, median "
      << median * 1e3 << " ms over " << steps << " steps = " << tok / best << " tokens/s\n";
   os << PhaseLine(best_rec, on_device);
@@ -459,7 +462,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
        << " TFLOPS (bf16 dense peak; the step includes gradients to the host, the CPU AdamW on "
           "fp32 masters and the weights back"
        << (pipeline == "overlap" ? ", overlapped with backward bucket by bucket" : ", after backward")
-       << (r.recompute ? "; the layers' rerun forward (--recompute) is not counted" : "")
+       << (r.recompute != "none" ? "; the recomputed layers' rerun forward is not counted" : "")
        << ")\n";
   } else {
     os << "cblas_sgemm " << batch * seq << "x" << mc.vocab << "x" << mc.hidden << " (the largest "
@@ -560,7 +563,7 @@ Command MakeTrainBench() {
                "[--micro-batch 0] [--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
                "[--gpu-gemm auto|fp32] [--gpu-attention gemm|flash] [--gpu-tail-buckets N] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
-               "[--host-memory SIZE]] [--recompute] [--clip 1]",
+               "[--host-memory SIZE]] [--recompute none|all|auto|N] [--clip 1]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
@@ -603,10 +606,10 @@ Command MakeTrainBench() {
                 "gpu-attention", po::value<std::string>()->default_value("gemm"),
                 "--device cuda, bf16 GEMMs: gemm (batched GEMMs over T x T scores) or flash "
                 "(the tiled flash kernels)")(
-                "recompute", po::bool_switch()->default_value(false),
-                "activation checkpointing: rerun each layer's forward before its backward "
-                "(one layer's activations kept besides the layers' outputs; MFU still counts "
-                "model FLOPs only, so the rerun lowers it)")(
+                "recompute", po::value<std::string>()->default_value("none"),
+                "activation checkpointing (ucp-train --recompute): none, all, the first N "
+                "layers, or auto (the fewest that fit); MFU still counts model FLOPs only, so "
+                "the rerun forward lowers it")(
                 "no-speculation", po::bool_switch()->default_value(false),
                 "--pipeline overlap: no speculative steps (each bucket's Adam after validation; "
                 "no snapshots)")(

@@ -163,10 +163,12 @@ int main(int argc, char** argv) {
      "--device cuda, bf16 GEMMs: attention through batched GEMMs over T x T scores (gemm) or "
      "the tiled flash kernels (flash: causal FLOPs only, no T x T buffers; head_dim 64, 80, 96 "
      "or 128)")
-    ("recompute", po::bool_switch(&r.recompute),
-     "activation checkpointing: keep each layer's output and one layer's other activations, "
-     "and rerun each layer's forward before its backward (CPU or device; about a third more "
-     "compute for a fraction of the activation memory; the same bits)")
+    ("recompute", po::value(&r.recompute)->default_value("none"),
+     "activation checkpointing (CPU or device): none; all (each layer keeps only its output, "
+     "one layer's other activations are shared, and backward reruns each layer's forward); N "
+     "(the first N layers so, the others keep everything); or auto (the fewest layers that "
+     "fit --device-memory, by default the GPU's, or on the CPU --host-memory). Up to a third "
+     "more compute for a fraction of the activation memory; the same bits")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
      "threads per process (0: all cores; on --resume, the run's recorded count, so that the "

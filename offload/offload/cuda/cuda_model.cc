@@ -479,6 +479,9 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
   if (max_batch < 1 || max_seq_len < 1) {
     return InvalidArgumentError("CUDA model: max_batch and max_seq_len must be >= 1");
   }
+  if (recompute.layers < 0) {
+    return InvalidArgumentError("CUDA model: recompute.layers=" + Str(recompute.layers) + " < 0");
+  }
   if (config.family == Family::kGpt && max_seq_len > config.max_positions) {
     return InvalidArgumentError("max_seq_len=" + Str(max_seq_len) + " > max_positions=" +
                                 Str(config.max_positions));

@@ -70,14 +70,14 @@ class CudaModel {
   /// group, each rank passing its shard (Batch::position_offset = rank x shard length).
   /// Errors: kInvalidArgument (config, sizes, the sequence-parallel rules; kFlash beside kFp32
   /// or with a head_dim the flash kernels do not take), kDeviceError (no device, allocation,
-  /// cuBLAS), kResourceExhausted (memory). `recompute`: as model.h Model::Create's (kLayers keeps
-  /// each layer's output and one layer's other activations; backward reruns the layers' kernels,
-  /// which are deterministic, so the bits are kNone's).
+  /// cuBLAS), kResourceExhausted (memory). `recompute`: as model.h Model::Create's (the
+  /// recomputed layers keep their outputs and share one layer's other activations; backward
+  /// reruns their kernels, which are deterministic, so the bits are those of keeping them all).
   static Result<CudaModel> Create(const ModelConfig& config, int64_t max_batch,
                                   int64_t max_seq_len, GemmInputs gemm = GemmInputs::kFp32,
                                   AttentionKernel attention = AttentionKernel::kGemm,
                                   SequenceParallel sp = {},
-                                  Recompute recompute = Recompute::kNone);
+                                  Recompute recompute = Recompute::None());
   CudaModel(CudaModel&&) noexcept;
   CudaModel& operator=(CudaModel&&) noexcept;
   ~CudaModel();

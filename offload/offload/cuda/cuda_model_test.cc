@@ -270,11 +270,11 @@ TEST_P(CudaModelTest, FlashAttentionStaysWithinBf16OfTheCpuModel) {
   ExpectWithinBf16(cpu, k, loss_gpu, k.DeviceGrads());
 }
 
-// Recompute::kLayers on the device: one layer's activations kept besides the layers' outputs
-// (as DeviceActivationBytes counts them), and the bits of the model that keeps them all, with
-// the fp32 GEMMs, the bf16 GEMMs and GEMM attention, and the flash kernels (whose backward
-// reads the recomputed output). Three layers, so two are rerun; every size a multiple of 64,
-// so the layers' slices and the one shared slot have the same alignment for cuBLAS.
+// Recomputed layers on the device (the first 2 of 3, and all 3: one and two of them rerun) give
+// the bits of the model that keeps every activation, with the fp32 GEMMs, the bf16 GEMMs and
+// GEMM attention, and the flash kernels (whose backward reads the recomputed output), in less
+// memory (DeviceActivationBytes). Every size a multiple of 64, so the layers' slices and the
+// shared slot have the same alignment for cuBLAS.
 TEST_P(CudaModelTest, RecomputedLayersGiveTheKeptBits) {
   ModelConfig c = Config(GetParam());
   c.hidden = 128, c.heads = 2, c.head_dim = 64, c.max_positions = 128, c.layers = 3;
@@ -295,26 +295,37 @@ TEST_P(CudaModelTest, RecomputedLayersGiveTheKeptBits) {
     const bool bf16 = m.gemm == GemmInputs::kBf16;
     SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") +
                  (m.attention == AttentionKernel::kFlash ? " flash" : ""));
-    std::vector<float> g[2];
-    double loss[2] = {0, 0};
-    for (const Recompute rc : {Recompute::kNone, Recompute::kLayers}) {
+    const Recompute modes[] = {Recompute::None(), Recompute{2}, Recompute::All()};
+    std::vector<float> g[3];
+    double loss[3] = {0, 0, 0};
+    for (int i = 0; i < 3; ++i) {
       UCP_ASSERT_OK_AND_ASSIGN(CudaModel gpu,
-                               CudaModel::Create(c, B, T, m.gemm, m.attention, {}, rc));
-      EXPECT_EQ(gpu.recompute(), rc);
+                               CudaModel::Create(c, B, T, m.gemm, m.attention, {}, modes[i]));
+      EXPECT_EQ(gpu.recompute(), modes[i]);
       ASSERT_EQ(cudaMemset(k.d_g, 0, n * 4), cudaSuccess);
-      const int i = rc == Recompute::kLayers ? 1 : 0;
       UCP_ASSERT_OK_AND_ASSIGN(
           loss[i], gpu.ForwardBackward(k.d_w, k.d_g, batch, 1e-2f, nullptr,
                                        bf16 ? k.d_w16 : nullptr));
       g[i] = k.DeviceGrads();
     }
-    EXPECT_EQ(loss[0], loss[1]);
-    EXPECT_TRUE(g[0] == g[1]) << "recomputed layers' gradients differ from the kept ones'";
+    for (int i = 1; i < 3; ++i) {
+      EXPECT_EQ(loss[0], loss[i]) << "recomputing " << modes[i].layers << " layers";
+      EXPECT_TRUE(g[0] == g[i]) << "recomputing " << modes[i].layers
+                                << " layers: the gradients differ from the kept ones'";
+    }
   }
   UCP_ASSERT_OK_AND_ASSIGN(int64_t kept, DeviceActivationBytes(c, B, T, true, true));
-  UCP_ASSERT_OK_AND_ASSIGN(int64_t rc, DeviceActivationBytes(c, B, T, true, true, 1,
-                                                             Recompute::kLayers));
-  EXPECT_LT(rc, kept);
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t two, DeviceActivationBytes(c, B, T, true, true, 1,
+                                                              Recompute{2}));
+  UCP_ASSERT_OK_AND_ASSIGN(int64_t all, DeviceActivationBytes(c, B, T, true, true, 1,
+                                                              Recompute::All()));
+  EXPECT_LT(two, kept);
+  EXPECT_LT(all, two);
+  EXPECT_EQ(CudaModel::Create(c, B, T, GemmInputs::kFp32, AttentionKernel::kGemm, {},
+                              Recompute{-1})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
 }
 
 // P ranks as threads of this process: what Ulysses asks of its communicator (the batch's

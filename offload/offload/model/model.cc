@@ -69,8 +69,8 @@
 // statistics, qkv (after RoPE; under SP the gathered [B, T, local heads] copy attention reads),
 // the attention output and its row log-sum-exp (the probabilities are recomputed in backward),
 // the residual stream after attention and after the MLP, the MLP's pre-activation and activation.
-// With Recompute::kLayers only the residual stream after each layer is kept per layer; the rest
-// is one layer's, rewritten by the rerun of each layer's forward before its backward.
+// Recomputed layers (Recompute: the first r) keep only the residual stream after the layer; the
+// rest of theirs is one layer's, rewritten by the rerun of each one's forward before its backward.
 #include "offload/model/model.h"
 
 #include <cblas.h>
@@ -506,6 +506,12 @@ static Status CheckShardSizes(const char* who, const ModelConfig& config, int64_
   return ValidateSequenceParallel(config, sp, max_seq_len);
 }
 
+static Status CheckRecompute(const char* who, Recompute recompute) {
+  if (recompute.layers >= 0) return Status::Ok();
+  return InvalidArgumentError(std::string(who) + ": recompute.layers=" + Str(recompute.layers) +
+                              " < 0");
+}
+
 // The activations of this rank's shard, in elements, as Model::Create and CudaModel::Create
 // allocate them: the graph's buffers for max_batch x max_seq_len / sp rows and, at sp > 1,
 // Ulysses' (with the output by heads when `output_full`). The sizes are checked.
@@ -534,6 +540,7 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
                                 ", sp=" + Str(sp) + " must be >= 1");
   }
   UCP_RETURN_IF_ERROR(CheckShardSizes("ActivationBytes", config, max_batch, max_seq_len, sp));
+  UCP_RETURN_IF_ERROR(CheckRecompute("ActivationBytes", recompute));
   const int64_t rows = max_batch * (max_seq_len / sp);
   const int64_t elements =
       ShardActivationElements(config, max_batch, max_seq_len, sp, false, recompute) +
@@ -546,6 +553,7 @@ Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_bat
                                       bool flash_attention, int sp, Recompute recompute) {
   UCP_RETURN_IF_ERROR(
       CheckShardSizes("DeviceActivationBytes", config, max_batch, max_seq_len, sp));
+  UCP_RETURN_IF_ERROR(CheckRecompute("DeviceActivationBytes", recompute));
   const int64_t elements = ShardActivationElements(config, max_batch, max_seq_len, sp,
                                                    gemm_bf16 && flash_attention, recompute);
   return elements * static_cast<int64_t>(sizeof(float)) +
@@ -588,6 +596,7 @@ Result<Model> Model::Create(const ModelConfig& config, int64_t max_batch, int64_
                                 " > max_positions=" + Str(config.max_positions));
   }
   if (num_threads < 1) return InvalidArgumentError("num_threads=" + Str(num_threads) + " < 1");
+  UCP_RETURN_IF_ERROR(CheckRecompute("Model::Create", recompute));
   const int sp = sp_comm ? sp_comm->size() : 1;
   UCP_RETURN_IF_ERROR(ValidateSequenceParallel(config, sp, max_seq_len),
                       "while creating the model (seq_len = its max_seq_len)");

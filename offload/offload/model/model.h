@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,16 +34,25 @@ class Communicator;
 
 enum class Family : uint8_t { kGpt, kLlama };
 
-/// Which activations a model keeps from forward to backward (activation checkpointing; Megatron's
-/// "full" recomputation, one layer per checkpoint).
-///   kNone:   every layer's (model.cc lists them).
-///   kLayers: only each layer's output (the next layer's input) and one layer's worth of the
-///            rest; backward reruns each layer's forward from its input, into that one layer's
-///            buffers, just before the layer's backward (the last layer's are still there). The
-///            ops are deterministic, so the rerun writes the bits the first run wrote and the
-///            gradients are bitwise kNone's; the cost is one more forward of the layers, about a
-///            third more compute, which MFU (ModelStepFlops) does not count.
-enum class Recompute : uint8_t { kNone, kLayers };
+/// Which layers a model recomputes rather than keeps (activation checkpointing; Megatron's "full"
+/// recomputation by "block": the first `layers` layers). Those layers keep only their output
+/// (the next layer's input) and share one layer's worth of the rest, which backward refills by
+/// rerunning each of them from its input just before its backward (the last of them is still
+/// there from forward); the other layers keep everything (model.cc lists it). 0: none; at least
+/// the model's layers (All()): every layer, the least memory. The ops are deterministic, so a
+/// rerun writes the bits the first run wrote and the gradients are bitwise those of the model
+/// that keeps everything; the cost is one more forward of the recomputed layers, up to about a
+/// third more compute, which MFU (ModelStepFlops) does not count.
+struct Recompute {
+  int64_t layers = 0;
+  static constexpr Recompute None() { return {0}; }
+  static constexpr Recompute All() { return {std::numeric_limits<int64_t>::max()}; }
+  /// The layers recomputed in a model of `total` layers.
+  constexpr int64_t Of(int64_t total) const {
+    return layers < 0 ? 0 : layers < total ? layers : total;
+  }
+  bool operator==(const Recompute&) const = default;
+};
 
 /// Hyper-parameters the math needs. From a patterns::ModelSpec (FromSpec) or set by hand in tests.
 struct ModelConfig {
@@ -157,7 +167,7 @@ Result<ParamTable> ModelParamTable(const ModelConfig& config);
 /// Errors: kInvalidArgument (config, sizes, the sequence-parallel rules).
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                                 int num_threads, int sp = 1,
-                                Recompute recompute = Recompute::kNone);
+                                Recompute recompute = Recompute::None());
 
 /// What the CUDA model (offload/cuda/cuda_model.h) allocates on the device for micro-batches of
 /// up to max_batch x max_seq_len tokens: its activations (the same buffers as the CPU model's)
@@ -170,7 +180,7 @@ Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, in
 Result<int64_t> DeviceActivationBytes(const ModelConfig& config, int64_t max_batch,
                                       int64_t max_seq_len, bool gemm_bf16,
                                       bool flash_attention = false, int sp = 1,
-                                      Recompute recompute = Recompute::kNone);
+                                      Recompute recompute = Recompute::None());
 
 /// The floats of Ulysses' largest exchange over `sp` ranks (qkv's, each rank's max_seq_len / sp
 /// positions of up to max_batch sequences): its send buffer, and its receive buffer; 0 at sp = 1.
@@ -203,13 +213,13 @@ class Model {
   /// calling thread only and kept until the model is destroyed; null or of size 1: no sequence
   /// parallelism. With P = sp_comm->size() > 1, max_seq_len is the whole sample's length (each
   /// shard holds at most max_seq_len / P positions) and ValidateSequenceParallel(config, P,
-  /// max_seq_len) must pass. `recompute`: which activations backward finds kept and which it
-  /// recomputes (Recompute; the same bits either way).
+  /// max_seq_len) must pass. `recompute`: the layers backward reruns rather than finds kept
+  /// (Recompute; the same bits either way).
   /// Errors: kInvalidArgument (config; max_seq_len > max_positions for GPT; the sequence-parallel
-  /// rules), kResourceExhausted.
+  /// rules; recompute.layers < 0), kResourceExhausted.
   static Result<Model> Create(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                               int num_threads, Communicator* sp_comm = nullptr,
-                              Recompute recompute = Recompute::kNone);
+                              Recompute recompute = Recompute::None());
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
   ~Model();

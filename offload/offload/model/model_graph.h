@@ -41,13 +41,13 @@ Result<Layout> BuildLayout(const ModelConfig& c);
 // Activations and backward scratch for up to `rows` = max_batch * max_seq_len tokens.
 // Vec: std::vector<T> on the host; on the GPU a device vector (cuda_model.cc) with the same
 // assign(n, 0), data() and size(), plus Upload(const std::vector<T>&).
-// With Recompute::kLayers the per-layer buffers but resid_out (each layer's output, the next
-// one's input) hold one layer, which every layer's forward overwrites (RunGraph reruns a layer's
-// forward before its backward).
+// Recomputed layers (Recompute: the first r) share one slot of the per-layer buffers but
+// resid_out (each layer's output, the next one's input), which each of their forwards
+// overwrites (RunGraph reruns a layer's forward before its backward); the others have their own.
 template <typename T, typename Vec = std::vector<T>>
 struct Acts {
   int64_t rows = 0, max_t = 0;
-  Recompute recompute = Recompute::kNone;
+  Recompute recompute;
   Vec encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean,
       ln2_rstd, fch, fch_act, resid_out, lnf, lnf_mean, lnf_rstd, tmp;
   Vec dres, dln, dfch_act, dfch, datty, dqkv;
@@ -57,7 +57,7 @@ struct Acts {
   // + 1 (the RoPE tables); qkv_width: values per row of the saved qkv, (NH + 2 KV) hd, or under SP
   // P (NH/P + 2 KV_r) hd (the gathered heads of UlyssesGeometry, per local row).
   void Allocate(const ModelConfig& c, int64_t max_rows, int64_t max_seq, int64_t qkv_width,
-                Recompute rc = Recompute::kNone) {
+                Recompute rc = Recompute::None()) {
     rows = max_rows;
     max_t = max_seq;
     recompute = rc;
@@ -77,9 +77,12 @@ struct Acts {
     v.Upload(h);
   }
 
-  // The layers the per-layer buffers other than resid_out hold.
-  int64_t layer_slots(const ModelConfig& c) const {
-    return recompute == Recompute::kLayers ? 1 : c.layers;
+  // The layers the per-layer buffers other than resid_out hold, and layer l's place in them:
+  // the recomputed layers' shared slot 0, then one each for the others.
+  int64_t layer_slots(const ModelConfig& c) const { return Slot(c, c.layers - 1) + 1; }
+  int64_t Slot(const ModelConfig& c, int64_t l) const {
+    const int64_t r = recompute.Of(c.layers);
+    return l < r ? 0 : (r > 0 ? 1 : 0) + (l - r);
   }
 
   // Every buffer with its element count (for `recompute`, set first): Allocate sizes them,
@@ -312,13 +315,11 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
   };
   const T* rope_cos = gpt ? nullptr : a.rope_cos.data() + pos0 * (hd / 2);
   const T* rope_sin = gpt ? nullptr : a.rope_sin.data() + pos0 * (hd / 2);
-  // Layer l's slice of a per-layer activation of `dim` values per row: its own, or with
-  // recomputation the one slot the layers share (Acts); Out(l) is layer l's output, kept for
-  // every layer either way, and In(l) its input.
-  const bool recompute = a.recompute == Recompute::kLayers;
-  auto At = [&](auto& v, int64_t l, int64_t dim) {
-    return v.data() + (recompute ? 0 : l) * R * dim;
-  };
+  // Layer l's slice of a per-layer activation of `dim` values per row: its own, or for the
+  // first `recomputed` layers the slot they share (Acts::Slot); Out(l) is layer l's output, kept
+  // for every layer, and In(l) its input.
+  const int64_t recomputed = a.recompute.Of(cfg.layers);
+  auto At = [&](auto& v, int64_t l, int64_t dim) { return v.data() + a.Slot(cfg, l) * R * dim; };
   auto Out = [&](int64_t l) { return a.resid_out.data() + l * R * C; };
   auto In = [&](int64_t l) -> const T* { return l == 0 ? a.encoded.data() : Out(l - 1); };
   auto Norm = [&](T* out, T* mean, T* rstd, const T* x, int64_t w_off, int64_t b_off) {
@@ -424,8 +425,9 @@ Result<double> RunGraph(Ops& ops, const ModelConfig& cfg, const Layout& lay, Act
     const LayerOffsets& o = lay.layers[l];
     const int64_t k = 1 + (cfg.layers - 1 - l);
     UCP_RETURN_IF_ERROR(Acquire(k, true));
-    // The shared slot holds the last layer's activations from forward; the others' are rerun.
-    if (recompute && l + 1 < cfg.layers) {
+    // The shared slot holds the last recomputed layer's activations from forward; the others'
+    // are rerun.
+    if (l + 1 < recomputed) {
       UCP_RETURN_IF_ERROR(LayerForward(l), "recomputing layer " + Str(l) + " for backward");
     }
     T* qkv = At(a.qkv, l, qkv_width);

@@ -5,7 +5,7 @@
 // from their shards with the all-to-alls; the shards' losses and gradients summed over the group
 // must match the whole-sequence ones up to the order of the adds. sp = world size, and sp = 2 at
 // -np 4 (two dp groups of 2 ranks, with different samples). Also: shards at a position_offset
-// base other than 0, determinism, recomputed layers (Recompute::kLayers: the same bits), and
+// base other than 0, determinism, recomputed layers (Recompute::All(): the same bits), and
 // refusals (head / sequence rules at Create; a batch refused on one rank is refused on every
 // rank, with no rank left in a collective).
 //
@@ -151,7 +151,7 @@ void RunCase(const SpCase& sc, Group& g, int64_t base) {
   EXPECT_EQ(gs2, gs);  // bitwise
   // Recomputing the layers in backward reruns the exchanges too (every rank alike): the same
   // bits as keeping the activations.
-  auto rc_model = Model::Create(c, B, 2 * T, sc.threads, g.comm.get(), Recompute::kLayers);
+  auto rc_model = Model::Create(c, B, 2 * T, sc.threads, g.comm.get(), Recompute::All());
   UCP_CHECK(rc_model.ok()) << rc_model.status();
   std::vector<float> gr(w.size(), 0.0f);
   auto lr = rc_model->ForwardBackward(w, gr, shard, scale);

@@ -395,48 +395,59 @@ TEST_P(ModelGrad, WindowsGiveTheFlatBitsInTheGraphsOrder) {
   EXPECT_NE(r.status().message().find("grad group 1"), std::string::npos) << r.status().message();
 }
 
-// Recompute::kLayers: one layer's activations besides each layer's output, as ActivationBytes
-// says, and the bits of the model that keeps them all: the loss, the gradients over two
-// accumulated micro-batches (the second shorter than the first), forward alone, and through
-// streamed weights with the same Acquire / Release calls. Three layers: the first two are rerun,
-// the last one's activations are still there from forward.
+// Recomputed layers (Recompute): the first r layers share one layer's activations besides their
+// outputs, as ActivationBytes says, and give the bits of the model that keeps them all: the
+// loss, the gradients over two accumulated micro-batches (the second shorter than the first),
+// forward alone, and through streamed weights with the same Acquire / Release calls. Three
+// layers, recomputing 2 (one rerun, one layer keeping its own) and all 3 (two reruns; the last
+// layer's activations are still there from forward).
 TEST_P(ModelGrad, RecomputedLayersGiveTheKeptBits) {
   ModelConfig c = Tiny(GetParam().family, GetParam().tied);
   c.layers = 3;
   auto kept = *Model::Create(c, 2, 8, 2);
-  auto rc = *Model::Create(c, 2, 8, 2, nullptr, Recompute::kLayers);
-  EXPECT_EQ(kept.recompute(), Recompute::kNone);
-  EXPECT_EQ(rc.recompute(), Recompute::kLayers);
-  EXPECT_EQ(rc.activation_bytes(), *ActivationBytes(c, 2, 8, 2, 1, Recompute::kLayers));
-  EXPECT_EQ(kept.activation_bytes(), *ActivationBytes(c, 2, 8, 2, 1, Recompute::kNone));
-  // Two of the three layers' activations but their outputs are gone: (L - 1) x the rest (per
-  // row: ln1, resid_mid, ln2, the norms' 4 statistics, qkv, atty, lse, fch, fch_act).
+  EXPECT_EQ(kept.recompute(), Recompute::None());
+  EXPECT_EQ(kept.activation_bytes(), *ActivationBytes(c, 2, 8, 2, 1, Recompute::None()));
+  // Per row of a layer's slot: ln1, resid_mid, ln2, the norms' 4 statistics, qkv, atty, lse,
+  // fch, fch_act.
   const int64_t F1 = c.family == Family::kGpt ? c.ffn_hidden : 2 * c.ffn_hidden;
-  const int64_t per_layer_row = 3 * c.hidden + 4 +
-                                (c.heads + 2 * c.kv_heads) * c.head_dim +
-                                c.heads * c.head_dim + c.heads + F1 + c.ffn_hidden;
-  EXPECT_EQ(kept.activation_bytes() - rc.activation_bytes(),
-            (c.layers - 1) * 2 * 8 * per_layer_row * static_cast<int64_t>(sizeof(float)));
-
+  const int64_t slot_bytes = 2 * 8 * static_cast<int64_t>(sizeof(float)) *
+                             (3 * c.hidden + 4 + (c.heads + 2 * c.kv_heads) * c.head_dim +
+                              c.heads * c.head_dim + c.heads + F1 + c.ffn_hidden);
   const int64_t total = kept.num_params();
   const std::vector<double> wd = InitWeights(kept.params(), total, 61);
   const std::vector<float> w(wd.begin(), wd.end());
   Tokens t = MakeTokens(c, 2, 8, 62);
   Tokens t2 = MakeTokens(c, 1, 5, 63);
-  std::vector<float> gk(total, 0.0f), gr(total, 0.0f);
-  EXPECT_EQ(*kept.ForwardBackward(w, gk, t.batch, 0.5f), *rc.ForwardBackward(w, gr, t.batch, 0.5f));
-  EXPECT_EQ(*kept.ForwardBackward(w, gk, t2.batch, 0.5f),
-            *rc.ForwardBackward(w, gr, t2.batch, 0.5f));
-  EXPECT_EQ(gk, gr);  // bitwise
-  EXPECT_EQ(*kept.Forward(w, t.batch), *rc.Forward(w, t.batch));
+  std::vector<float> gk(total, 0.0f);
+  const double lk = *kept.ForwardBackward(w, gk, t.batch, 0.5f);
+  const double lk2 = *kept.ForwardBackward(w, gk, t2.batch, 0.5f);
+  std::vector<float> wk(total, 0.0f);
+  CopyWindows ck(kept, w, wk);
+  ASSERT_TRUE(kept.ForwardBackward(ck, t.batch, 0.5f, nullptr).ok());
 
-  std::vector<float> wk(total, 0.0f), wr(total, 0.0f);
-  CopyWindows ck(kept, w, wk), cr(rc, w, wr);
-  EXPECT_EQ(*kept.ForwardBackward(ck, t.batch, 0.5f, nullptr),
-            *rc.ForwardBackward(cr, t.batch, 0.5f, nullptr));
-  EXPECT_EQ(wk, wr);
-  EXPECT_EQ(ck.calls, cr.calls);
-  EXPECT_EQ(cr.max_layers, 1);
+  for (const Recompute r : {Recompute{2}, Recompute::All()}) {
+    SCOPED_TRACE("recomputing " + std::to_string(r.Of(c.layers)) + " layers");
+    auto rc = *Model::Create(c, 2, 8, 2, nullptr, r);
+    EXPECT_EQ(rc.recompute(), r);
+    EXPECT_EQ(rc.activation_bytes(), *ActivationBytes(c, 2, 8, 2, 1, r));
+    // r layers in one slot: r - 1 slots fewer.
+    EXPECT_EQ(kept.activation_bytes() - rc.activation_bytes(), (r.Of(c.layers) - 1) * slot_bytes);
+    std::vector<float> gr(total, 0.0f);
+    EXPECT_EQ(lk, *rc.ForwardBackward(w, gr, t.batch, 0.5f));
+    EXPECT_EQ(lk2, *rc.ForwardBackward(w, gr, t2.batch, 0.5f));
+    EXPECT_EQ(gk, gr);  // bitwise
+    EXPECT_EQ(*kept.Forward(w, t.batch), *rc.Forward(w, t.batch));
+    std::vector<float> wr(total, 0.0f);
+    CopyWindows cr(rc, w, wr);
+    ASSERT_TRUE(rc.ForwardBackward(cr, t.batch, 0.5f, nullptr).ok());
+    EXPECT_EQ(wk, wr);
+    EXPECT_EQ(ck.calls, cr.calls);
+    EXPECT_EQ(cr.max_layers, 1);
+  }
+  EXPECT_EQ(Model::Create(c, 2, 8, 2, nullptr, Recompute{-1}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ActivationBytes(c, 2, 8, 2, 1, Recompute{-1}).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 // A policy that keeps the weights as the CUDA model's packed fp32 copy beside bf16 GEMMs does

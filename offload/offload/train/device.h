@@ -188,8 +188,8 @@ struct TrainDeviceSpec {
   /// With gemm_bf16: attention through the flash kernels instead of the GEMM attention
   /// (RunOptions::gpu_attention "flash").
   bool flash_attention = false;
-  /// RunOptions::recompute: the device's model reruns each layer's forward before its backward.
-  Recompute recompute = Recompute::kNone;
+  /// RunOptions::recompute, resolved: the layers the device's model recomputes in backward.
+  Recompute recompute;
   /// Streamed weights (RunOptions::weights; docs/offload.md, "Weight streaming"): the device
   /// holds the embeddings' and the head's grad groups, and two windows of one layer each (the
   /// layer in use and the next). Each layer's weights cross from h_weights16 (h_weights32 for

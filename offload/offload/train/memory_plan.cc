@@ -97,7 +97,69 @@ CastChoice ChooseCastSide(const PlanMachine& m, int64_t elements) {
   return c;
 }
 
+std::string RecomputeNote(Recompute recompute, int64_t layers) {
+  const int64_t r = recompute.Of(layers);
+  if (r == 0) return "";
+  return (r == layers ? "all " + Str(layers) : "the first " + Str(r) + " of " + Str(layers)) +
+         " layers recomputed in backward";
+}
+
+namespace {
+
+// The option that asks for `r` recomputed layers of `layers`.
+std::string RecomputeOption(Recompute r, int64_t layers) {
+  return "--recompute " + (r.Of(layers) == layers ? std::string("all") : Str(r.Of(layers)));
+}
+
+// PlanMemory; `hints`: the verdict also says what would make a side fit that does not (the
+// searches for those plan without hints).
+Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hints);
+
+Result<Recompute> Choose(PlanInput in, const PlanMachine& machine, bool device) {
+  if ((device ? machine.device_bytes : machine.host_bytes) <= 0) return Recompute::None();
+  auto fits = [&](int64_t r) -> Result<bool> {
+    in.recompute = Recompute{r};
+    UCP_ASSIGN_OR_RETURN(const MemoryPlan p, Plan(in, machine, false));
+    return device ? p.device_fits : p.cpu_fits;
+  };
+  const int64_t L = in.config.layers;
+  // With --weights auto, the count that fits with the weights resident where any count does: a
+  // rerun forward costs the GPU compute, streaming costs host-link bandwidth that the offloaded
+  // optimizer's gradients and weights already need. Else (even all do not fit resident) the
+  // placement --weights auto picks, streamed.
+  if (device && in.weights == WeightChoice::kAuto) {
+    in.weights = WeightChoice::kResident;
+    UCP_ASSIGN_OR_RETURN(const bool all_fit_resident, fits(L));
+    if (!all_fit_resident) in.weights = WeightChoice::kAuto;
+  }
+  UCP_ASSIGN_OR_RETURN(const bool none_fits, fits(0));
+  if (none_fits) return Recompute::None();
+  UCP_ASSIGN_OR_RETURN(const bool all_fit, fits(L));
+  if (!all_fit) return Recompute::All();
+  // Memory falls as r grows (r layers share one slot), so the smallest r that fits is found by
+  // bisection: fits(lo) is false, fits(hi) true.
+  int64_t lo = 0, hi = L;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    UCP_ASSIGN_OR_RETURN(const bool f, fits(mid));
+    (f ? hi : lo) = mid;
+  }
+  return hi == L ? Recompute::All() : Recompute{hi};
+}
+
+}  // namespace
+
+Result<Recompute> ChooseRecompute(PlanInput input, const PlanMachine& machine, bool device) {
+  return Choose(std::move(input), machine, device);
+}
+
 Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
+  return Plan(in, machine, true);
+}
+
+namespace {
+
+Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hints) {
   if (in.micro_batch < 1 || in.seq_len < 1 || in.threads < 1) {
     return InvalidArgumentError("memory plan: micro_batch=" + Str(in.micro_batch) +
                                 ", seq_len=" + Str(in.seq_len) + ", threads=" + Str(in.threads) +
@@ -117,9 +179,8 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     return InvalidArgumentError("memory plan: seq_len=" + Str(in.seq_len) +
                                 " does not divide by sp=" + Str(in.sp));
   }
-  const Recompute recompute = in.recompute ? Recompute::kLayers : Recompute::kNone;
   UCP_ASSIGN_OR_RETURN(int64_t act, ActivationBytes(in.config, in.micro_batch, in.seq_len,
-                                                    in.threads, in.sp, recompute));
+                                                    in.threads, in.sp, in.recompute));
   // With a device the host's model is only the parameter table (a micro-batch of one token),
   // and the device holds the CUDA model's buffers (under SP its shard of the positions and
   // Ulysses' buffers).
@@ -132,7 +193,7 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   UCP_ASSIGN_OR_RETURN(int64_t device_act,
                        DeviceActivationBytes(in.config, in.micro_batch, in.seq_len,
                                              in.gpu_gemm_bf16 && in.dtype == LowpDType::kBf16,
-                                             in.gpu_flash_attention, in.sp, recompute));
+                                             in.gpu_flash_attention, in.sp, in.recompute));
   layout::Layout lay;
   lay.dp = in.dp;
   lay.sp = in.sp;
@@ -224,7 +285,9 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
   rows.push_back({MemClass::kActivations, "activations + scratch", act, device_act, host_act,
                   "micro-batch " + Str(in.micro_batch) + " x " + Str(in.seq_len) + " tokens" +
                       (in.sp > 1 ? " (1/" + Str(in.sp) + " of the positions)" : "") +
-                      (in.recompute ? ", layers recomputed in backward" : "") +
+                      (in.recompute.Of(in.config.layers) > 0
+                           ? ", " + RecomputeNote(in.recompute, in.config.layers)
+                           : "") +
                       ", fp32 (GPU: the CUDA model's, its GEMM and attention scratch included" +
                       (in.sp > 1 ? "; host: the sp exchanges' pinned staging, unused over NCCL"
                                  : "") +
@@ -306,16 +369,17 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
         Bytes(usable) + " usable (" + Bytes(machine.device_bytes) + " less a " +
         Bytes(machine.device_reserve_bytes) +
         " reserve); lower --micro-batch or --seq-len, or shard the sequence (sp)";
-    // Recomputing the layers is the one switch that keeps the run's shape: say whether it fits.
-    if (!in.recompute) {
+    // Recomputing layers is the one switch that keeps the run's shape: say how many fit.
+    if (hints && in.recompute.Of(in.config.layers) < in.config.layers) {
       PlanInput with = in;
-      with.recompute = true;
-      UCP_ASSIGN_OR_RETURN(const MemoryPlan rc, PlanMemory(with, machine));
-      v += rc.device_fits ? ", or recompute the layers (--recompute: it fits, " +
+      UCP_ASSIGN_OR_RETURN(with.recompute, Choose(in, machine, true));
+      UCP_ASSIGN_OR_RETURN(const MemoryPlan rc, Plan(with, machine, false));
+      const std::string option = RecomputeOption(with.recompute, in.config.layers);
+      v += rc.device_fits ? ", or recompute layers (" + option + ": it fits, " +
                                 Bytes(rc.device_total) + " with weights " +
                                 (rc.placement == WeightPlacement::kResident ? "resident" :
                                                                               "streamed") + ")"
-                          : " (not even with --recompute: " + Bytes(rc.device_total) + ")";
+                          : " (not even with " + option + ": " + Bytes(rc.device_total) + ")";
     }
   } else {
     v = std::string("GPU: fits with weights ") +
@@ -372,10 +436,19 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
     }
     v += plan.cpu_fits ? "; the CPU engine fits (" + Bytes(plan.cpu_total) + ")"
                        : "; the CPU engine does NOT fit (" + Bytes(plan.cpu_total) + ")";
+    if (!plan.cpu_fits && hints && in.recompute.Of(in.config.layers) < in.config.layers) {
+      PlanInput with = in;
+      UCP_ASSIGN_OR_RETURN(with.recompute, Choose(in, machine, false));
+      UCP_ASSIGN_OR_RETURN(const MemoryPlan rc, Plan(with, machine, false));
+      v += std::string(rc.cpu_fits ? " (it fits with " : " (not even with ") +
+           RecomputeOption(with.recompute, in.config.layers) + ": " + Bytes(rc.cpu_total) + ")";
+    }
   }
   plan.verdict = v;
   return plan;
 }
+
+}  // namespace
 
 Result<WeightChoice> ParseWeightChoice(const std::string& text) {
   if (text == "auto") return WeightChoice::kAuto;

@@ -80,9 +80,9 @@ struct PlanInput {
   /// With those bf16 GEMMs, attention through the flash kernels (--gpu-attention flash): no
   /// GEMM attention scratch on the device.
   bool gpu_flash_attention = false;
-  /// --recompute: the model (the CPU's, or the device's) keeps one layer's activations besides
-  /// each layer's output (model.h Recompute::kLayers).
-  bool recompute = false;
+  /// --recompute: the layers the model (the CPU's, or the device's) recomputes in backward
+  /// rather than keeps (model.h Recompute).
+  Recompute recompute;
   /// --gpu-tail-buckets: the elements whose masters and Adam states the device Adam keeps on the
   /// device too (the last grad groups' parameters; the host block still holds every element).
   int64_t device_optimizer_elements = 0;
@@ -155,6 +155,18 @@ struct MemoryPlan {
 /// Errors: kInvalidArgument (config, sizes, a layout the engine does not run: the
 /// sequence-parallel rules, dp or zero out of range, optimizer_group of the wrong length).
 Result<MemoryPlan> PlanMemory(const PlanInput& input, const PlanMachine& machine);
+
+/// --recompute auto: the fewest layers to recompute (the first ones; input.recompute is
+/// ignored) for the run to fit `machine`: the device (`device`: machine.device_bytes) or the CPU
+/// engine (machine.host_bytes), with the placement input.weights asks. None where it fits
+/// without or the capacity is unknown (0); all the layers, the least memory, where nothing fits.
+/// With input.weights kAuto: the fewest that fit with the weights resident where some count does
+/// (recomputing costs GPU compute; streaming, host-link bandwidth the optimizer offload needs),
+/// else with them streamed.
+Result<Recompute> ChooseRecompute(PlanInput input, const PlanMachine& machine, bool device);
+/// How a run recomputes, for people: "" for none, else "the first R of L layers recomputed in
+/// backward" or "all L layers recomputed in backward".
+std::string RecomputeNote(Recompute recompute, int64_t layers);
 
 /// The faster side to cast the updated weights (see the file comment). Without rates, kHost
 /// (the CPU Adam writes bf16 in the same pass, and half the bytes cross the link).

@@ -411,52 +411,141 @@ TEST(PlanDeviceActivations, AreTheCudaModelsBuffersAndScratch) {
 }
 
 // --recompute: both columns' activations are the recomputing models' (ActivationBytes and
-// DeviceActivationBytes with Recompute::kLayers), the row says so, and a device that streams the
-// weights without it keeps them resident with it.
-TEST(PlanRecompute, CountsOneLayersActivations) {
+// DeviceActivationBytes with the same Recompute), falling as more layers are recomputed, and the
+// row says how many; a device that streams the weights without it keeps them resident with it.
+TEST(PlanRecompute, CountsTheRecomputingModelsActivations) {
   PlanInput in = Input(4);
-  in.seq_len = 64;
-  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan kept, PlanMemory(in, PlanMachine{}));
-  in.recompute = true;
-  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan rc, PlanMemory(in, PlanMachine{}));
+  const int64_t L = in.config.layers;
   const auto act = static_cast<size_t>(MemClass::kActivations);
-  UCP_ASSERT_OK_AND_ASSIGN(int64_t cpu,
-                           ActivationBytes(in.config, 4, 64, in.threads, 1, Recompute::kLayers));
-  UCP_ASSERT_OK_AND_ASSIGN(int64_t gpu, DeviceActivationBytes(in.config, 4, 64, true, false, 1,
-                                                              Recompute::kLayers));
-  EXPECT_EQ(rc.rows[act].cpu_bytes, cpu);
-  EXPECT_EQ(rc.rows[act].device_bytes, gpu);
-  EXPECT_LT(cpu, kept.rows[act].cpu_bytes);
-  EXPECT_LT(gpu, kept.rows[act].device_bytes);
-  EXPECT_THAT(rc.rows[act].note, HasSubstr("layers recomputed"));
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan kept, PlanMemory(in, PlanMachine{}));
   EXPECT_THAT(kept.rows[act].note, ::testing::Not(HasSubstr("recomputed")));
+  int64_t last_cpu = kept.rows[act].cpu_bytes, last_gpu = kept.rows[act].device_bytes;
+  for (int64_t r = 2; r <= L; ++r) {
+    in.recompute = Recompute{r};
+    UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan rc, PlanMemory(in, PlanMachine{}));
+    UCP_ASSERT_OK_AND_ASSIGN(int64_t cpu, ActivationBytes(in.config, 4, 64, in.threads, 1,
+                                                          in.recompute));
+    UCP_ASSERT_OK_AND_ASSIGN(int64_t gpu, DeviceActivationBytes(in.config, 4, 64, true, false, 1,
+                                                                in.recompute));
+    EXPECT_EQ(rc.rows[act].cpu_bytes, cpu);
+    EXPECT_EQ(rc.rows[act].device_bytes, gpu);
+    EXPECT_LT(cpu, last_cpu) << r;
+    EXPECT_LT(gpu, last_gpu) << r;
+    last_cpu = cpu, last_gpu = gpu;
+    EXPECT_THAT(rc.rows[act].note,
+                HasSubstr(r == L ? "all 6 layers recomputed in backward"
+                                 : "the first " + std::to_string(r) + " of 6 layers recomputed"));
+  }
+  in.recompute = Recompute::All();
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan all, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(all.rows[act].device_bytes, last_gpu);
 
   PlanMachine m;
   m.device_reserve_bytes = 0;
-  m.device_bytes = (kept.device_total + rc.device_total) / 2;
-  in.recompute = false;
+  m.device_bytes = (kept.device_total + all.device_total) / 2;
+  in.recompute = Recompute::None();
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tight, PlanMemory(in, m));
-  in.recompute = true;
+  in.recompute = Recompute::All();
   UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tight_rc, PlanMemory(in, m));
   EXPECT_EQ(tight.placement, WeightPlacement::kStreamed);
   EXPECT_EQ(tight_rc.placement, WeightPlacement::kResident);
   EXPECT_TRUE(tight_rc.device_fits);
+}
 
-  // A device the run does not fit even streamed, but does with --recompute: the verdict says so;
-  // a smaller one fits neither way, and the verdict says that.
-  m.device_bytes = rc.device_total;
-  in.recompute = false;
-  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan small, PlanMemory(in, m));
-  ASSERT_FALSE(small.device_fits);
-  EXPECT_THAT(small.verdict, HasSubstr("or recompute the layers (--recompute: it fits, " +
-                                       FormatBytes(rc.device_total) + " with weights resident)"));
-  m.device_bytes = rc.device_total / 4;
-  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tiny, PlanMemory(in, m));
-  EXPECT_THAT(tiny.verdict, HasSubstr("(not even with --recompute: "));
-  in.recompute = true;
-  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tiny_rc, PlanMemory(in, m));
-  EXPECT_FALSE(tiny_rc.device_fits);
-  EXPECT_THAT(tiny_rc.verdict, ::testing::Not(HasSubstr("--recompute")));
+// --recompute auto (ChooseRecompute): the fewest layers for the side to fit: none where it fits
+// without (streaming first, as --weights auto picks) or the capacity is unknown, all where
+// nothing fits; and a plan that does not fit names that count in its verdict.
+TEST(PlanRecompute, ChoosesTheFewestLayersThatFit) {
+  PlanInput in = Input(4);
+  const int64_t L = in.config.layers;
+  PlanMachine m;
+  m.device_reserve_bytes = 0;
+  UCP_ASSERT_OK_AND_ASSIGN(Recompute unknown, ChooseRecompute(in, m, true));
+  EXPECT_EQ(unknown, Recompute::None());
+  // Each count's device need (weights resident), and the device of exactly r's need: r fits,
+  // r - 1 does not (r >= 3: r = 1 keeps every slot, so 2 is the first that saves).
+  std::vector<int64_t> need(static_cast<size_t>(L + 1));
+  for (int64_t r = 0; r <= L; ++r) {
+    in.recompute = Recompute{r};
+    UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan p, PlanMemory(in, m));
+    need[static_cast<size_t>(r)] = p.device_total;
+  }
+  EXPECT_EQ(need[1], need[0]);
+  in.weights = WeightChoice::kResident;  // so the need is the resident one at every count
+  for (int64_t r = 2; r <= L; ++r) {
+    m.device_bytes = need[static_cast<size_t>(r)];
+    in.recompute = Recompute::All();  // ignored: the choice starts from none
+    UCP_ASSERT_OK_AND_ASSIGN(Recompute got, ChooseRecompute(in, m, true));
+    EXPECT_EQ(got.Of(L), r) << "device of " << m.device_bytes << " B";
+    EXPECT_EQ(got == Recompute::All(), r == L);
+  }
+  m.device_bytes = need[0];
+  UCP_ASSERT_OK_AND_ASSIGN(Recompute none, ChooseRecompute(in, m, true));
+  EXPECT_EQ(none, Recompute::None());
+  m.device_bytes = need[static_cast<size_t>(L)] - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(Recompute most, ChooseRecompute(in, m, true));
+  EXPECT_EQ(most, Recompute::All());
+
+  // --weights auto: recomputing layers comes before streaming the weights. On a device the run
+  // fits streamed without recomputing, the fewest layers that fit resident; on one where no
+  // count fits resident, the fewest that fit streamed.
+  std::vector<int64_t> streamed_need(static_cast<size_t>(L + 1));
+  in.weights = WeightChoice::kStreamed;
+  for (int64_t r = 0; r <= L; ++r) {
+    in.recompute = Recompute{r};
+    UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan p, PlanMemory(in, PlanMachine{}));
+    streamed_need[static_cast<size_t>(r)] = p.device_total;
+  }
+  auto fewest = [&](const std::vector<int64_t>& needs, int64_t bytes) {
+    int64_t r = 0;
+    while (r <= L && needs[static_cast<size_t>(r)] > bytes) ++r;
+    return r;
+  };
+  in.weights = WeightChoice::kAuto;
+  m.device_bytes = streamed_need[0];
+  const int64_t resident_r = fewest(need, m.device_bytes);
+  ASSERT_GE(resident_r, 2);
+  ASSERT_LE(resident_r, L);
+  UCP_ASSERT_OK_AND_ASSIGN(Recompute before_streaming, ChooseRecompute(in, m, true));
+  EXPECT_EQ(before_streaming.Of(L), resident_r);
+  m.device_bytes = need[static_cast<size_t>(L)] - 1;  // resident never fits
+  const int64_t streamed_r = fewest(streamed_need, m.device_bytes);
+  ASSERT_LE(streamed_r, L);
+  UCP_ASSERT_OK_AND_ASSIGN(Recompute streaming, ChooseRecompute(in, m, true));
+  EXPECT_EQ(streaming.Of(L), streamed_r);
+  in.weights = WeightChoice::kResident;
+
+  // The verdicts: the count that fits, or that even all do not.
+  in.recompute = Recompute::None();
+  m.device_bytes = need[3];
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan three, PlanMemory(in, m));
+  ASSERT_FALSE(three.device_fits);
+  EXPECT_THAT(three.verdict, HasSubstr("or recompute layers (--recompute 3: it fits, " +
+                                       FormatBytes(need[3]) + " with weights resident)"));
+  m.device_bytes = need[static_cast<size_t>(L)] - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan short_of_all, PlanMemory(in, m));
+  EXPECT_THAT(short_of_all.verdict,
+              HasSubstr("(not even with --recompute all: " + FormatBytes(need[L]) + ")"));
+  in.recompute = Recompute::All();
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan all_short, PlanMemory(in, m));
+  EXPECT_FALSE(all_short.device_fits);
+  EXPECT_THAT(all_short.verdict, ::testing::Not(HasSubstr("--recompute")));
+
+  // The CPU engine: by the host's capacity.
+  in.recompute = Recompute::None();
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan cpu0, PlanMemory(in, PlanMachine{}));
+  in.recompute = Recompute{4};
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan cpu4, PlanMemory(in, PlanMachine{}));
+  PlanMachine h;
+  h.host_bytes = cpu4.cpu_total;
+  UCP_ASSERT_OK_AND_ASSIGN(Recompute host, ChooseRecompute(in, h, false));
+  EXPECT_EQ(host, Recompute{4});
+  in.recompute = Recompute::None();
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan cpu_short, PlanMemory(in, h));
+  EXPECT_FALSE(cpu_short.cpu_fits);
+  EXPECT_THAT(cpu_short.verdict,
+              HasSubstr("the CPU engine does NOT fit (" + FormatBytes(cpu0.cpu_total) +
+                        ") (it fits with --recompute 4: " + FormatBytes(cpu4.cpu_total) + ")"));
 }
 
 // The CUDA classifier's logits are a block of rows at a time (at most 1 GiB): at 64K tokens and

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -478,6 +479,11 @@ struct Trainer::Impl {
   Status SetUpDevice(const AdamConfig& ac);
   // The memory plan's input for this run (Plan, and --weights auto).
   PlanInput MakePlanInput(const ModelConfig& mc, const layout::Layout& l) const;
+  // --recompute (RunOptions::recompute) as a count; "auto" plans for `machine`'s capacity on
+  // the side the run uses. Sets `recompute`, which MakePlanInput then reads.
+  Status ResolveRecompute(const ModelConfig& mc, const layout::Layout& l,
+                          const PlanMachine& machine);
+  Recompute recompute;
   // One micro-batch's forward + backward, on the device or the CPU model (the ops policy).
   Result<double> ForwardBackward(const Batch& b, float grad_scale,
                                  const BackwardHook* hook = nullptr) {
@@ -1540,7 +1546,7 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   ds.adam = ac;
   ds.gemm_bf16 = opts.gpu_gemm == "auto" && dtype == DType::kBf16;
   ds.flash_attention = ds.gemm_bf16 && opts.gpu_attention == "flash";
-  ds.recompute = opts.recompute ? Recompute::kLayers : Recompute::kNone;
+  ds.recompute = recompute;
   // Weight placement (memory_plan.h): as asked, or with "auto" the plan's for the device's
   // memory when it is known.
   if (weights == WeightChoice::kStreamed) {
@@ -1855,6 +1861,7 @@ const TrainConfig& Trainer::config() const { return impl_->cfg; }
 int64_t Trainer::step() const { return impl_->step; }
 int Trainer::rank() const { return impl_->rank; }
 int64_t Trainer::num_params() const { return impl_->net->num_params(); }
+Recompute Trainer::recompute() const { return impl_->recompute; }
 
 // The run's model, dtype, sequence length and micro-batch from the config (and the checkpoint it
 // resumes or starts from, which `start_src` keeps open): what Create builds and Plan sizes.
@@ -1968,6 +1975,7 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   t.opts = opts;
   UCP_RETURN_IF_ERROR(ParseWeightChoice(opts.weights).status());
   UCP_RETURN_IF_ERROR(CheckHostBuffersOption(opts.host_buffers));
+  UCP_RETURN_IF_ERROR(t.ResolveRecompute(mc, l, machine));
   PlanInput in = t.MakePlanInput(mc, l);
   if (opts.host_buffers == "auto") {
     // As a run decides it (SetUpHostBuffers), for the plan's host memory.
@@ -1980,9 +1988,36 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   return PlanMemory(in, machine);
 }
 
+Status Trainer::Impl::ResolveRecompute(const ModelConfig& mc, const layout::Layout& l,
+                                        const PlanMachine& machine) {
+  const std::string& v = opts.recompute;
+  const std::string what = "--recompute " + v;
+  recompute = Recompute::None();
+  if (v == "none") return Status::Ok();
+  if (v == "all") {
+    recompute = Recompute::All();
+    return Status::Ok();
+  }
+  if (v == "auto") {
+    UCP_ASSIGN_OR_RETURN(recompute,
+                         ChooseRecompute(MakePlanInput(mc, l), machine, opts.device != "cpu"),
+                         what);
+    return Status::Ok();
+  }
+  int64_t n = -1;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > mc.layers) {
+    return InvalidArgumentError(what + ": must be none, all, auto or a layer count in [0, " +
+                                std::to_string(mc.layers) + "] (the model's layers)");
+  }
+  recompute = Recompute{n};
+  return Status::Ok();
+}
+
 PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layout& l) const {
   PlanInput in;
   in.config = mc;
+  in.recompute = recompute;
   for (const auto& p : model.params) in.optimizer_group.push_back(p.optimizer_group);
   in.dtype = lowp() ? (dtype == DType::kFp16 ? LowpDType::kFp16 : LowpDType::kBf16)
                     : LowpDType::kFp32;
@@ -1999,7 +2034,6 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   // The twin's model is the CPU's: its GEMMs read fp32, so its device holds the whole copy.
   in.gpu_gemm_bf16 = opts.gpu_gemm == "auto" && opts.device != "twin";
   in.gpu_flash_attention = opts.gpu_attention == "flash";
-  in.recompute = opts.recompute;
   // --gpu-tail-buckets N: the last N grad groups' elements also on the device (SetUpDevice
   // checks N).
   if (opts.gpu_tail_buckets > 0) {
@@ -2132,6 +2166,22 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
       t.sp_rank = rc.sp;
       UCP_ASSIGN_OR_RETURN(t.sp_comm, t.comm->Split(rc.dp, rc.sp), "the sp group");
     }
+    // --recompute auto plans for the device's memory (as --weights auto) or this host's.
+    PlanMachine m;
+    m.device_bytes = opts.device_memory;
+    if (opts.device == "cpu" && opts.recompute == "auto") {
+      m.host_bytes = opts.host_memory > 0 ? opts.host_memory : MeasureHostMemory();
+    }
+    UCP_RETURN_IF_ERROR(t.ResolveRecompute(mc, l, m));
+    // Each process plans for its own memory, but under SP a rerun repeats the layer's
+    // all-to-alls, so the ranks of an sp group must recompute the same layers: every process
+    // takes the most any needs.
+    if (opts.recompute == "auto" && t.world > 1) {
+      std::array<int64_t, 1> most = {t.recompute.Of(mc.layers)};
+      UCP_RETURN_IF_ERROR(t.comm->AllReduce(std::span<int64_t>(most), ReduceOp::kMax),
+                          "--recompute auto: agreeing on the layers");
+      t.recompute = most[0] == mc.layers ? Recompute::All() : Recompute{most[0]};
+    }
   }
   t.funnel = std::make_unique<CommFunnel>();
   if (t.sp_comm != nullptr) t.sp_funneled = FunnelCommunicator(t.sp_comm.get(), t.funnel.get());
@@ -2141,8 +2191,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   UCP_ASSIGN_OR_RETURN(Model net,
                        Model::Create(mc, on_device ? 1 : t.micro_batch, on_device ? 1 : t.seq_len,
                                      t.threads, on_device ? nullptr : t.sp_funneled.get(),
-                                     opts.recompute && !on_device ? Recompute::kLayers
-                                                                  : Recompute::kNone));
+                                     on_device ? Recompute::None() : t.recompute));
   t.net.emplace(std::move(net));
   // The model's parameter table must be the rule set's, in the same order (its flat buffer is
   // then the canonical order the optimizer groups are cut from).
@@ -2281,7 +2330,8 @@ std::string Trainer::Describe() const {
      << "\n"
      << "schedule: " << t.cfg.steps << " steps of " << t.cfg.global_batch << " samples ("
      << t.cfg.global_batch * t.seq_len << " tokens) in micro-batches of " << t.micro_batch
-     << (t.opts.recompute ? ", layers recomputed in backward" : "") << "; lr " << t.cfg.lr
+     << (t.recompute.Of(mc.layers) > 0 ? "; " + RecomputeNote(t.recompute, mc.layers) : "")
+     << "; lr " << t.cfg.lr
      << " -> " << t.cfg.min_lr << ", warm-up " << t.cfg.warmup_samples
      << " samples, "
      << (t.cfg.decay_samples > t.cfg.warmup_samples

@@ -124,11 +124,15 @@ struct RunOptions {
   /// device memory, resident when that is 0 (unknown). The same bits either way; not recorded.
   std::string weights = "auto";
   int64_t device_memory = 0;
-  /// Activation checkpointing (model.h Recompute::kLayers): keep each layer's output and one
-  /// layer's other activations, and rerun each layer's forward before its backward, on the CPU
-  /// model or the device's. About a third more compute for a fraction of the activations; the
-  /// same bits either way, so not recorded (a resume may change it).
-  bool recompute = false;
+  /// Activation checkpointing (model.h Recompute), on the CPU model or the device's: "none";
+  /// "all" (every layer keeps only its output and one layer's other activations are shared,
+  /// each layer's forward rerun before its backward); a layer count N (the first N layers
+  /// recomputed, the others keeping everything); or "auto" (the fewest layers for the run to
+  /// fit: on a device, `device_memory` with the placement `weights` picks, none when that is 0;
+  /// on the CPU engine, `host_memory`, by default this machine's MemAvailable). Up to about a
+  /// third more compute for a fraction of the activations; the same bits either way, so not
+  /// recorded (a resume may change it).
+  std::string recompute = "none";
   /// What the host keeps of a device's weights and gradients (TrainDeviceSpec::host_window;
   /// docs/offload.md, "Staged host buffers"): "whole" (a pinned copy of each, 6 B/parameter in
   /// bf16) or "staged" (only pinned windows of host_window elements: after backward the
@@ -202,6 +206,8 @@ class Trainer {
   int rank() const;      ///< this process's rank in the layout (0 alone)
   bool is_root() const { return rank() == 0; }
   int64_t num_params() const;
+  /// The layers the model recomputes in backward (RunOptions::recompute, resolved).
+  Recompute recompute() const;
   std::string Describe() const;  ///< one paragraph: model, params, layout, data, schedule
   /// The bytes this process's buffers hold now, by the plan's tensor classes (what Plan's
   /// cpu_bytes predicts, or with a device its host_bytes; save staging once a save has run).

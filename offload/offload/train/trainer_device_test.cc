@@ -275,30 +275,69 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("llama-tiny-tied", "bf16", "overlap", false, true),
                       std::make_tuple("gpt-tiny", "fp16", "overlap", true, true)));
 
-// --recompute (activation checkpointing) changes no bit: the CPU trainer with it, the twin
-// device with it (resident and streamed weights, sync and overlapped), against the CPU trainer
-// without it.
+// --recompute (activation checkpointing) changes no bit: the CPU trainer and the twin device
+// recomputing all or some of llama-tiny's 4 layers (resident and streamed weights, sync and
+// overlapped), against the CPU trainer without it.
 TEST(Recompute, BitwiseTheKeptActivations) {
   ucp::testing::TempDir tmp;
   const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
   UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
   const Outcome a = Train(cpu, 4);
   struct Run {
-    const char *device, *weights, *pipeline;
+    const char *device, *weights, *pipeline, *recompute, *describe;
   };
-  for (const Run& run : {Run{"cpu", "auto", "sync"}, Run{"cpu", "auto", "overlap"},
-                         Run{"twin", "auto", "sync"}, Run{"twin", "streamed", "sync"},
-                         Run{"twin", "streamed", "overlap"}}) {
-    const std::string name = std::string(run.device) + "_" + run.weights + "_" + run.pipeline;
+  for (const Run& run :
+       {Run{"cpu", "auto", "sync", "all", "all 4 layers recomputed in backward"},
+        Run{"cpu", "auto", "overlap", "2", "the first 2 of 4 layers recomputed in backward"},
+        Run{"twin", "auto", "sync", "all", "all 4 layers"},
+        Run{"twin", "streamed", "sync", "3", "the first 3 of 4 layers"},
+        Run{"twin", "streamed", "overlap", "all", "all 4 layers"}}) {
+    const std::string name = std::string(run.device) + "_" + run.weights + "_" + run.pipeline +
+                             "_" + run.recompute;
     SCOPED_TRACE(name);
     RunOptions o = Opts(tmp.path() / name, run.device, 0, run.pipeline);
-    o.recompute = true;
+    o.recompute = run.recompute;
     o.weights = run.weights;
     UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
-    EXPECT_THAT(t.Describe(), HasSubstr("layers recomputed in backward"));
+    EXPECT_THAT(t.Describe(), HasSubstr(run.describe));
     ExpectSame(a, Train(t, 4));
   }
   EXPECT_THAT(cpu.Describe(), ::testing::Not(HasSubstr("recomputed")));
+}
+
+// --recompute auto takes the plan's count for the memory given (the CPU engine: --host-memory;
+// a device: --device-memory, none when unknown), and a bad value is refused naming the option.
+TEST(Recompute, AutoTakesThePlansCountAndBadValuesAreRefused) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  RunOptions two = Opts(tmp.path() / "plan", "cpu", 0);
+  two.recompute = "2";
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan p2, Trainer::Plan(c, two, PlanMachine{}));
+  RunOptions o = Opts(tmp.path() / "auto", "cpu", 0);
+  o.recompute = "auto";
+  o.host_memory = p2.cpu_total;
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, o));
+  EXPECT_THAT(t.Describe(), HasSubstr("the first 2 of 4 layers recomputed in backward"));
+  PlanMachine host;
+  host.host_bytes = p2.cpu_total;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan pa, Trainer::Plan(c, o, host));
+  EXPECT_EQ(pa.cpu_total, p2.cpu_total);
+  EXPECT_TRUE(pa.cpu_fits);
+
+  RunOptions twin = Opts(tmp.path() / "twin", "twin", 0);
+  twin.recompute = "auto";  // no --device-memory: nothing to fit, nothing recomputed
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer tw, Trainer::Create(c, twin));
+  EXPECT_THAT(tw.Describe(), ::testing::Not(HasSubstr("recomputed")));
+
+  for (const char* bad : {"5", "-1", "some", "2x", ""}) {
+    RunOptions b = Opts(tmp.path() / "bad", "cpu", 0);
+    b.recompute = bad;
+    EXPECT_THAT(Trainer::Create(c, b).status(),
+                StatusIs(StatusCode::kInvalidArgument,
+                         HasSubstr("--recompute " + std::string(bad) +
+                                   ": must be none, all, auto or a layer count in [0, 4]")))
+        << bad;
+  }
 }
 
 // The chunks of the devices' reduction (PlanReduceChunks): packing every chunk by its copies,

@@ -295,6 +295,41 @@ TEST(DeviceTwinSpMpi, CheckpointsMoveBetweenTheDeviceAtSp2AndTheCpuAtSp1) {
   }
 }
 
+// --recompute auto under SP: each process plans for its own memory (here rank 0 has room only
+// with all 4 layers recomputed, the others room for everything), but a rerun repeats the
+// layer's all-to-alls, so every rank takes the most any needs; the run is bitwise the one that
+// keeps every activation.
+TEST(RecomputeMpi, AutoAgreesAcrossTheSpGroup) {
+  const int P = World().size();
+  const TrainConfig c = Config({"llama-tiny", "bf16", 2, 1, 0.05}, Text());
+  const fs::path dir = Work() / "recompute_auto";
+  const TrainRun kept = Train(c, dir / "kept", "sync");
+  RunOptions r;
+  r.out = dir / "auto";
+  r.threads = 1;
+  r.async_save = false;
+  r.comm = &World();
+  r.recompute = "all";
+  auto all = Trainer::Plan(c, r, PlanMachine{});
+  UCP_CHECK(all.ok()) << all.status();
+  r.recompute = "auto";
+  r.host_memory = World().rank() == 0 ? all->cpu_total : int64_t{1} << 40;
+  auto t = Trainer::Create(c, r);
+  UCP_CHECK(t.ok()) << t.status();  // a failure here would strand the peers: end the job
+  EXPECT_THAT(t->Describe(), HasSubstr("all 4 layers recomputed in backward")) << "np " << P;
+  std::vector<double> losses;
+  while (t->step() < c.steps) {
+    auto rec = t->Step();
+    UCP_CHECK(rec.ok()) << rec.status();
+    losses.push_back(rec->loss);
+  }
+  ASSERT_EQ(losses.size(), kept.records.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_EQ(losses[i], kept.records[i].loss) << "step " << i + 1;
+  }
+  EXPECT_TRUE(t->StateForTest() == kept.state);
+}
+
 // A staged run's checkpoint at dp=P (each rank's state from its block, the weights from its
 // device, the dp replicas written once) resumes on the CPU engine, continuing bitwise as the
 // uninterrupted CPU run.

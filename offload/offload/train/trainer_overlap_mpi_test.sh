@@ -2,7 +2,8 @@
 # --pipeline overlap under mpirun (trainer_overlap_mpi_test.cc): bitwise the sync path at dp=2
 # and dp=4 (and dp=2 x sp=2), ZeRO 0-3, GPT and LLaMA, and the dp=2 trace; the trainer's device
 # code path (the CPU twin device) bitwise the CPU trainer at dp=2 and 4, with whole and staged
-# host buffers (a staged checkpoint resumed on the CPU). Every rank must pass.
+# host buffers (a staged checkpoint resumed on the CPU); --recompute auto agreed over the ranks.
+# Every rank must pass.
 # usage: trainer_overlap_mpi_test.sh OFFLOAD_TRAIN_OVERLAP_MPI_TEST
 set -euo pipefail
 test_bin=$1
