@@ -164,7 +164,7 @@ Result<ParamTable> ModelParamTable(const ModelConfig& config);
 /// The bytes Model::Create(config, max_batch, max_seq_len, num_threads, sp group of `sp`,
 /// recompute) allocates for activations, backward scratch and the ops' scratch: a pure function
 /// (for the memory plan, offload/train/memory_plan.h), equal to that model's activation_bytes().
-/// Errors: kInvalidArgument (config, sizes, the sequence-parallel rules).
+/// Errors: kInvalidArgument (config, sizes, the sequence-parallel rules, recompute.layers < 0).
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                                 int num_threads, int sp = 1,
                                 Recompute recompute = Recompute::None());

@@ -298,7 +298,7 @@ TEST(DeviceTwinSpMpi, CheckpointsMoveBetweenTheDeviceAtSp2AndTheCpuAtSp1) {
 // --recompute auto under SP: each process plans for its own memory (here rank 0 has room only
 // with all 4 layers recomputed, the others room for everything), but a rerun repeats the
 // layer's all-to-alls, so every rank takes the most any needs; the run is bitwise the one that
-// keeps every activation.
+// keeps every activation. So is the twin device's at sp=2 recomputing 3 layers.
 TEST(RecomputeMpi, AutoAgreesAcrossTheSpGroup) {
   const int P = World().size();
   const TrainConfig c = Config({"llama-tiny", "bf16", 2, 1, 0.05}, Text());
@@ -328,6 +328,21 @@ TEST(RecomputeMpi, AutoAgreesAcrossTheSpGroup) {
     EXPECT_EQ(losses[i], kept.records[i].loss) << "step " << i + 1;
   }
   EXPECT_TRUE(t->StateForTest() == kept.state);
+
+  RunOptions twin = r;
+  twin.out = dir / "twin";
+  twin.device = "twin";
+  twin.recompute = "3";
+  twin.host_memory = 0;
+  auto d = Trainer::Create(c, twin);
+  UCP_CHECK(d.ok()) << d.status();
+  EXPECT_THAT(d->Describe(), HasSubstr("the first 3 of 4 layers recomputed"));
+  for (size_t i = 0; d->step() < c.steps; ++i) {
+    auto rec = d->Step();
+    UCP_CHECK(rec.ok()) << rec.status();
+    EXPECT_EQ(rec->loss, kept.records[i].loss) << "twin, step " << i + 1;
+  }
+  EXPECT_TRUE(d->StateForTest() == kept.state);
 }
 
 // A staged run's checkpoint at dp=P (each rank's state from its block, the weights from its
