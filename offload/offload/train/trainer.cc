@@ -1616,9 +1616,20 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
     for (const BucketReduce& br : bucket_reduce) ds.reduce.buckets.push_back(br.ex);
     device_exchanges = true;
   }
-  UCP_ASSIGN_OR_RETURN(device,
-                       opts.device == "twin" ? MakeCpuTwinDevice(ds) : opts.device_factory(ds),
-                       "--device " + opts.device);
+  Result<std::unique_ptr<TrainDevice>> made =
+      opts.device == "twin" ? MakeCpuTwinDevice(ds) : opts.device_factory(ds);
+  if (!made.ok() && made.status().code() == StatusCode::kResourceExhausted &&
+      opts.device_memory > 0) {
+    // Out of device memory: say what would fit (the plan's verdict names a count of layers to
+    // recompute, or that the micro-batch or the sequence must shrink).
+    PlanMachine m;
+    m.device_bytes = opts.device_memory;
+    if (Result<MemoryPlan> plan = PlanMemory(MakePlanInput(ds.model, layout), m); plan.ok()) {
+      return made.status().WithContext("--device " + opts.device + "; the memory plan for its " +
+                                       FormatBytes(opts.device_memory) + ": " + plan->verdict);
+    }
+  }
+  UCP_ASSIGN_OR_RETURN(device, std::move(made), "--device " + opts.device);
   return Status::Ok();
 }
 

@@ -23,6 +23,7 @@ namespace ucp::offload {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::ucp::testing::StatusIs;
 
@@ -338,6 +339,27 @@ TEST(Recompute, AutoTakesThePlansCountAndBadValuesAreRefused) {
                                    ": must be none, all, auto or a layer count in [0, 4]")))
         << bad;
   }
+}
+
+// A device that runs out of memory: the error carries the memory plan's verdict for the
+// device's memory, which names the count of layers to recompute that would fit.
+TEST(Recompute, OutOfDeviceMemoryNamesTheCountThatFits) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  RunOptions o = Opts(tmp.path() / "oom", "cuda", 0);
+  o.device_factory = [](const TrainDeviceSpec&) -> Result<std::unique_ptr<TrainDevice>> {
+    return ResourceExhaustedError("CUDA model: activations do not fit in device memory");
+  };
+  o.weights = "resident";
+  RunOptions all = o;
+  all.recompute = "all";
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan p, Trainer::Plan(c, all, PlanMachine{}));
+  o.device_memory = p.device_total + (int64_t{2} << 30);  // fits only with every layer rerun
+  EXPECT_THAT(Trainer::Create(c, o).status(),
+              StatusIs(StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("do not fit in device memory; --device cuda; the memory "
+                                       "plan for its "),
+                             HasSubstr("or recompute layers (--recompute all: it fits"))));
 }
 
 // The chunks of the devices' reduction (PlanReduceChunks): packing every chunk by its copies,
