@@ -304,6 +304,16 @@ TEST(Recompute, BitwiseTheKeptActivations) {
     ExpectSame(a, Train(t, 4));
   }
   EXPECT_THAT(cpu.Describe(), ::testing::Not(HasSubstr("recomputed")));
+
+  // Not recorded: a run saved without it resumes with it (on the twin), and continues bitwise.
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer first, Trainer::Create(c, Opts(tmp.path() / "run", "cpu", 0)));
+  const Outcome p1 = Train(first, 2, /*save_at=*/2);
+  RunOptions r = Opts(tmp.path() / "run", "twin", 0);
+  r.resume = tmp.path() / "run";
+  r.recompute = "all";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer second, Trainer::Create(c, r));
+  const Outcome p2 = Train(second, 4);
+  ExpectContinues(a, {&p1, &p2});
 }
 
 // --recompute auto takes the plan's count for the memory given (the CPU engine: --host-memory;
