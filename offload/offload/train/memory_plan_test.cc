@@ -151,6 +151,22 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("llama-tiny", "bf16", "dp=1,zero=1", "overlap-nospec",
                                       false)));
 
+// With --recompute (some layers, all of them) the CPU column still equals a live trainer's
+// bytes, class by class, the activations' included.
+TEST(PlanMatchesTrainerRecomputing, EveryClassEveryByte) {
+  for (const char* rc : {"2", "all"}) {
+    SCOPED_TRACE(std::string("--recompute ") + rc);
+    ucp::testing::TempDir tmp;
+    auto [c, o] = TinyRun(tmp.path(), "llama-tiny", "bf16", "dp=1,zero=1", "sync");
+    o.recompute = rc;
+    PlannedAndUsed r;
+    ASSERT_NO_FATAL_FAILURE(PlanAndRun(c, o, &r));
+    EXPECT_EQ(r.plan.cpu_total, ExpectColumn(r, &MemoryRow::cpu_bytes));
+    EXPECT_THAT(r.plan.rows[static_cast<size_t>(MemClass::kActivations)].note,
+                HasSubstr("recomputed in backward"));
+  }
+}
+
 // The GPU columns against a trainer on the CPU twin device (the trainer's code path of
 // --device cuda): every host class byte for byte, and the device's weights, compute copy,
 // gradients and (with tail groups on the device Adam) optimizer state against the device's own
