@@ -109,10 +109,13 @@ done
 bench=/tmp/ucp_gpu/bin/offload_cuda_model_bench
 ok_or_fail() { [ "$step_rc" = 0 ] || [ "$step_rc" = 126 ] || status=1; }
 show() { [ -f "$logs/$1.log" ] && grep -v '^\s*$' "$logs/$1.log" | tail -"${2:-12}" | tee -a "$summary"; }
+# The model step against the CPU (each GEMM and attention mode), each also with every layer
+# recomputed (--recompute both: the same gradient bits required, and the rerun's cost).
 step bench_check 60 $bench --family llama --hidden 768 --layers 4 --heads 12 --kv-heads 4 \
-  --ffn 2048 --vocab 32000 --batch 2 --seq 512 --steps 3 --cpu-check --attention both
+  --ffn 2048 --vocab 32000 --batch 2 --seq 512 --steps 3 --cpu-check --attention both \
+  --recompute both
 ok_or_fail
-show bench_check
+show bench_check 20
 # --profile: where the step's device time goes, op by op (the next MFU work starts from it),
 # with the GEMM attention and with the flash kernels (the ratio of the two steps is printed).
 step bench_1b 90 $bench --family llama --hidden 2048 --layers 16 --heads 16 --kv-heads 4 \

@@ -9,12 +9,14 @@
 // event per op (CudaModel::ProfileOps) and the program prints where a step's device time goes,
 // op by op (each matrix product by its sizes, with its TFLOP/s); the median stays unprofiled.
 // --attention picks the bf16 GEMMs' attention: gemm (the default), flash, or both (then the
-// flash step is also printed as a ratio of the GEMM attention's, same process).
+// flash step is also printed as a ratio of the GEMM attention's, same process). --recompute
+// all reruns every layer's forward in backward (Recompute::All()); both runs each step without
+// and with it, prints the ratio, and requires the same gradient bits (exit 1 otherwise).
 // Usage:
 //   offload_cuda_model_bench [--family llama|gpt] [--hidden 2048] [--layers 16] [--heads 16]
 //     [--kv-heads 4] [--ffn 5632] [--vocab 32000] [--batch 4] [--seq 1024] [--steps 3]
-//     [--gemm fp32|bf16|both] [--attention gemm|flash|both] [--cpu-check] [--profile]
-//     [--threads N]
+//     [--gemm fp32|bf16|both] [--attention gemm|flash|both] [--recompute none|all|both]
+//     [--cpu-check] [--profile] [--threads N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
   int64_t batch = 4, seq = 1024;
   int steps = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
   bool cpu_check = false, profile = false;
-  std::string gemm = "both", attention = "gemm";
+  std::string gemm = "both", attention = "gemm", recompute = "none";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> int64_t {
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
     else if (a == "--profile") profile = true;
     else if (a == "--gemm" && i + 1 < argc) gemm = argv[++i];
     else if (a == "--attention" && i + 1 < argc) attention = argv[++i];
+    else if (a == "--recompute" && i + 1 < argc) recompute = argv[++i];
     else return Fail("unknown option " + a);
   }
   if (c.family == Family::kGpt) {
@@ -102,6 +105,9 @@ int main(int argc, char** argv) {
   if (gemm != "fp32" && gemm != "bf16" && gemm != "both") return Fail("--gemm fp32|bf16|both");
   if (attention != "gemm" && attention != "flash" && attention != "both") {
     return Fail("--attention gemm|flash|both");
+  }
+  if (recompute != "none" && recompute != "all" && recompute != "both") {
+    return Fail("--recompute none|all|both");
   }
   auto table = ModelParamTable(c);
   if (!table.ok()) return Fail(table.status().ToString());
@@ -163,15 +169,26 @@ int main(int argc, char** argv) {
   // (GEMMs, attention): fp32 GEMMs run the fused fp32 attention kernels.
   const std::pair<const char*, const char*> runs[] = {
       {"fp32", "fused fp32"}, {"bf16", "gemm"}, {"bf16", "flash"}};
-  for (const auto& [gemm_mode, attn_mode] : runs) {
-    const std::string mode = gemm_mode, attn = attn_mode;
-    const bool bf16 = mode == "bf16", flash = attn == "flash";
+  std::vector<std::pair<const char*, const char*>> plan;
+  for (const auto& run : runs) {
+    const std::string mode = run.first, attn = run.second;
     if (gemm != "both" && gemm != mode) continue;
-    if (bf16 && attention != "both" && attention != attn) continue;
+    if (mode == "bf16" && attention != "both" && attention != attn) continue;
+    plan.push_back(run);
+  }
+  const bool rc_none = recompute != "all", rc_all = recompute != "none";
+  double kept_time = 0;
+  std::vector<float> kept_grads, grads;  // --recompute both: the gradients the runs summed
+  for (size_t r = 0; r < plan.size() * 2; ++r) {
+    const bool recomputing = r % 2 == 1;
+    if ((recomputing && !rc_all) || (!recomputing && !rc_none)) continue;
+    const std::string mode = plan[r / 2].first, attn = plan[r / 2].second;
+    const bool bf16 = mode == "bf16", flash = attn == "flash";
     // One model at a time: the activations are the largest thing on the device.
     auto gm = cuda::CudaModel::Create(
         c, batch, seq, bf16 ? cuda::GemmInputs::kBf16 : cuda::GemmInputs::kFp32,
-        flash ? cuda::AttentionKernel::kFlash : cuda::AttentionKernel::kGemm);
+        flash ? cuda::AttentionKernel::kFlash : cuda::AttentionKernel::kGemm, {},
+        recomputing ? Recompute::All() : Recompute::None());
     if (!gm.ok()) return Fail(gm.status().ToString());
     cudaMemset(dg, 0, n * 4);
     double loss = 0;
@@ -185,17 +202,37 @@ int main(int argc, char** argv) {
     }
     std::sort(times.begin(), times.end());
     const double t = times[times.size() / 2], tflops = flops / t / 1e12;
-    std::printf("cuda %s GEMMs, %s attention: loss %.6f | %.1f ms | %.0f tokens/s | %.2f TFLOP/s "
-                "| MFU %.2f%% of 989",
-                mode.c_str(), attn.c_str(), loss / tokens, t * 1e3, tokens / t, tflops,
-                100.0 * tflops / 989.0);
-    if (bf16 && fp32_time > 0) std::printf(" | %.2fx the fp32 GEMMs' step", fp32_time / t);
-    if (flash && gemm_attention_time > 0) {
-      std::printf(" | %.2fx the GEMM attention's speed", gemm_attention_time / t);
+    std::printf("cuda %s GEMMs, %s attention%s: loss %.6f | %.1f ms | %.0f tokens/s | %.2f "
+                "TFLOP/s | MFU %.2f%% of 989",
+                mode.c_str(), attn.c_str(), recomputing ? ", layers recomputed" : "",
+                loss / tokens, t * 1e3, tokens / t, tflops, 100.0 * tflops / 989.0);
+    if (rc_none && rc_all) {
+      // Both runs add steps + 1 backward passes into dg from zero: the same bits if the reruns
+      // wrote what the first forward wrote.
+      grads.resize(n);
+      if (cudaMemcpy(grads.data(), dg, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        return Fail("gradients to the host");
+      }
+    }
+    if (recomputing && rc_none) {
+      // The same run without recomputation came just before: its time, and its gradients.
+      const bool same = grads == kept_grads;
+      std::printf(" | %.2fx the kept activations' step, gradients %s", t / kept_time,
+                  same ? "bitwise the same" : "DIFFERENT");
+      if (!same) status = 1;
+    } else {
+      if (bf16 && fp32_time > 0) std::printf(" | %.2fx the fp32 GEMMs' step", fp32_time / t);
+      if (flash && gemm_attention_time > 0) {
+        std::printf(" | %.2fx the GEMM attention's speed", gemm_attention_time / t);
+      }
     }
     std::printf("\n");
-    if (!bf16) fp32_time = t;
-    if (bf16 && !flash) gemm_attention_time = t;
+    if (!recomputing) {
+      kept_time = t;
+      kept_grads.swap(grads);
+      if (!bf16) fp32_time = t;
+      if (bf16 && !flash) gemm_attention_time = t;
+    }
     if (profile) {
       // Profiled steps after the timed ones, so the median above carries no event.
       gm->ProfileOps(true);
