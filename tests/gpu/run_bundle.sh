@@ -138,7 +138,7 @@ step bench_train_3b_64k_flash 120 "${train[@]:0:6}" --batch 16 --micro-batch 4 \
   --threads "$(nproc)" --model llama-3b --steps 1 --pipeline overlap --clip 0 --gpu-attention flash
 show bench_train_3b_64k_flash 20
 # The 64K tokens as one micro-batch, with the fewest layers recomputed in backward that fit the
-# GPU (--recompute auto: about 21 of 28 on an H200, 119 GiB of activations instead of 324):
+# GPU (--recompute auto: 22 of 28 on a 140 GiB H200, 109 GiB of activations instead of 324):
 # every bucket's CPU Adam can hide under the one backward, at the cost of a rerun forward of
 # those layers (not in MFU).
 step bench_train_3b_64k_flash_recompute 120 "${train[@]:0:6}" --batch 16 --micro-batch 16 \
