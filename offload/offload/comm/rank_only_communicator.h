@@ -1,6 +1,8 @@
 // Test-only: a Communicator that names rank r of p and communicates nothing (every collective is
 // kInternal "not a real communicator"), for code that only reads rank() and size(): the shared
-// argument checks (communicator_test.cc), Ulysses' geometry (kernels_emulated_test.cc).
+// argument checks (communicator_test.cc), Ulysses' geometry (kernels_emulated_test.cc). A test
+// communicator that runs a few collectives derives from it and overrides those
+// (cuda_model_test.cc's ThreadRanks).
 #pragma once
 
 #include <cstdlib>
@@ -10,7 +12,7 @@
 
 namespace ucp::offload {
 
-class RankOnlyCommunicator final : public Communicator {
+class RankOnlyCommunicator : public Communicator {
  public:
   RankOnlyCommunicator(int rank, int size) : rank_(rank), size_(size) {}
   int rank() const override { return rank_; }

@@ -72,7 +72,6 @@ class DeviceVec {
 
 using DeviceActs = graph::Acts<float, DeviceVec<float>>;
 
-
 // CudaModel::ProfileOps: an event on the model's stream where each op begins, so an op's time is
 // up to the next one's start (the last, to the event after the graph); names and events of one
 // run, summed into `totals` once the run has synchronised.

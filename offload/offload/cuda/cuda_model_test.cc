@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "offload/comm/communicator.h"
+#include "offload/comm/rank_only_communicator.h"
 #include "offload/cuda/cuda_cast.h"
 #include "offload/model/model.h"
 #include "tests/testutil/status_matchers.h"
@@ -331,7 +332,7 @@ TEST_P(CudaModelTest, RecomputedLayersGiveTheKeptBits) {
 // P ranks as threads of this process: what Ulysses asks of its communicator (the batch's
 // agreement, an int64 all-reduce; the staged exchanges, an all-to-all), over shared memory. The
 // GPU test runs on one GPU, where NCCL cannot take two ranks and no mpirun is at hand.
-class ThreadRanks final : public Communicator {
+class ThreadRanks final : public RankOnlyCommunicator {
  public:
   struct Shared {
     explicit Shared(int p) : P(p), bar(p), ptr(static_cast<size_t>(p)) {}
@@ -339,14 +340,10 @@ class ThreadRanks final : public Communicator {
     std::barrier<> bar;
     std::vector<const void*> ptr;
   };
-  ThreadRanks(Shared* s, int r) : s_(s), r_(r) {}
-  int rank() const override { return r_; }
-  int size() const override { return s_->P; }
-  Result<std::unique_ptr<Communicator>> Split(int, int) override { return No(); }
-  Status AllReduce(std::span<float>, ReduceOp) override { return No(); }
-  Status AllReduce(std::span<double>, ReduceOp) override { return No(); }
+  ThreadRanks(Shared* s, int r) : RankOnlyCommunicator(r, s->P), s_(s) {}
+  using RankOnlyCommunicator::AllReduce;
   Status AllReduce(std::span<int64_t> data, ReduceOp op) override {
-    s_->ptr[static_cast<size_t>(r_)] = data.data();
+    s_->ptr[static_cast<size_t>(rank())] = data.data();
     s_->bar.arrive_and_wait();
     std::vector<int64_t> out(data.begin(), data.end());
     for (int j = 0; j < s_->P; ++j) {
@@ -360,33 +357,22 @@ class ThreadRanks final : public Communicator {
     std::copy(out.begin(), out.end(), data.begin());
     return Status::Ok();
   }
-  Status ReduceScatter(std::span<const float>, std::span<float>) override { return No(); }
-  Status AllGather(std::span<const float>, std::span<float>) override { return No(); }
   Status AllToAll(std::span<const float> in, std::span<float> out) override {
-    s_->ptr[static_cast<size_t>(r_)] = in.data();
+    s_->ptr[static_cast<size_t>(rank())] = in.data();
     s_->bar.arrive_and_wait();
     const size_t n = in.size() / static_cast<size_t>(s_->P);
     for (int j = 0; j < s_->P; ++j) {
       std::memcpy(out.data() + static_cast<size_t>(j) * n,
                   static_cast<const float*>(s_->ptr[static_cast<size_t>(j)]) +
-                      static_cast<size_t>(r_) * n,
+                      static_cast<size_t>(rank()) * n,
                   n * 4);
     }
     s_->bar.arrive_and_wait();
     return Status::Ok();
   }
-  Status AllToAllV(std::span<const float>, std::span<const int64_t>, std::span<float>,
-                   std::span<const int64_t>) override {
-    return No();
-  }
-  Status Broadcast(std::span<std::byte>, int) override { return No(); }
-  Status Barrier() override { return No(); }
-  [[noreturn]] void Abort(int code) override { std::_Exit(code); }
 
  private:
-  static Status No() { return UnimplementedError("not used by the test"); }
   Shared* s_;
-  int r_;
 };
 
 // Each rank's result of one ForwardBackward on its shard.

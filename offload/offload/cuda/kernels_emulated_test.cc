@@ -255,16 +255,18 @@ TEST(OrderedSumEmulated, IsOrderedSumBitwise) {
   EXPECT_EQ(simt::Violations(), std::vector<std::string>{});
 }
 
-
 // ---- Ulysses' row moves (cuda_move_rows_kernels.h): the CUDA model's backend of ulysses.h.
 
-// The CPU model's moves, the all-to-all a loopback.
+// Both backends' all-to-all: a loopback (each of the P blocks back to this rank).
+Status Loopback(int64_t P, const float* send, float* recv, int64_t n) {
+  std::memcpy(recv, send, static_cast<size_t>(P * n) * 4);
+  return Status::Ok();
+}
+
+// The CPU model's moves.
 struct HostLoopback : graph::HostUlyssesBackend<float> {
   int64_t P = 1;
-  Status AllToAll(const float* send, float* recv, int64_t n) {
-    std::memcpy(recv, send, static_cast<size_t>(P * n) * 4);
-    return Status::Ok();
-  }
+  Status AllToAll(const float* send, float* recv, int64_t n) { return Loopback(P, send, recv, n); }
 };
 
 // The CUDA model's moves: MoveRowsOnDevice's launches of MoveRowsKernel, emulated.
@@ -281,10 +283,7 @@ struct EmulatedMoves {
                       });
     return Status::Ok();
   }
-  Status AllToAll(const float* send, float* recv, int64_t n) {
-    std::memcpy(recv, send, static_cast<size_t>(P * n) * 4);
-    return Status::Ok();
-  }
+  Status AllToAll(const float* send, float* recv, int64_t n) { return Loopback(P, send, recv, n); }
 };
 
 struct UlyssesCase {

@@ -534,10 +534,8 @@ static int64_t ShardActivationElements(const ModelConfig& config, int64_t max_ba
 
 Result<int64_t> ActivationBytes(const ModelConfig& config, int64_t max_batch, int64_t max_seq_len,
                                 int num_threads, int sp, Recompute recompute) {
-  if (max_batch < 1 || max_seq_len < 1 || num_threads < 1 || sp < 1) {
-    return InvalidArgumentError("ActivationBytes: batch=" + Str(max_batch) + ", seq_len=" +
-                                Str(max_seq_len) + ", threads=" + Str(num_threads) +
-                                ", sp=" + Str(sp) + " must be >= 1");
+  if (num_threads < 1) {
+    return InvalidArgumentError("ActivationBytes: threads=" + Str(num_threads) + " must be >= 1");
   }
   UCP_RETURN_IF_ERROR(CheckShardSizes("ActivationBytes", config, max_batch, max_seq_len, sp));
   UCP_RETURN_IF_ERROR(CheckRecompute("ActivationBytes", recompute));

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -106,6 +107,7 @@ TrainConfig Config(const Case& k, const fs::path& text) {
 }
 
 struct TrainRun {
+  std::string describe;  // Trainer::Describe
   std::vector<StepRecord> records;
   std::vector<std::pair<std::string, std::vector<std::byte>>> state;
   std::vector<int64_t> memory;  // Trainer::MemoryInUse
@@ -113,8 +115,10 @@ struct TrainRun {
 };
 
 // pipeline "staged": --pipeline sync with staged host buffers (windows of 64 Ki elements).
+// `adjust`: changes to the options beyond those.
 TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pipeline,
-               const fs::path& trace = {}, const std::string& device = "cpu") {
+               const fs::path& trace = {}, const std::string& device = "cpu",
+               const std::function<void(RunOptions&)>& adjust = {}) {
   RunOptions r;
   r.out = out;
   r.threads = 1;
@@ -127,12 +131,14 @@ TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pip
   r.device = device;
   r.trace = trace;
   r.comm = &World();
+  if (adjust) adjust(r);
   TrainRun run;
   auto plan = Trainer::Plan(c, r, PlanMachine{});
   UCP_CHECK(plan.ok()) << plan.status();
   run.plan = *plan;
   auto t = Trainer::Create(c, r);
   UCP_CHECK(t.ok()) << t.status();  // a failure here would strand the peers: end the job
+  run.describe = t->Describe();
   run.memory = t->MemoryInUse();
   while (t->step() < c.steps) {
     auto rec = t->Step();
@@ -141,6 +147,22 @@ TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pip
   }
   run.state = t->StateForTest();
   return run;
+}
+
+// Two runs of the same arithmetic: every step's loss and gradient norm, and every state tensor,
+// bit for bit.
+void ExpectSameSteps(const TrainRun& a, const TrainRun& b) {
+  ASSERT_EQ(a.records.size(), b.records.size());
+  for (size_t i = 0; i < a.records.size(); ++i) {
+    EXPECT_EQ(a.records[i].loss, b.records[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a.records[i].grad_norm, b.records[i].grad_norm) << "step " << i + 1;
+  }
+  ASSERT_EQ(a.state.size(), b.state.size());
+  ASSERT_FALSE(a.state.empty());
+  for (size_t i = 0; i < a.state.size(); ++i) {
+    EXPECT_TRUE(a.state[i].second == b.state[i].second)
+        << "rank " << World().rank() << ": " << a.state[i].first << " differs";
+  }
 }
 
 class OverlapMpiTest : public ::testing::TestWithParam<Case> {};
@@ -224,17 +246,7 @@ TEST_P(DeviceTwinMpiTest, BitwiseTheCpuTrainer) {
       EXPECT_LT(twin.memory[static_cast<size_t>(MemClass::kZeroScratch)],
                 cpu.memory[static_cast<size_t>(MemClass::kZeroScratch)]);
     }
-    ASSERT_EQ(cpu.records.size(), twin.records.size());
-    for (size_t i = 0; i < cpu.records.size(); ++i) {
-      EXPECT_EQ(cpu.records[i].loss, twin.records[i].loss) << "step " << i + 1;
-      EXPECT_EQ(cpu.records[i].grad_norm, twin.records[i].grad_norm) << "step " << i + 1;
-    }
-    ASSERT_EQ(cpu.state.size(), twin.state.size());
-    ASSERT_FALSE(cpu.state.empty());
-    for (size_t i = 0; i < cpu.state.size(); ++i) {
-      EXPECT_TRUE(cpu.state[i].second == twin.state[i].second)
-          << "rank " << World().rank() << ": " << cpu.state[i].first << " differs";
-    }
+    ExpectSameSteps(cpu, twin);
   }
 }
 
@@ -304,45 +316,23 @@ TEST(RecomputeMpi, AutoAgreesAcrossTheSpGroup) {
   const TrainConfig c = Config({"llama-tiny", "bf16", 2, 1, 0.05}, Text());
   const fs::path dir = Work() / "recompute_auto";
   const TrainRun kept = Train(c, dir / "kept", "sync");
-  RunOptions r;
-  r.out = dir / "auto";
+  RunOptions r;  // as Train's, for rank 0's room: the plan of all 4 layers recomputed
   r.threads = 1;
   r.async_save = false;
   r.comm = &World();
   r.recompute = "all";
   auto all = Trainer::Plan(c, r, PlanMachine{});
   UCP_CHECK(all.ok()) << all.status();
-  r.recompute = "auto";
-  r.host_memory = World().rank() == 0 ? all->cpu_total : int64_t{1} << 40;
-  auto t = Trainer::Create(c, r);
-  UCP_CHECK(t.ok()) << t.status();  // a failure here would strand the peers: end the job
-  EXPECT_THAT(t->Describe(), HasSubstr("all 4 layers recomputed in backward")) << "np " << P;
-  std::vector<double> losses;
-  while (t->step() < c.steps) {
-    auto rec = t->Step();
-    UCP_CHECK(rec.ok()) << rec.status();
-    losses.push_back(rec->loss);
-  }
-  ASSERT_EQ(losses.size(), kept.records.size());
-  for (size_t i = 0; i < losses.size(); ++i) {
-    EXPECT_EQ(losses[i], kept.records[i].loss) << "step " << i + 1;
-  }
-  EXPECT_TRUE(t->StateForTest() == kept.state);
-
-  RunOptions twin = r;
-  twin.out = dir / "twin";
-  twin.device = "twin";
-  twin.recompute = "3";
-  twin.host_memory = 0;
-  auto d = Trainer::Create(c, twin);
-  UCP_CHECK(d.ok()) << d.status();
-  EXPECT_THAT(d->Describe(), HasSubstr("the first 3 of 4 layers recomputed"));
-  for (size_t i = 0; d->step() < c.steps; ++i) {
-    auto rec = d->Step();
-    UCP_CHECK(rec.ok()) << rec.status();
-    EXPECT_EQ(rec->loss, kept.records[i].loss) << "twin, step " << i + 1;
-  }
-  EXPECT_TRUE(d->StateForTest() == kept.state);
+  const TrainRun agreed = Train(c, dir / "auto", "sync", {}, "cpu", [&](RunOptions& o) {
+    o.recompute = "auto";
+    o.host_memory = World().rank() == 0 ? all->cpu_total : int64_t{1} << 40;
+  });
+  EXPECT_THAT(agreed.describe, HasSubstr("all 4 layers recomputed in backward")) << "np " << P;
+  ExpectSameSteps(kept, agreed);
+  const TrainRun twin = Train(c, dir / "twin", "sync", {}, "twin",
+                              [](RunOptions& o) { o.recompute = "3"; });
+  EXPECT_THAT(twin.describe, HasSubstr("the first 3 of 4 layers recomputed"));
+  ExpectSameSteps(kept, twin);
 }
 
 // A staged run's checkpoint at dp=P (each rank's state from its block, the weights from its
