@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "offload/optim/adam.h"
 #include "ucp/base/result.h"
@@ -18,9 +19,13 @@ class CpuAdam {
   /// Elements per task: 16 Ki fp32 = 64 KiB per stream, 7 streams within a 512 KiB L2.
   static constexpr size_t kBlockElems = size_t{16} << 10;
 
-  /// Errors: kInvalidArgument (config, num_threads < 1), kFailedPrecondition (path not available).
+  /// `cpus` (empty: not pinned): the thread in the pool's slot i runs on cpus[i % size] while it
+  /// steps (the caller's thread takes slot 0), and gets its own CPU mask back when it leaves
+  /// (cpu_affinity.h; Linux). The bits do not depend on it.
+  /// Errors: kInvalidArgument (config, num_threads < 1, a CPU the calling thread may not run
+  /// on), kFailedPrecondition (path not available), kUnimplemented (cpus off Linux).
   static Result<CpuAdam> Create(const AdamConfig& config, int num_threads,
-                                SimdPath path = BestSimdPath());
+                                SimdPath path = BestSimdPath(), std::vector<int> cpus = {});
 
   CpuAdam(CpuAdam&&) noexcept;
   CpuAdam& operator=(CpuAdam&&) noexcept;
@@ -32,6 +37,12 @@ class CpuAdam {
   Status set_lr(float lr);
   int num_threads() const;
   SimdPath path() const;
+  const std::vector<int>& cpus() const;  ///< as given to Create (empty: not pinned)
+
+  /// Where one parallel pass of `tasks` tasks ran: each task's ThisThreadCpus, seen from inside
+  /// the pool (a pinned pool's tasks each see one CPU of cpus()). For tests and ucp-bench adam.
+  /// Errors: kInvalidArgument (tasks < 1), a pinning failure, ThisThreadCpus's.
+  Result<std::vector<std::vector<int>>> TaskCpus(int tasks);
 
   /// Steps every entry of `bucket` with step number `step` (1-based, adam.h), in parallel over
   /// blocks of kBlockElems. Every entry is validated before any is stepped. The result is

@@ -7,10 +7,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "offload/optim/cpu_affinity.h"
 #include "tests/testutil/status_matchers.h"
 #include "ucp/tensor/float_bits.h"
 
@@ -157,6 +160,55 @@ TEST(CpuAdam, CreateRejectsBadArguments) {
                 StatusIs(StatusCode::kFailedPrecondition, HasSubstr("is not available")));
   }
 }
+
+#if defined(__linux__)
+// A pinned pool (--pin-threads): every task runs on one CPU of the pool's list, the step's bits
+// are the unpinned pool's, and the threads leave with their own masks: the caller's thread, and
+// TBB's workers, which then serve an unpinned pool on every CPU again.
+TEST(CpuAdam, PinnedPoolRunsOnItsCpusAndGivesThreadsBackTheirMasks) {
+  UCP_ASSERT_OK_AND_ASSIGN(const std::vector<int> own, ThisThreadCpus());
+  ASSERT_FALSE(own.empty());
+  std::vector<int> cpus = {own.back()};
+  if (own.size() > 1) cpus.push_back(own.front());
+  UCP_ASSERT_OK_AND_ASSIGN(CpuAdam pinned, CpuAdam::Create(Config(), 3, BestSimdPath(), cpus));
+  EXPECT_EQ(pinned.cpus(), cpus);
+  UCP_ASSERT_OK_AND_ASSIGN(const auto seen, pinned.TaskCpus(64));
+  ASSERT_EQ(seen.size(), 64u);
+  for (const std::vector<int>& task : seen) {
+    ASSERT_EQ(task.size(), 1u) << "a task ran unpinned, on " << CpuListString(task);
+    EXPECT_THAT(cpus, ::testing::Contains(task[0]));
+  }
+  UCP_ASSERT_OK_AND_ASSIGN(const std::vector<int> after, ThisThreadCpus());
+  EXPECT_EQ(after, own);
+
+  const size_t n = 5 * CpuAdam::kBlockElems + 17;
+  State a(n, 11), b(n, 11);
+  UCP_ASSERT_OK_AND_ASSIGN(CpuAdam free, CpuAdam::Create(Config(), 3));
+  EXPECT_TRUE(free.cpus().empty());
+  const std::vector<AdamSpans> ba = {a.Spans(0, n)}, bb = {b.Spans(0, n)};
+  UCP_ASSERT_OK(pinned.StepBucket(1, ba));
+  UCP_ASSERT_OK(free.StepBucket(1, bb));
+  EXPECT_TRUE(a == b);
+
+  UCP_ASSERT_OK_AND_ASSIGN(const auto unpinned, free.TaskCpus(64));
+  for (const std::vector<int>& task : unpinned) {
+    EXPECT_EQ(task, own) << "a worker kept the pinned pool's CPU";
+  }
+}
+
+TEST(CpuAdam, PinningRefusesACpuThisThreadMayNotUse) {
+  UCP_ASSERT_OK_AND_ASSIGN(const std::vector<int> own, ThisThreadCpus());
+  int outside = 0;
+  while (std::binary_search(own.begin(), own.end(), outside)) ++outside;
+  EXPECT_THAT(CpuAdam::Create(Config(), 2, BestSimdPath(), {own.front(), outside}),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("CPU " + std::to_string(outside) + " is not one")));
+  EXPECT_THAT(SetThisThreadCpus(std::vector<int>{-1}),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("CPU -1 is outside")));
+  EXPECT_EQ(CpuListString(std::vector<int>{0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(CpuListString(std::vector<int>{5}), "5");
+}
+#endif
 
 TEST(CpuAdam, BandwidthProbeMovesBytesWithoutChangingThem) {
   const size_t n = CpuAdam::kBlockElems + 9;
