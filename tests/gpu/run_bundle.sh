@@ -194,6 +194,23 @@ step bench_train_1b_overlap_noclip 80 "${train[@]}" --model "$PWD/tests/gpu/llam
   --steps 2 --pipeline overlap --clip 0
 ok_or_fail
 show bench_train_1b_overlap_noclip 20
+# Where the CPU Adam runs: the lines above give it all cores but the launching and copying
+# threads' two (the default beside a GPU); against them, the old split (half the cores, as
+# beside a model computing on the CPU) and the default pinned one thread to a core
+# (--pin-threads: the last cores, leaving the first two to the other threads).
+step bench_train_1b_overlap_noclip_half 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" \
+  --steps 2 --pipeline overlap --clip 0 --adam-threads "$(($(nproc) / 2))"
+ok_or_fail
+show bench_train_1b_overlap_noclip_half 12
+step bench_train_1b_overlap_noclip_pinned 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" \
+  --steps 2 --pipeline overlap --clip 0 --pin-threads
+ok_or_fail
+show bench_train_1b_overlap_noclip_pinned 12
+# The CPU Adam alone on this host's cores, unpinned and pinned, beside its bandwidth probe.
+step bench_adam_pin 60 /tmp/ucp_gpu/bin/ucp-bench adam --params 256M --threads "$(nproc)" \
+  --pin --repeat 3
+ok_or_fail
+show bench_adam_pin 14
 # The same step with the weights streamed per layer (--weights streamed: the embeddings, the head
 # and two layer windows on the GPU, each layer prefetched on the copy stream): the ratio to the
 # line above is streaming's cost; the bench prints the device memory and the bytes per step.

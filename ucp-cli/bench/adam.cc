@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "offload/optim/cpu_adam.h"
+#include "offload/optim/cpu_affinity.h"
+#include "ucp-cli/bench/cpu_info.h"
 #include "ucp-cli/command.h"
 #include "ucp/base/status_macros.h"
 
@@ -185,6 +187,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   config.weight_decay = 0.01f;
 
   io.out << std::fixed;
+  io.out << "cpu: " << CpuDescription() << "\n";
   io.out << "adam: " << n << " params, " << threads << " threads, grad " << grad_arg << ", out "
          << out_arg << ", " << static_cast<int>(bytes_per_param) << " B/param moved, best of "
          << repeat << "\n";
@@ -254,6 +257,22 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
         &status);
     UCP_RETURN_IF_ERROR(status);
     row("fused (x multiplier)", fused_s, bytes_per_param);
+    if (vm["pin"].as<bool>()) {
+      // The same step on a pool pinned as ucp-train --pin-threads pins it.
+      UCP_ASSIGN_OR_RETURN(const std::vector<int> own, offload::ThisThreadCpus(), "--pin");
+      const std::vector<int> cpus = offload::AdamCpus(own, threads);
+      UCP_ASSIGN_OR_RETURN(CpuAdam pinned, CpuAdam::Create(config, threads, path, cpus),
+                           "--pin");
+      const double pin_s = BestSeconds(
+          repeat,
+          [&] { return pinned.StepBucket(++step, std::span<const AdamSpans>(&spans, 1)); },
+          &status);
+      UCP_RETURN_IF_ERROR(status);
+      row(std::string(offload::SimdPathName(path)) + " pinned", pin_s, bytes_per_param);
+      notes << std::setprecision(2) << "  pinned to CPUs " << offload::CpuListString(cpus)
+            << ": plain step time unpinned / pinned: " << s / pin_s << "x\n"
+            << std::setprecision(1);
+    }
     notes << std::setprecision(2) << "  speculative step / plain step time: " << spec_s / s
           << "x; rollback / plain step time: " << rb_s / s << "x; fused (x multiplier) / plain "
           << "step time: " << fused_s / s << "x\n"
@@ -306,7 +325,7 @@ Command MakeAdamBench() {
       .summary = "CPU Adam Mparam/s and GB/s per SIMD path against a same-run bandwidth probe",
       .usage =
           "[--params 64M] [--threads T] [--path all|avx512|avx2|portable|...] "
-          "[--grad fp32|bf16|fp16] [--out none|bf16|fp16] [--repeat R] [--torch]",
+          "[--grad fp32|bf16|fp16] [--out none|bf16|fp16] [--repeat R] [--pin] [--torch]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("params", po::value<std::string>()->default_value("64M"),
@@ -317,6 +336,9 @@ Command MakeAdamBench() {
                 "out", po::value<std::string>()->default_value("none"),
                 "fused low-precision weight copy")("repeat", po::value<int>()->default_value(5),
                                                    "runs per figure; the best is printed")(
+                "pin", po::bool_switch()->default_value(false),
+                "also time the first path's step with its threads pinned one to a CPU (the "
+                "last --threads of this process's CPUs, as ucp-train --pin-threads)")(
                 "torch", po::bool_switch()->default_value(false),
                 "also run tools/bench_torch_adam.py (torch AdamW) on the same sizes");
           },

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "offload/model/model.h"
+#include "ucp-cli/bench/cpu_info.h"
 #include "ucp-cli/command.h"
 #include "ucp/api/checkpoint.h"
 #include "ucp/base/status_macros.h"
@@ -26,15 +27,6 @@
 
 namespace ucp::cli {
 namespace {
-
-std::string CpuName() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
 
 double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -84,7 +76,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   const double flops = offload::ModelStepFlops(c, table, batch, seq);
   io.out << "model " << model << ": " << table.total << " parameters, " << batch << " x " << seq
          << " tokens, " << flops / 1e12 << " TFLOP per forward + backward\n";
-  io.out << "cpu: " << CpuName() << ", " << threads << " threads\n";
+  io.out << "cpu: " << CpuDescription() << ", " << threads << " threads\n";
 
   std::vector<float> w(static_cast<size_t>(table.total));
   std::mt19937 rng(3);

@@ -26,6 +26,7 @@
 #ifdef UCP_BENCH_HAVE_CUDA_TRAIN
 #include "offload/cuda/cuda_train_device.h"
 #endif
+#include "ucp-cli/bench/cpu_info.h"
 #include "ucp-cli/command.h"
 #include "ucp/api/checkpoint.h"
 #include "ucp/exec/executor.h"
@@ -39,23 +40,6 @@ namespace ucp::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-// "model name" and the SIMD flags that matter, from /proc/cpuinfo.
-std::string CpuDescription() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line, name = "unknown CPU", flags;
-  while (std::getline(f, line)) {
-    if (name == "unknown CPU" && line.rfind("model name", 0) == 0) {
-      name = line.substr(line.find(':') + 2);
-    }
-    if (flags.empty() && line.rfind("flags", 0) == 0) flags = line;
-  }
-  std::string simd;
-  for (const char* fl : {"avx2", "fma", "avx512f", "avx512_bf16", "amx_tile"}) {
-    if (flags.find(std::string(" ") + fl) != std::string::npos) simd += std::string(" ") + fl;
-  }
-  return name + " (" + (simd.empty() ? " no AVX2" : simd) + " )";
-}
 
 // Where a step's time went (StepRecord::Phases), in ms.
 std::string PhaseLine(const offload::StepRecord& r, bool on_device) {
@@ -280,6 +264,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.gpu_attention = vm["gpu-attention"].as<std::string>();
   r.recompute = vm["recompute"].as<std::string>();
   r.gpu_tail_buckets = vm["gpu-tail-buckets"].as<int>();
+  r.adam_threads = vm["adam-threads"].as<int>();
+  r.pin_threads = vm["pin-threads"].as<bool>();
   r.finish_under_forward = !vm["sync-finish"].as<bool>();
   r.speculate = !vm["no-speculation"].as<bool>();
   r.weights = vm["weights"].as<std::string>();
@@ -563,7 +549,7 @@ Command MakeTrainBench() {
                "[--micro-batch 0] [--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
                "[--gpu-gemm auto|fp32] [--gpu-attention gemm|flash] [--gpu-tail-buckets N] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
-               "[--host-memory SIZE]] [--recompute none|all|auto|N] [--clip 1]",
+               "[--host-memory SIZE]] [--recompute none|all|auto|N] [--adam-threads N] [--pin-threads] [--clip 1]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
@@ -610,6 +596,11 @@ Command MakeTrainBench() {
                 "activation checkpointing (ucp-train --recompute): none, all, the first N "
                 "layers, or auto (the fewest that fit); MFU still counts model FLOPs only, so "
                 "the rerun forward lowers it")(
+                "adam-threads", po::value<int>()->default_value(0),
+                "--pipeline overlap: the CPU Adam's threads (ucp-train --adam-threads; 0: the "
+                "default split)")(
+                "pin-threads", po::bool_switch()->default_value(false),
+                "pin the CPU Adam's threads one to a CPU (ucp-train --pin-threads)")(
                 "no-speculation", po::bool_switch()->default_value(false),
                 "--pipeline overlap: no speculative steps (each bucket's Adam after validation; "
                 "no snapshots)")(

@@ -134,6 +134,13 @@ int main(int argc, char** argv) {
      "the last buckets of backward (first layers, embeddings) stepped on the device: overlap "
      "on the CPU, or --device cuda|twin (a device Adam on device-resident fp32 masters; one "
      "process)")
+    ("adam-threads", po::value(&r.adam_threads)->default_value(0),
+     "--pipeline overlap: the CPU Adam's threads of --threads (0: half where the model runs on "
+     "this CPU, all but 2 beside a GPU, all but 3 with several processes)")
+    ("pin-threads", po::bool_switch(&r.pin_threads),
+     "pin the CPU Adam's threads one to a CPU: the last of this process's CPUs, leaving the first "
+     "to the threads that launch, copy and communicate (Linux; with several processes on a host "
+     "bind each to CPUs of its own, or it is refused). The same bits")
     ("no-speculation", po::bool_switch(&no_spec),
      "--pipeline overlap: no speculative steps during backward; each bucket's Adam waits for "
      "validation (no snapshots: 12 B/parameter less host memory; on a device it runs under the "

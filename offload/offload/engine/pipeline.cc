@@ -480,7 +480,9 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
     }
   }
   p.num_cpu = nb - options.gpu_tail_buckets;
-  UCP_ASSIGN_OR_RETURN(CpuAdam adam, CpuAdam::Create(options.adam, options.adam_threads),
+  UCP_ASSIGN_OR_RETURN(CpuAdam adam,
+                       CpuAdam::Create(options.adam, options.adam_threads, BestSimdPath(),
+                                       options.adam_cpus),
                        "pipeline adam");
   p.adam.emplace(std::move(adam));
   try {
@@ -522,6 +524,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& option
 }
 
 const std::vector<Bucket>& Pipeline::buckets() const { return impl_->buckets; }
+int Pipeline::adam_threads() const { return impl_->adam->num_threads(); }
+const std::vector<int>& Pipeline::adam_cpus() const { return impl_->adam->cpus(); }
 PipelineStats Pipeline::last_stats() const { return impl_->stats; }
 
 int64_t Pipeline::host_staging_bytes() const {

@@ -79,6 +79,7 @@ struct PipelineMemory {
 struct PipelineOptions {
   AdamConfig adam;
   int adam_threads = 1;       ///< the CPU Adam's worker pool
+  std::vector<int> adam_cpus;  ///< pins the pool (CpuAdam::Create's cpus); empty: not pinned
   int gpu_tail_buckets = 0;   ///< the buckets backward completes last that stay on the device
   /// The tail buckets are stepped by the caller (a device Adam on device-resident state), after
   /// Finish: their gradients still cross (the caller's global norm reads them; this needs the
@@ -154,6 +155,9 @@ class Pipeline {
   ~Pipeline();
 
   const std::vector<Bucket>& buckets() const;
+  /// The CPU Adam's pool: its threads and the CPUs it is pinned to (empty: not pinned).
+  int adam_threads() const;
+  const std::vector<int>& adam_cpus() const;
 
   /// Starts a step: its 1-based optimizer step number, learning rate, and the gradient multiplier
   /// known before backward (1 / loss_scale). Waits for a finish in flight (StartFinish) first.

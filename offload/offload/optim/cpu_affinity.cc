@@ -12,6 +12,8 @@ namespace ucp::offload {
 
 #if defined(__linux__)
 
+static_assert(CPU_SETSIZE == kMaxCpus);
+
 Result<std::vector<int>> ThisThreadCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -54,6 +56,13 @@ Status SetThisThreadCpus(std::span<const int>) {
 }
 
 #endif
+
+std::vector<int> AdamCpus(std::span<const int> allowed, int adam_threads) {
+  if (adam_threads >= static_cast<int>(allowed.size())) {
+    return std::vector<int>(allowed.begin(), allowed.end());
+  }
+  return std::vector<int>(allowed.end() - adam_threads, allowed.end());
+}
 
 std::string CpuListString(std::span<const int> cpus) {
   std::string s;

@@ -102,6 +102,7 @@ class CpuTwinDevice final : public TrainDevice {
     v_ = master_;
   }
 
+  bool ComputesOnHost() const override { return true; }
   std::string Describe() const override {
     // As the CUDA device's Describe: the host buffers it would pin (page_vector.h).
     int pinnable = 0, buffers = 0;
@@ -368,6 +369,7 @@ class CpuTwinStreamedDevice final : public TrainDevice, public WeightWindows {
     grads_.assign(n, 0.0f);
   }
 
+  bool ComputesOnHost() const override { return true; }
   std::string Describe() const override {
     return "twin (the CPU standing in for a device), weights streamed: the embeddings, the head "
            "and 2 layer windows on the device (" + std::to_string(device_bytes()) + " bytes)";

@@ -235,6 +235,9 @@ class TrainDevice {
   virtual ~TrainDevice() = default;
   /// One line: the device's name and memory.
   virtual std::string Describe() const = 0;
+  /// Whether the model's forward and backward compute on this host's cores (the CPU twin), so
+  /// an overlapped CPU Adam shares them with backward (DefaultAdamThreads); a GPU's do not.
+  virtual bool ComputesOnHost() const { return false; }
   /// The host's training-dtype weights (TrainDeviceSpec::h_weights16 or h_weights32) are new:
   /// copy them to the device (and widen them there into the compute copy).
   virtual Status UploadWeights() = 0;

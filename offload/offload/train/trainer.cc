@@ -40,6 +40,7 @@
 #include "offload/engine/pipeline.h"
 #include "offload/model/model.h"
 #include "offload/optim/cpu_adam.h"
+#include "offload/optim/cpu_affinity.h"
 #include "offload/train/grad_norm.h"
 #include "offload/train/page_vector.h"
 #include "ucp/api/checkpoint.h"
@@ -311,6 +312,9 @@ struct Trainer::Impl {
   std::vector<float> flat;                        // blocks * block_size scratch (stages 1-3)
   std::map<std::string, int64_t> state_offset;    // rank tensor name -> offset in the block
   std::optional<CpuAdam> adam;
+  // --pin-threads: this process's CPUs (ascending) at start-up; empty: nothing pinned.
+  std::vector<int> own_cpus;
+  Status SetUpAdamThreads();  // checks adam_threads; --pin-threads: own_cpus, the ranks' pins
   std::unique_ptr<TraceRecorder> trace;  // --trace (before the pipeline, which points at it)
   // --pipeline overlap of one process on a device: the gradient norm's chunk sums (the same
   // chunks and function as after backward, so the same bits) start as soon as a chunk's last
@@ -1693,6 +1697,60 @@ Status Trainer::Impl::PlanBucketReduce() {
 
 // --pipeline overlap: one bucket per grad group of the model (a layer, the head, the
 // embeddings), in backward order, each the pieces of its parameters in this rank's block.
+Status Trainer::Impl::SetUpAdamThreads() {
+  if (opts.adam_threads < 0 || opts.adam_threads > threads) {
+    return InvalidArgumentError("--adam-threads " + std::to_string(opts.adam_threads) +
+                                ": must be in [1, " + std::to_string(threads) +
+                                "] (the run's threads), or 0 for the default split");
+  }
+  if (opts.adam_threads > 0 && opts.pipeline != "overlap") {
+    return InvalidArgumentError("--adam-threads " + std::to_string(opts.adam_threads) +
+                                ": it sizes the overlapped pipeline's CPU Adam; --pipeline " +
+                                opts.pipeline + " steps the optimizer after backward on all " +
+                                std::to_string(threads) + " threads");
+  }
+  if (opts.pin_threads) {
+    UCP_ASSIGN_OR_RETURN(own_cpus, ThisThreadCpus(), "--pin-threads");
+  }
+  if (world == 1) return Status::Ok();
+  // Every process (pinning or not) shows the others its host and the CPUs it pins, so that two
+  // processes of one host pinning the same CPUs fail together at start-up instead of sharing
+  // cores for the whole run.
+  constexpr int kWords = kMaxCpus / 64;
+  std::vector<int64_t> table(static_cast<size_t>(world) * (1 + kWords), 0);
+  int64_t* mine = table.data() + static_cast<size_t>(rank) * (1 + kWords);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  mine[0] = static_cast<int64_t>(std::hash<std::string>{}(host) >> 2) + 1;
+  const std::vector<int> pins =
+      own_cpus.empty() ? std::vector<int>() : AdamCpus(own_cpus, threads);
+  for (const int c : pins) {
+    mine[1 + c / 64] |= static_cast<int64_t>(uint64_t{1} << (c % 64));
+  }
+  UCP_RETURN_IF_ERROR(comm->AllReduce(std::span<int64_t>(table), ReduceOp::kSum),
+                      "--pin-threads: the processes' CPUs");
+  for (int a = 0; a < world; ++a) {
+    for (int b = a + 1; b < world; ++b) {
+      const int64_t* ra = table.data() + static_cast<size_t>(a) * (1 + kWords);
+      const int64_t* rb = table.data() + static_cast<size_t>(b) * (1 + kWords);
+      if (ra[0] != rb[0]) continue;
+      std::vector<int> shared;
+      for (int c = 0; c < kWords * 64; ++c) {
+        const int64_t bit = static_cast<int64_t>(uint64_t{1} << (c % 64));
+        if ((ra[1 + c / 64] & bit) != 0 && (rb[1 + c / 64] & bit) != 0) shared.push_back(c);
+      }
+      if (!shared.empty()) {
+        return FailedPreconditionError(
+            "--pin-threads: processes " + std::to_string(a) + " and " + std::to_string(b) +
+            " share host " + host + " and would pin the CPU Adam to the same CPUs (" +
+            CpuListString(shared) + "): bind each process to CPUs of its own (mpirun --bind-to "
+            "core --map-by slot:PE=N, or taskset), or leave --pin-threads off");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   if (opts.pipeline == "sync") {
     if (!opts.trace.empty()) return InvalidArgumentError("--trace needs --pipeline overlap");
@@ -1723,7 +1781,11 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   if (world > 1) UCP_RETURN_IF_ERROR(PlanBucketReduce());
   PipelineOptions po;
   po.adam = ac;
-  po.adam_threads = std::max(1, threads / 2);
+  po.adam_threads = opts.adam_threads > 0
+                        ? opts.adam_threads
+                        : DefaultAdamThreads(threads, device == nullptr || device->ComputesOnHost(),
+                                             world);
+  if (!own_cpus.empty()) po.adam_cpus = AdamCpus(own_cpus, po.adam_threads);
   po.gpu_tail_buckets = opts.gpu_tail_buckets;
   po.speculate = opts.speculate;
   // On a device the tail buckets' state is the device's (TrainDevice::StepDevicePieces).
@@ -2247,7 +2309,12 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   ac.eps = static_cast<float>(c.eps);
   ac.weight_decay = static_cast<float>(c.weight_decay);
   ac.decoupled = true;
-  UCP_ASSIGN_OR_RETURN(CpuAdam adam, CpuAdam::Create(ac, t.threads), "optimizer");
+  UCP_RETURN_IF_ERROR(t.SetUpAdamThreads());
+  UCP_ASSIGN_OR_RETURN(CpuAdam adam,
+                       CpuAdam::Create(ac, t.threads, BestSimdPath(),
+                                       t.own_cpus.empty() ? std::vector<int>()
+                                                          : AdamCpus(t.own_cpus, t.threads)),
+                       "optimizer");
   t.adam.emplace(std::move(adam));
   UCP_RETURN_IF_ERROR(t.SetUpDevice(ac));
   UCP_RETURN_IF_ERROR(t.SetUpPipeline(ac));  // over the device's memory, when there is one
@@ -2324,12 +2391,20 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
 std::string Trainer::Describe() const {
   const Impl& t = *impl_;
   const ModelConfig& mc = t.net->config();
+  const std::vector<int>& adam_cpus = t.pipeline != nullptr ? t.pipeline->adam_cpus()
+                                                            : t.adam->cpus();
   std::ostringstream os;
   os << "model " << t.spec.name << " (" << t.spec.family << ", " << t.net->num_params()
      << " parameters, " << mc.layers << " layers, hidden " << mc.hidden << ", " << mc.heads
      << " heads / " << mc.kv_heads << " kv, vocab " << mc.vocab << " padded to "
      << mc.padded_vocab << "), training dtype " << DTypeName(t.dtype) << ", layout "
-     << layout::ToString(t.layout) << ", " << t.threads << " threads\n"
+     << layout::ToString(t.layout) << ", " << t.threads << " threads"
+     << (t.pipeline != nullptr
+             ? " (the overlapped CPU Adam on " + std::to_string(t.pipeline->adam_threads()) + ")"
+             : std::string())
+     << (adam_cpus.empty() ? std::string()
+                           : ", the CPU Adam pinned to CPUs " + CpuListString(adam_cpus))
+     << "\n"
      << (t.device != nullptr ? "device " + t.device->Describe() + "\n" : std::string())
      << (t.staged() ? "host buffers staged: windows of " + std::to_string(t.host_window) +
                           " elements (the host holds the optimizer state)\n"
@@ -2862,6 +2937,11 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> Trainer::StateForTes
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;
+}
+
+int DefaultAdamThreads(int threads, bool model_on_host, int processes) {
+  if (model_on_host) return std::max(1, threads / 2);
+  return std::max(1, threads - (processes > 1 ? 3 : 2));
 }
 
 }  // namespace ucp::offload

@@ -88,6 +88,14 @@ struct RunOptions {
   /// communicator call). Not with --deterministic.
   std::string pipeline = "sync";
   int gpu_tail_buckets = 0;      ///< overlap, one process: buckets stepped on the device
+  /// --pipeline overlap: the CPU Adam's threads, of `threads` (0: DefaultAdamThreads). With
+  /// --pipeline sync the Adam runs after backward on all `threads`. The same bits either way.
+  int adam_threads = 0;
+  /// Pins the CPU Adam's threads one to a CPU (CpuAdam's `cpus`, Linux): the last of this
+  /// process's own CPUs (cpu_affinity.h AdamCpus), so the first stay for the threads that
+  /// launch, copy and communicate. With several processes on a host each must be bound to CPUs of its own
+  /// (mpirun --bind-to, taskset): overlapping pins are refused at start-up. Not recorded.
+  bool pin_threads = false;
   /// --pipeline overlap on a device, one process, bf16: validation's per-bucket work (the clip
   /// corrections) and the weights' trip device-ward run under the next step's forward, which
   /// waits for each grad group's weights just before it reads them (pipeline.h StartFinish);
@@ -150,6 +158,13 @@ struct RunOptions {
   /// elements; two windows of each buffer, 384 MiB in all).
   int64_t host_window = 0;
 };
+
+/// The overlapped CPU Adam's threads when RunOptions::adam_threads is 0: half of `threads`
+/// where the model computes on this host (the CPU engine, the twin: backward needs the other
+/// half), else all but the threads a GPU run keeps busy beside it (the one launching the
+/// model's kernels, the copy stream's, and with several processes the communicator's); at
+/// least 1.
+int DefaultAdamThreads(int threads, bool model_on_host, int processes);
 
 /// One optimizer step's record (also a line of log.jsonl).
 struct StepRecord {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "offload/comm/communicator.h"
+#include "offload/optim/cpu_affinity.h"
 #include "offload/train/trainer.h"
 #include "tests/testutil/status_matchers.h"
 #include "ucp/base/check.h"
@@ -333,6 +334,51 @@ TEST(RecomputeMpi, AutoAgreesAcrossTheSpGroup) {
                               [](RunOptions& o) { o.recompute = "3"; });
   EXPECT_THAT(twin.describe, HasSubstr("the first 3 of 4 layers recomputed"));
   ExpectSameSteps(kept, twin);
+}
+
+// --pin-threads with several processes on one host. Unbound (as this script runs them), every
+// process would pin its CPU Adam to the same CPUs: refused at start-up on every process, naming
+// two of them. Bound to CPUs of their own (each process restricts itself to one CPU first, as
+// mpirun --bind-to core would), the pins are accepted where the host has a CPU per process, and
+// the overlapped run is bitwise the unpinned one; with more processes than CPUs two share one,
+// and that is refused again.
+TEST(PinMpi, OverlappingPinsAreRefusedOwnCpusTrainBitwise) {
+  const int P = World().size();
+  const int rank = World().rank();
+  const TrainConfig c = Config({"gpt-tiny", "bf16", 1, 1, 1.0}, Text());
+  const fs::path dir = Work() / "pin";
+  UCP_ASSERT_OK_AND_ASSIGN(const std::vector<int> own, ThisThreadCpus());
+  // The script runs the processes unbound: each may use every CPU of the host.
+  std::vector<int64_t> span = {own.front(), -own.front(), static_cast<int64_t>(own.size()),
+                               -static_cast<int64_t>(own.size())};
+  UCP_ASSERT_OK(World().AllReduce(std::span<int64_t>(span), ReduceOp::kMax));
+  ASSERT_TRUE(span[0] == -span[1] && span[2] == -span[3]) << "the processes are bound";
+  RunOptions r;
+  r.out = dir / "shared";
+  r.threads = 1;
+  r.pipeline = "overlap";
+  r.pin_threads = true;
+  r.comm = &World();
+  EXPECT_THAT(Trainer::Create(c, r).status(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("processes 0 and 1 share host")));
+
+  const TrainRun free = Train(c, dir / "free", "overlap");
+  const int n = static_cast<int>(own.size());
+  const int cpu = own[static_cast<size_t>(rank % n)];
+  UCP_ASSERT_OK(SetThisThreadCpus(std::span<const int>(&cpu, 1)));
+  if (P <= n) {
+    const TrainRun pinned = Train(c, dir / "own", "overlap", {}, "cpu",
+                                  [](RunOptions& o) { o.pin_threads = true; });
+    EXPECT_THAT(pinned.describe, HasSubstr("the CPU Adam pinned to CPUs " + std::to_string(cpu)));
+    ExpectSameSteps(free, pinned);
+  } else {
+    r.out = dir / "crowded";
+    EXPECT_THAT(Trainer::Create(c, r).status(),
+                StatusIs(StatusCode::kFailedPrecondition,
+                         HasSubstr("processes 0 and " + std::to_string(n) + " share host")));
+  }
+  UCP_ASSERT_OK(SetThisThreadCpus(own));
 }
 
 // A staged run's checkpoint at dp=P (each rank's state from its block, the weights from its

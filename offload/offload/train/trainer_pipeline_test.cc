@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "offload/engine/trace.h"
+#include "offload/optim/cpu_affinity.h"
 #include "offload/train/trainer.h"
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
@@ -58,16 +60,21 @@ struct TrainRun {
   std::vector<std::pair<std::string, std::vector<std::byte>>> state;
 };
 
-TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pipeline, int tail = 0) {
+// `adjust`: changes to the options beyond those; `describe`: set to Trainer::Describe.
+TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pipeline, int tail = 0,
+               const std::function<void(RunOptions&)>& adjust = {},
+               std::string* describe = nullptr) {
   RunOptions r;
   r.out = out;
   r.threads = 2;
   r.pipeline = pipeline;
   r.gpu_tail_buckets = tail;
+  if (adjust) adjust(r);
   TrainRun run;
   auto t = Trainer::Create(c, r);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   if (!t.ok()) return run;
+  if (describe != nullptr) *describe = t->Describe();
   while (t->step() < c.steps) {
     auto rec = t->Step();
     EXPECT_TRUE(rec.ok()) << rec.status().ToString();
@@ -163,7 +170,7 @@ TEST(OverlapTest, Fp16OverflowSkipsAndRestoresLikeSync) {
   EXPECT_LT(skipped, 50);
 }
 
-TEST(OverlapTest, RefusesUnknownPipelineAndTraceWithoutOverlap) {
+TEST(OverlapTest, RefusesBadPipelineOptions) {
   ucp::testing::TempDir tmp;
   TrainConfig c = Small("gpt-tiny", "bf16", WriteText(tmp.path()));
   RunOptions r;
@@ -181,6 +188,66 @@ TEST(OverlapTest, RefusesUnknownPipelineAndTraceWithoutOverlap) {
   r.gpu_tail_buckets = 99;
   EXPECT_THAT(Trainer::Create(c, r).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("gpu_tail_buckets")));
+  r.gpu_tail_buckets = 0;
+  for (int bad : {2, -1}) {  // the pool is some of the run's 1 thread
+    r.adam_threads = bad;
+    EXPECT_THAT(Trainer::Create(c, r).status(),
+                StatusIs(StatusCode::kInvalidArgument,
+                         HasSubstr("--adam-threads " + std::to_string(bad) +
+                                   ": must be in [1, 1]")));
+  }
+  r.pipeline = "sync";
+  r.adam_threads = 1;
+  EXPECT_THAT(Trainer::Create(c, r).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("--pipeline sync steps the optimizer after backward on all 1")));
+}
+
+// Where the CPU Adam runs (--adam-threads, --pin-threads) does not change what it computes: an
+// overlapped run with its pool pinned, and a synchronous one with its optimizer pinned, are
+// bitwise the unpinned sync run, and Describe says where the Adam ran.
+TEST(OverlapTest, AdamThreadsAndPinningKeepTheBits) {
+  ucp::testing::TempDir tmp;
+  TrainConfig c = Small("llama-tiny", "bf16", WriteText(tmp.path()));
+  c.clip_grad = 1e-3;  // every bucket corrected: the pool also runs the corrections
+  const TrainRun sync = Train(c, tmp.path() / "sync", "sync");
+  UCP_ASSERT_OK_AND_ASSIGN(const std::vector<int> own, ThisThreadCpus());
+  struct Way {
+    std::string pipeline;
+    int adam_threads;
+    std::string describe;
+  };
+  const std::string last = std::to_string(own.back());
+  for (const Way& w : {Way{"overlap", 2, "(the overlapped CPU Adam on 2)"},
+                       Way{"overlap", 1, "(the overlapped CPU Adam on 1), the CPU Adam pinned "
+                                         "to CPUs " + last + "\n"},
+                       Way{"sync", 0, "2 threads, the CPU Adam pinned to CPUs " +
+                                          CpuListString(AdamCpus(own, 2)) + "\n"}}) {
+    std::string describe;
+    const TrainRun run = Train(c, tmp.path() / (w.pipeline + std::to_string(w.adam_threads)),
+                               w.pipeline, 0, [&](RunOptions& r) {
+                                 r.adam_threads = w.adam_threads;
+                                 r.pin_threads = w.describe.find("pinned") != std::string::npos;
+                               }, &describe);
+    EXPECT_THAT(describe, HasSubstr(w.describe));
+    ExpectSame(sync, run);
+  }
+  UCP_ASSERT_OK_AND_ASSIGN(const std::vector<int> after, ThisThreadCpus());
+  EXPECT_EQ(after, own);
+}
+
+// The default split: half beside a model computing on this CPU; beside a GPU all but the
+// launching and copying threads (and the communicator's with several processes). The pins: the
+// last CPUs of the process's, all of them in turn where there are fewer.
+TEST(OverlapTest, DefaultAdamThreadsAndTheirCpus) {
+  EXPECT_EQ(DefaultAdamThreads(16, true, 1), 8);
+  EXPECT_EQ(DefaultAdamThreads(16, false, 1), 14);
+  EXPECT_EQ(DefaultAdamThreads(16, false, 4), 13);
+  EXPECT_EQ(DefaultAdamThreads(2, false, 1), 1);
+  EXPECT_EQ(DefaultAdamThreads(1, true, 1), 1);
+  EXPECT_EQ(AdamCpus(std::vector<int>{0, 1, 2, 3, 4, 5}, 4), (std::vector<int>{2, 3, 4, 5}));
+  EXPECT_EQ(AdamCpus(std::vector<int>{4, 5, 9}, 1), (std::vector<int>{9}));
+  EXPECT_EQ(AdamCpus(std::vector<int>{0, 1}, 3), (std::vector<int>{0, 1}));
 }
 
 // A GPT of 8 layers, hidden 256: per-layer backward and per-bucket Adam are long enough (ms) for
