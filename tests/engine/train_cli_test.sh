@@ -61,7 +61,7 @@ if [ -x "$bin/ucp-bench" ]; then
   # ucp-bench train's device flow (what `--device cuda` prints on the H200: the device, the
   # overlapped step, the optimizer-on-the-device ratio) through the CPU twin.
   expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
-    --device twin --pipeline overlap --gpu-optimizer
+    --device twin --pipeline overlap --gpu-optimizer --speculation always
   grep -q "^device twin" "$work/out.txt" || fail "ucp-bench train --device twin: $(cat "$work/out.txt")"
   grep -q "optimizer on the twin device .*offloaded step / GPU step = " "$work/out.txt" ||
     fail "ucp-bench train --gpu-optimizer on the twin: $(cat "$work/out.txt")"
@@ -71,16 +71,22 @@ if [ -x "$bin/ucp-bench" ]; then
     fail "ucp-bench train: the phase lines: $(cat "$work/out.txt")"
   grep -Eq "phases of the best step \(ms\): forward\+backward\+gradients to the host [0-9.]+ \([0-9.]+ waiting for the last step's finish\) \| reduce\+norm" "$work/out.txt" ||
     fail "ucp-bench train: the overlapped phase line: $(cat "$work/out.txt")"
-  grep -q "clipped in [01] of 1 timed steps (--clip 1; each clipped step corrects" "$work/out.txt" ||
+  grep -q "clipped in [01] of 1 timed steps (--clip 1; a clipped step corrects every speculative bucket)" "$work/out.txt" ||
     fail "ucp-bench train: the clipped count: $(cat "$work/out.txt")"
   # What validation did: every bucket stepped during backward, then committed or corrected.
   grep -Eq "overlap of the best step: [1-9][0-9]* buckets stepped during backward, [0-9]+ committed, [0-9]+ corrected, 0 undone" "$work/out.txt" ||
     fail "ucp-bench train: the overlap line: $(cat "$work/out.txt")"
-  # Without speculation every bucket is held for validation, none stepped during backward.
-  expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
-    --device twin --pipeline overlap --no-speculation
-  grep -Eq "overlap of the best step: 0 buckets stepped during backward, 0 committed, 0 corrected, 0 undone, 6 held for validation" "$work/out.txt" ||
-    fail "ucp-bench train --no-speculation: $(cat "$work/out.txt")"
+  # Without speculation every bucket is held for validation, none stepped during backward; so
+  # with the default (auto) after a clipped step (--clip 1e-9: the warm-up step is clipped).
+  for how in "--speculation off" "--clip 1e-9"; do
+    # shellcheck disable=SC2086
+    expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
+      --device twin --pipeline overlap $how
+    grep -Eq "overlap of the best step: 0 buckets stepped during backward, 0 committed, 0 corrected, 0 undone, 6 held for validation" "$work/out.txt" ||
+      fail "ucp-bench train $how: $(cat "$work/out.txt")"
+  done
+  grep -q "(--clip 1e-09; a clipped step corrects every speculative bucket, and the step after it holds its buckets for validation)" "$work/out.txt" ||
+    fail "ucp-bench train --clip 1e-9: the clipped line: $(cat "$work/out.txt")"
   # Some tail grad groups on the device Adam, overlapped (the step the GPU run times at 3B).
   expect_exit 0 "$bin/ucp-bench" train --model llama-tiny --seq-len 16 --batch 2 --steps 1 \
     --device twin --pipeline overlap --gpu-tail-buckets 2

@@ -178,12 +178,18 @@ ok_or_fail
 show bench_train_1b_staged 12
 # The same step with --pipeline overlap: each bucket's gradient to the host and its CPU Adam
 # during backward (the ratio to the line above is what the overlap hides). At clip 1 every step
-# of this random-token run is clipped, so every speculative bucket is corrected after backward
-# (the worst case); --clip 0 times the common case, where validation commits.
+# of this random-token run is clipped, so with the default --speculation auto each step after
+# the first holds its buckets for validation (their Adam under the next forward), where
+# --speculation always steps them during backward and corrects every one after it (the worst
+# case, the next line); --clip 0 times the common case, where validation commits.
 step bench_train_1b_overlap 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" --steps 2 \
   --pipeline overlap
 ok_or_fail
 show bench_train_1b_overlap 20
+step bench_train_1b_overlap_always 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" \
+  --steps 2 --pipeline overlap --speculation always
+ok_or_fail
+show bench_train_1b_overlap_always 12
 # The same clipped step finished before the next begins (--sync-finish): the line above runs the
 # corrections and the weights' return under the next step's forward; the ratio is what that hides.
 step bench_train_1b_overlap_syncfinish 80 "${train[@]}" --model "$PWD/tests/gpu/llama-1b.json" \
@@ -225,7 +231,7 @@ show bench_train_3b 20
 # The same clipped 3B step overlapped without speculation (no snapshots, the sync path's host
 # memory): the gradients and the norm during backward, the Adam under the next forward.
 step bench_train_3b_nospec 100 "${train[@]}" --model llama-3b --steps 1 --pipeline overlap \
-  --no-speculation
+  --speculation off
 show bench_train_3b_nospec 20
 step bench_train_3b_overlap_noclip 100 "${train[@]}" --model llama-3b --steps 1 \
   --pipeline overlap --clip 0

@@ -267,7 +267,7 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.adam_threads = vm["adam-threads"].as<int>();
   r.pin_threads = vm["pin-threads"].as<bool>();
   r.finish_under_forward = !vm["sync-finish"].as<bool>();
-  r.speculate = !vm["no-speculation"].as<bool>();
+  r.speculation = vm["speculation"].as<std::string>();
   r.weights = vm["weights"].as<std::string>();
   r.host_buffers = vm["host-buffers"].as<std::string>();
   r.device_memory = device_memory;
@@ -424,14 +424,18 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   std::ostringstream clip;  // as given (1, 0.5), not in the fixed format of the figures
   clip << c.clip_grad;
   os << "  clipped in " << clipped << " of " << steps << " timed steps (--clip " << clip.str()
-     << (pipeline == "overlap" && r.speculate
-             ? "; each clipped step corrects every speculative bucket)\n"
+     << (pipeline == "overlap" && r.speculation != "off"
+             ? "; a clipped step corrects every speculative bucket" +
+                   std::string(r.speculation == "auto"
+                                   ? ", and the step after it holds its buckets for validation"
+                                   : "") +
+                   ")\n"
              : ")\n");
   if (pipeline == "overlap") {
     const auto& o = best_rec.overlap;
     os << "  overlap of the best step: " << o.speculated << " buckets stepped during backward, "
        << o.committed << " committed, " << o.corrected << " corrected, " << o.rolled_back
-       << " undone, " << o.held << " held for validation (no speculation); "
+       << " undone, " << o.held << " held for validation (not speculated); "
        // The trainer decides where the finish runs; a step that waited for the last one's
        // finish shows it ran under forward.
        << (best_rec.phases.finish_wait > 0
@@ -549,7 +553,7 @@ Command MakeTrainBench() {
                "[--micro-batch 0] [--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
                "[--gpu-gemm auto|fp32] [--gpu-attention gemm|flash] [--gpu-tail-buckets N] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
-               "[--host-memory SIZE]] [--recompute none|all|auto|N] [--adam-threads N] [--pin-threads] [--clip 1]",
+               "[--host-memory SIZE]] [--recompute none|all|auto|N] [--speculation auto|always|off] [--adam-threads N] [--pin-threads] [--clip 1]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),
@@ -601,9 +605,9 @@ Command MakeTrainBench() {
                 "default split)")(
                 "pin-threads", po::bool_switch()->default_value(false),
                 "pin the CPU Adam's threads one to a CPU (ucp-train --pin-threads)")(
-                "no-speculation", po::bool_switch()->default_value(false),
-                "--pipeline overlap: no speculative steps (each bucket's Adam after validation; "
-                "no snapshots)")(
+                "speculation", po::value<std::string>()->default_value("auto"),
+                "--pipeline overlap: auto (speculative steps except after a clipped step), "
+                "always, or off (ucp-train --speculation)")(
                 "weights", po::value<std::string>()->default_value("auto"),
                 "--device cuda|twin: resident or streamed weights (auto: the memory plan's "
                 "choice for the GPU's memory; resident on the twin); "

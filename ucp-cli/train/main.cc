@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   RunOptions r;
   std::string out, resume, init, data_dir, corpus_dir, tokenize, tokens_out;
   std::string device_memory, host_memory;
-  bool quiet = false, sync_save = false, plan = false, sync_finish = false, no_spec = false;
+  bool quiet = false, sync_save = false, plan = false, sync_finish = false;
   int64_t kill_at = -1;
   int kill_rank = -1;
   po::options_description run("run definition (recorded in checkpoints)");
@@ -141,10 +141,11 @@ int main(int argc, char** argv) {
      "pin the CPU Adam's threads one to a CPU: the last of this process's CPUs, leaving the first "
      "to the threads that launch, copy and communicate (Linux; with several processes on a host "
      "bind each to CPUs of its own, or it is refused). The same bits")
-    ("no-speculation", po::bool_switch(&no_spec),
-     "--pipeline overlap: no speculative steps during backward; each bucket's Adam waits for "
-     "validation (no snapshots: 12 B/parameter less host memory; on a device it runs under the "
-     "next step's forward). The same bits")
+    ("speculation", po::value(&r.speculation)->default_value("auto"),
+     "--pipeline overlap: auto (each bucket's Adam stepped speculatively during backward, except "
+     "in a step after a clipped one, whose buckets wait for validation), always, or off (no "
+     "speculative steps and no snapshots: 12 B/parameter less host memory; on a device the Adam "
+     "runs under the next step's forward). The same bits")
     ("sync-finish", po::bool_switch(&sync_finish),
      "--pipeline overlap on a device (one process, bf16): finish each step (the clip "
      "corrections, the weights to the device) before the next begins, instead of under the next "
@@ -267,7 +268,6 @@ int main(int argc, char** argv) {
   r.corpus_dir = corpus_dir;
   r.async_save = !sync_save;
   r.finish_under_forward = !sync_finish;
-  r.speculate = !no_spec;
   r.init = init;
   if (!resume.empty()) {
     r.resume = resume;

@@ -192,7 +192,7 @@ TEST_P(CudaTailTest, OverlapIsBitwiseTheSyncPath) {
     c.clip_grad = clip;
     UCP_ASSERT_OK_AND_ASSIGN(Trainer sync, Trainer::Create(c, Opts(tmp.path() / "s", true)));
     RunOptions o = Opts(tmp.path() / "o", true, tail, "overlap");
-    o.speculate = k.speculate;
+    o.speculation = k.speculate ? "always" : "off";
     o.trace = tmp.path() / "trace.json";
     UCP_ASSERT_OK_AND_ASSIGN(Trainer ov, Trainer::Create(c, o));
     std::vector<double> la, lb, na, nb;

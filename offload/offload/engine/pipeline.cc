@@ -92,6 +92,7 @@ struct Pipeline::Impl {
   bool in_step = false;
   int64_t step = 0;
   float spec_scale = 1.0f;
+  bool speculate = false;  // this step's buckets are stepped during backward (Begin)
   std::vector<Fate> fate;
   std::vector<char> handed, finite;
   int num_handed = 0, cpu_handed = 0, copy_handed = 0;
@@ -192,7 +193,7 @@ struct Pipeline::Impl {
     std::vector<AdamSnapshot> snaps;
     for (;;) {
       int k;
-      bool ok;
+      bool ok, spec;
       {
         std::unique_lock<std::mutex> lock(mu);
         cv.wait(lock, [&] { return stop || !adam_q.empty() || !fin_q.empty(); });
@@ -207,10 +208,11 @@ struct Pipeline::Impl {
         k = adam_q.front();
         adam_q.pop_front();
         ok = finite[k];
+        spec = speculate;
       }
       Status st;
-      Fate f = ok && !opt.speculate ? Fate::kHeld : Fate::kDeferred;
-      if (ok && opt.speculate) {
+      Fate f = ok && !spec ? Fate::kHeld : Fate::kDeferred;
+      if (ok && spec) {
         // Speculative: the pre-step state saved in the same pass, 1/loss_scale folded in.
         const auto t0 = Clock::now();
         Spans(k, false, spans, snaps);
@@ -535,7 +537,7 @@ int64_t Pipeline::host_staging_bytes() const {
                               (p.h_grad16.size() + p.h_out.size()) * sizeof(uint16_t));
 }
 
-Status Pipeline::Begin(int64_t step, float lr, float speculative_grad_scale) {
+Status Pipeline::Begin(int64_t step, float lr, float speculative_grad_scale, bool speculate) {
   Impl& p = *impl_;
   UCP_RETURN_IF_ERROR(WaitFinished(), "the previous step's finish");
   if (p.in_step) return FailedPreconditionError("pipeline: step " + std::to_string(p.step) +
@@ -545,6 +547,7 @@ Status Pipeline::Begin(int64_t step, float lr, float speculative_grad_scale) {
   p.in_step = true;
   p.step = step;
   p.spec_scale = speculative_grad_scale;
+  p.speculate = speculate && p.opt.speculate;
   std::fill(p.fate.begin(), p.fate.end(), Fate::kPending);
   std::fill(p.handed.begin(), p.handed.end(), 0);
   p.num_handed = p.cpu_handed = p.copy_handed = p.done = p.copied = 0;

@@ -116,7 +116,7 @@ struct PipelineStats {
   int rolled_back = 0;  ///< speculative steps undone (overflow)
   int deferred = 0;     ///< buckets with a non-finite (or fp16-overflowing) gradient: not stepped
   int device = 0;       ///< tail buckets stepped on the device after validation
-  int held = 0;         ///< not speculated (PipelineOptions::speculate off): stepped after it
+  int held = 0;  ///< not speculated (speculation off, or not this step): stepped after it
 };
 
 /// The data movement of the stages. Each call handles one bucket and returns when it is done (on
@@ -160,9 +160,12 @@ class Pipeline {
   const std::vector<int>& adam_cpus() const;
 
   /// Starts a step: its 1-based optimizer step number, learning rate, and the gradient multiplier
-  /// known before backward (1 / loss_scale). Waits for a finish in flight (StartFinish) first.
+  /// known before backward (1 / loss_scale). `speculate` false: this step's buckets are held
+  /// for validation as without PipelineOptions::speculate (the same bits; a caller that expects
+  /// the step to be clipped saves the speculative pass and its correction). Waits for a finish
+  /// in flight (StartFinish) first.
   /// Errors: kFailedPrecondition (a step in flight), kInvalidArgument (lr), that finish's.
-  Status Begin(int64_t step, float lr, float speculative_grad_scale);
+  Status Begin(int64_t step, float lr, float speculative_grad_scale, bool speculate = true);
   /// Bucket k's gradient is complete on the device: hand it to the copy stream. Non-blocking.
   void BucketReady(int k);
   /// A BackwardHook that calls BucketReady for grad group k (buckets built one per grad group)

@@ -159,6 +159,37 @@ TEST(Pipeline, WithoutSpeculationValidationStepsEveryBucketWithTheSameBits) {
   }
 }
 
+// Speculation chosen step by step (Begin's `speculate`, what the trainer's --speculation auto
+// decides): a held step and speculative steps, committed and corrected, in one run of the same
+// pipeline give the direct steps' bits.
+TEST(Pipeline, SpeculationDecidedPerStepKeepsTheBits) {
+  const float spec = 1.0f / 1024.0f, clipped = static_cast<float>(0.3 / 1024.0);
+  World w(37), direct(37);
+  PipelineOptions o;
+  o.adam = World::Config();
+  o.adam_threads = 2;
+  auto p = Pipeline::Create(o, w.buckets, w.Memory(), CpuPipelineBackend());
+  UCP_ASSERT_OK(p.status());
+  struct Step {
+    int64_t step;
+    bool speculate;
+    float scale;
+  };
+  for (const Step& k : {Step{1, true, clipped}, Step{2, false, clipped}, Step{3, false, spec},
+                        Step{4, true, spec}}) {
+    const int64_t step = k.step;
+    UCP_ASSERT_OK((*p)->Begin(step, 1e-3f, spec, k.speculate));
+    for (int b = 0; b < 3; ++b) (*p)->BucketReady(b);
+    UCP_ASSERT_OK((*p)->Finish({false, k.scale}));
+    direct.DirectStep(step, 1e-3f, k.scale);
+    const PipelineStats s = (*p)->last_stats();
+    EXPECT_EQ(s.held, k.speculate ? 0 : 3) << "step " << step;
+    EXPECT_EQ(s.speculated, k.speculate ? 3 : 0) << "step " << step;
+    EXPECT_EQ(s.corrected, k.speculate && k.scale != spec ? 3 : 0) << "step " << step;
+  }
+  EXPECT_TRUE(w.SameState(direct));
+}
+
 TEST(Pipeline, OverflowUndoesEveryBitAndANonFiniteBucketIsNeverStepped) {
   World w(7);
   auto p = Make(w, 0);

@@ -84,7 +84,7 @@ std::pair<TrainConfig, RunOptions> TinyRun(const fs::path& dir, const std::strin
   o.pipeline = pipeline == "overlap-nospec" || pipeline == "overlap-tail" ? "overlap"
                : pipeline.rfind("staged", 0) == 0 ? "sync" : pipeline;
   if (pipeline == "overlap-tail") o.gpu_tail_buckets = 2;
-  o.speculate = pipeline != "overlap-nospec";
+  o.speculation = pipeline == "overlap-nospec" ? "off" : "auto";
   if (pipeline.rfind("staged", 0) == 0) {
     o.host_buffers = "staged";
     o.host_window = pipeline == "staged" ? int64_t{1} << 16 : 0;

@@ -336,6 +336,13 @@ struct Trainer::Impl {
   // CompleteFinish before anything else reads the weights, waits for it).
   bool finish_under_forward = false;
   bool finish_pending = false;
+  // The last step was clipped: with --speculation auto the next one holds its buckets for
+  // validation (clipping persists over steps, and a clipped speculative bucket costs a second
+  // pass, its correction).
+  bool last_clipped = false;
+  bool SpeculateNow() const {
+    return opts.speculation == "always" || (opts.speculation == "auto" && !last_clipped);
+  }
   Status CompleteFinish() {
     if (!finish_pending) return Status::Ok();
     finish_pending = false;
@@ -1752,6 +1759,10 @@ Status Trainer::Impl::SetUpAdamThreads() {
 }
 
 Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
+  if (opts.speculation != "auto" && opts.speculation != "always" && opts.speculation != "off") {
+    return InvalidArgumentError("--speculation " + opts.speculation +
+                                ": must be auto, always or off");
+  }
   if (opts.pipeline == "sync") {
     if (!opts.trace.empty()) return InvalidArgumentError("--trace needs --pipeline overlap");
     return Status::Ok();
@@ -1787,7 +1798,7 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
                                              world);
   if (!own_cpus.empty()) po.adam_cpus = AdamCpus(own_cpus, po.adam_threads);
   po.gpu_tail_buckets = opts.gpu_tail_buckets;
-  po.speculate = opts.speculate;
+  po.speculate = opts.speculation != "off";
   // On a device the tail buckets' state is the device's (TrainDevice::StepDevicePieces).
   po.tail_stepped_by_caller = device != nullptr;
   // fp16 keeps the synchronous finish: its device weights come from the host's fp32 copy,
@@ -2101,7 +2112,7 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   in.zero_stage = l.zero_stage;
   in.threads = threads;
   in.overlap = opts.pipeline == "overlap";
-  in.speculate = opts.speculate;
+  in.speculate = opts.speculation != "off";
   in.async_save = opts.async_save;
   in.weights = ParseWeightChoice(opts.weights).value_or(WeightChoice::kAuto);  // (checked above)
   // The twin's model is the CPU's: its GEMMs read fp32, so its device holds the whole copy.
@@ -2480,7 +2491,7 @@ Result<StepRecord> Trainer::Step() {
     const bool pending = t.finish_pending;
     if (!pending) {
       if (t.early_norm != nullptr) t.EarlyNormBegin();
-      UCP_RETURN_IF_ERROR(t.pipeline->Begin(opt_step, step_lr, spec_scale));
+      UCP_RETURN_IF_ERROR(t.pipeline->Begin(opt_step, step_lr, spec_scale, t.SpeculateNow()));
     }
     if (t.world > 1) {
       // Buckets reduced over the ranks during backward (the worker/funnel split).
@@ -2526,7 +2537,7 @@ Result<StepRecord> Trainer::Step() {
         auto on_begin = std::move(hook.on_backward_begin);
         auto on_done = std::move(hook.on_group_done);
         hook.on_backward_begin = [&, on_begin] {
-          begun = waited.ok() ? t.pipeline->Begin(opt_step, step_lr, spec_scale) : waited;
+          begun = waited.ok() ? t.pipeline->Begin(opt_step, step_lr, spec_scale, t.SpeculateNow()) : waited;
           if (begun.ok()) t.finish_pending = false;  // every group waited for and widened
           if (begun.ok() && t.early_norm != nullptr) t.EarlyNormBegin();
           if (begun.ok() && on_begin) on_begin();
@@ -2690,13 +2701,13 @@ Result<StepRecord> Trainer::Step() {
     rec.skipped = true;
     t.skipped_steps += 1;
     if (t.pipeline != nullptr) UCP_RETURN_IF_ERROR(t.pipeline->Finish({true, 1.0f}));
+    t.last_clipped = false;  // an overflow says nothing of the next step's norm
   } else if (t.pipeline != nullptr) {
     // Validation of the overlapped step: commit, or correct every speculative bucket in one fused
     // pass with the multiplier the synchronous path applies below (bitwise its step).
     double coef = 1.0 / rec.loss_scale;
-    if (t.cfg.clip_grad > 0 && rec.grad_norm > t.cfg.clip_grad) {
-      coef *= t.cfg.clip_grad / (rec.grad_norm + 1e-6);
-    }
+    t.last_clipped = t.cfg.clip_grad > 0 && rec.grad_norm > t.cfg.clip_grad;
+    if (t.last_clipped) coef *= t.cfg.clip_grad / (rec.grad_norm + 1e-6);
     t.optimizer_steps += 1;
     if (t.finish_under_forward) {
       UCP_RETURN_IF_ERROR(t.pipeline->StartFinish({false, static_cast<float>(coef)}),

@@ -101,11 +101,14 @@ struct RunOptions {
   /// waits for each grad group's weights just before it reads them (pipeline.h StartFinish);
   /// the same bits either way. false: all of it before Step returns.
   bool finish_under_forward = true;
-  /// --pipeline overlap: step each bucket speculatively during backward (true), or leave every
-  /// bucket's Adam to validation (false: no speculation snapshots, 12 B per state element less
-  /// host memory; the gradients still cross and the norm still sums during backward, and on a
-  /// device the Adam runs under the next step's forward). The same bits either way.
-  bool speculate = true;
+  /// --pipeline overlap: whether each bucket's Adam is stepped speculatively during backward.
+  /// "auto": on every step but those after a clipped step (a step that is clipped again would
+  /// take the speculative pass and then its correction: twice the host's Adam traffic for one
+  /// step); "always": every step; "off": never (every bucket's Adam waits for validation; no
+  /// speculation snapshots, 12 B per state element less host memory; the gradients still cross
+  /// and the norm still sums during backward, and on a device the Adam runs under the next
+  /// step's forward). The same bits every way, so not recorded.
+  std::string speculation = "auto";
   std::filesystem::path trace;   ///< overlap: a Chrome trace of the first 3 steps (root writes)
   /// Where forward and backward run (device.h): "cpu" (the CPU model on host buffers), "cuda"
   /// (device_factory's device; the CLI sets it where the CUDA engine is built) or "twin" (the

@@ -69,6 +69,7 @@ TrainRun Train(const TrainConfig& c, const fs::path& out, const std::string& pip
   r.threads = 2;
   r.pipeline = pipeline;
   r.gpu_tail_buckets = tail;
+  r.speculation = "always";  // every step speculates: the clipped ones correct every bucket
   if (adjust) adjust(r);
   TrainRun run;
   auto t = Trainer::Create(c, r);
@@ -196,11 +197,44 @@ TEST(OverlapTest, RefusesBadPipelineOptions) {
                          HasSubstr("--adam-threads " + std::to_string(bad) +
                                    ": must be in [1, 1]")));
   }
+  r.adam_threads = 0;
+  r.speculation = "sometimes";
+  EXPECT_THAT(Trainer::Create(c, r).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("--speculation sometimes: must be auto, always or off")));
+  r.speculation = "auto";
   r.pipeline = "sync";
   r.adam_threads = 1;
   EXPECT_THAT(Trainer::Create(c, r).status(),
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("--pipeline sync steps the optimizer after backward on all 1")));
+}
+
+// --speculation auto (the default): a step after a clipped one holds its buckets for validation
+// (no speculative pass to correct), every other step speculates, the first too; bitwise the sync
+// path, whose norms say which steps were clipped. llama-tiny at clip 2 clips some steps.
+TEST(OverlapTest, AutoSpeculationHoldsTheStepAfterAClippedOne) {
+  ucp::testing::TempDir tmp;
+  TrainConfig c = Small("llama-tiny", "bf16", WriteText(tmp.path()));
+  c.clip_grad = 2.0;
+  c.steps = 8;
+  const TrainRun sync = Train(c, tmp.path() / "sync", "sync");
+  const TrainRun run = Train(c, tmp.path() / "auto", "overlap", 0,
+                             [](RunOptions& r) { r.speculation = "auto"; });
+  ExpectSame(sync, run);
+  ASSERT_EQ(run.records.size(), 8u);
+  int held = 0, speculated = 0;
+  for (size_t i = 0; i < run.records.size(); ++i) {
+    const bool after_clipped = i > 0 && sync.records[i - 1].grad_norm > c.clip_grad;
+    const bool clipped = sync.records[i].grad_norm > c.clip_grad;
+    const PipelineStats& o = run.records[i].overlap;
+    EXPECT_EQ(o.held, after_clipped ? 6 : 0) << "step " << i + 1;  // llama-tiny: 6 buckets
+    EXPECT_EQ(o.speculated, after_clipped ? 0 : 6) << "step " << i + 1;
+    EXPECT_EQ(o.corrected, !after_clipped && clipped ? 6 : 0) << "step " << i + 1;
+    (after_clipped ? held : speculated) += i > 0;
+  }
+  EXPECT_GT(held, 0);
+  EXPECT_GT(speculated, 0);
 }
 
 // Where the CPU Adam runs (--adam-threads, --pin-threads) does not change what it computes: an
@@ -275,6 +309,7 @@ TEST_P(OverlapTrace, ShowsAdamOverlappingBackward) {
   r.out = tmp.path() / "run";
   r.threads = 2;
   r.pipeline = "overlap";
+  r.speculation = "always";  // every step's buckets under backward (random tokens clip)
   r.device = GetParam();
   r.trace = tmp.path() / "trace.json";
   UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, r));
