@@ -553,7 +553,8 @@ Command MakeTrainBench() {
                "[--micro-batch 0] [--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
                "[--gpu-gemm auto|fp32] [--gpu-attention gemm|flash] [--gpu-tail-buckets N] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
-               "[--host-memory SIZE]] [--recompute none|all|auto|N] [--speculation auto|always|off] [--adam-threads N] [--pin-threads] [--clip 1]",
+               "[--host-memory SIZE]] [--recompute none|all|auto|N] "
+               "[--speculation auto|always|off] [--adam-threads N] [--pin-threads] [--clip 1]",
       .add_options =
           [](po::options_description& o, po::positional_options_description&) {
             o.add_options()("model", po::value<std::string>()->default_value("gpt2-small"),

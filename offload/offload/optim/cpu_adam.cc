@@ -171,7 +171,8 @@ Result<std::vector<std::vector<int>>> CpuAdam::TaskCpus(int tasks) {
     return InvalidArgumentError("cpu adam: TaskCpus of " + std::to_string(tasks) + " tasks");
   }
   std::vector<Result<std::vector<int>>> seen(static_cast<size_t>(tasks), std::vector<int>());
-  UCP_RETURN_IF_ERROR(impl_->ParallelFor(seen.size(), [&](size_t i) { seen[i] = ThisThreadCpus(); }));
+  UCP_RETURN_IF_ERROR(
+      impl_->ParallelFor(seen.size(), [&](size_t i) { seen[i] = ThisThreadCpus(); }));
   std::vector<std::vector<int>> out;
   for (Result<std::vector<int>>& r : seen) {
     UCP_RETURN_IF_ERROR(r.status());

@@ -1702,8 +1702,7 @@ Status Trainer::Impl::PlanBucketReduce() {
   return Status::Ok();
 }
 
-// --pipeline overlap: one bucket per grad group of the model (a layer, the head, the
-// embeddings), in backward order, each the pieces of its parameters in this rank's block.
+// RunOptions::adam_threads and pin_threads (docs/adr/0015-the-cpu-adams-cores.md).
 Status Trainer::Impl::SetUpAdamThreads() {
   if (opts.adam_threads < 0 || opts.adam_threads > threads) {
     return InvalidArgumentError("--adam-threads " + std::to_string(opts.adam_threads) +
@@ -1727,8 +1726,10 @@ Status Trainer::Impl::SetUpAdamThreads() {
   std::vector<int64_t> table(static_cast<size_t>(world) * (1 + kWords), 0);
   int64_t* mine = table.data() + static_cast<size_t>(rank) * (1 + kWords);
   char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  mine[0] = static_cast<int64_t>(std::hash<std::string>{}(host) >> 2) + 1;
+  // A host without a name is its own (negative ids, one per process): nothing to compare.
+  mine[0] = gethostname(host, sizeof(host) - 1) == 0
+                ? static_cast<int64_t>(std::hash<std::string>{}(host) >> 2) + 1
+                : -1 - rank;
   const std::vector<int> pins =
       own_cpus.empty() ? std::vector<int>() : AdamCpus(own_cpus, threads);
   for (const int c : pins) {
@@ -1758,6 +1759,8 @@ Status Trainer::Impl::SetUpAdamThreads() {
   return Status::Ok();
 }
 
+// --pipeline overlap: one bucket per grad group of the model (a layer, the head, the
+// embeddings), in backward order, each the pieces of its parameters in this rank's block.
 Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
   if (opts.speculation != "auto" && opts.speculation != "always" && opts.speculation != "off") {
     return InvalidArgumentError("--speculation " + opts.speculation +
@@ -2537,7 +2540,9 @@ Result<StepRecord> Trainer::Step() {
         auto on_begin = std::move(hook.on_backward_begin);
         auto on_done = std::move(hook.on_group_done);
         hook.on_backward_begin = [&, on_begin] {
-          begun = waited.ok() ? t.pipeline->Begin(opt_step, step_lr, spec_scale, t.SpeculateNow()) : waited;
+          begun = waited.ok()
+                      ? t.pipeline->Begin(opt_step, step_lr, spec_scale, t.SpeculateNow())
+                      : waited;
           if (begun.ok()) t.finish_pending = false;  // every group waited for and widened
           if (begun.ok() && t.early_norm != nullptr) t.EarlyNormBegin();
           if (begun.ok() && on_begin) on_begin();

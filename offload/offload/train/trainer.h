@@ -93,8 +93,9 @@ struct RunOptions {
   int adam_threads = 0;
   /// Pins the CPU Adam's threads one to a CPU (CpuAdam's `cpus`, Linux): the last of this
   /// process's own CPUs (cpu_affinity.h AdamCpus), so the first stay for the threads that
-  /// launch, copy and communicate. With several processes on a host each must be bound to CPUs of its own
-  /// (mpirun --bind-to, taskset): overlapping pins are refused at start-up. Not recorded.
+  /// launch, copy and communicate. With several processes on a host each must be bound to
+  /// CPUs of its own (mpirun --bind-to, taskset): overlapping pins are refused at start-up.
+  /// Not recorded.
   bool pin_threads = false;
   /// --pipeline overlap on a device, one process, bf16: validation's per-bucket work (the clip
   /// corrections) and the weights' trip device-ward run under the next step's forward, which
