@@ -397,9 +397,11 @@ Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hi
                         : "; host side does NOT fit (" + Bytes(plan.host_total) + " of " +
                               Bytes(machine.host_bytes) + staged_note + ")";
     // Where the host side does not fit: what would make it, cheapest first. Foreground saves
-    // drop the save's staging copy (the step waits for the write); staged host buffers drop the
-    // host's copies of the weights and gradients (bf16 on a device: 6 B/parameter; they cross
-    // window by window).
+    // drop the save's staging copy (the step waits for the write); an overlapped run without
+    // speculation drops the snapshots (12 B per state element; its Adam then runs after the
+    // norm, under the next forward); staged host buffers drop the host's copies of the weights
+    // and gradients (bf16 on a device: 6 B/parameter; they cross window by window; --pipeline
+    // sync only).
     if (!plan.host_fits) {
       const int64_t save_row = rows[static_cast<size_t>(MemClass::kSaveStaging)].host_bytes;
       const bool can_stage = hw == 0 && bf16 && (world == 1 || blocks > 1) &&
@@ -417,6 +419,9 @@ Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hi
       };
       const Option options[] = {
           {save_row > 0, plan.host_total - save_row, "--sync-save"},
+          {snapshots > 0, plan.host_total - snapshots, "--speculation off"},
+          {save_row > 0 && snapshots > 0, plan.host_total - save_row - snapshots,
+           "--sync-save --speculation off"},
           {can_stage, plan.host_total - staged_saving, "--host-buffers staged"},
           {save_row > 0 && can_stage, plan.host_total - save_row - staged_saving,
            "--sync-save --host-buffers staged"}};

@@ -384,6 +384,38 @@ TEST(PlanHostBuffers, StagedKeepsWindowsAndTheVerdictSaysWhenItFits) {
   EXPECT_FALSE(small.device_fits);
 }
 
+// An overlapped run whose host side does not fit: without speculation it drops the snapshots
+// (12 B per state element), before staging, which the overlapped pipeline does not run; with
+// background saves, foreground ones come first, then both.
+TEST(PlanHostBuffers, AnOverlappedRunFitsWithoutSpeculation) {
+  PlanInput in = Input(1);
+  in.overlap = true;
+  in.async_save = false;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan spec, PlanMemory(in, PlanMachine{}));
+  in.speculate = false;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan off, PlanMemory(in, PlanMachine{}));
+  EXPECT_EQ(spec.host_total - off.host_total, spec.params * 12);  // one block at dp=1
+  in.speculate = true;
+  PlanMachine m;
+  m.host_bytes = off.host_total;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tight, PlanMemory(in, m));
+  EXPECT_FALSE(tight.host_fits);
+  EXPECT_THAT(tight.verdict, HasSubstr("(it fits with --speculation off: "));
+  EXPECT_THAT(tight.verdict, ::testing::Not(HasSubstr("--host-buffers staged")));
+  m.host_bytes = off.host_total - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan tighter, PlanMemory(in, m));
+  EXPECT_THAT(tighter.verdict, HasSubstr("(not even with --speculation off: "));
+  in.async_save = true;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan saving, PlanMemory(in, PlanMachine{}));
+  const int64_t save_row = saving.rows[static_cast<size_t>(MemClass::kSaveStaging)].host_bytes;
+  m.host_bytes = saving.host_total - 1;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan sync_fits, PlanMemory(in, m));
+  EXPECT_THAT(sync_fits.verdict, HasSubstr("(it fits with --sync-save: "));
+  m.host_bytes = saving.host_total - save_row - 1;  // the snapshots must go too
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan both, PlanMemory(in, m));
+  EXPECT_THAT(both.verdict, HasSubstr("(it fits with --sync-save --speculation off: "));
+}
+
 // The GPU column's activations are the CUDA model's: its activations (the CPU model's buffers)
 // and its scratch, sized by gpu_sizes.h (what CudaModel::Create allocates with). The GEMM
 // attention holds at least one KV group of T x T pass buffers, however long the sequence.
