@@ -115,7 +115,9 @@ std::string RecomputeOption(Recompute r, int64_t layers) {
 // searches for those plan without hints).
 Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hints);
 
-Result<Recompute> Choose(PlanInput in, const PlanMachine& machine, bool device) {
+}  // namespace
+
+Result<Recompute> ChooseRecompute(PlanInput in, const PlanMachine& machine, bool device) {
   if ((device ? machine.device_bytes : machine.host_bytes) <= 0) return Recompute::None();
   auto fits = [&](int64_t r) -> Result<bool> {
     in.recompute = Recompute{r};
@@ -145,12 +147,6 @@ Result<Recompute> Choose(PlanInput in, const PlanMachine& machine, bool device) 
     (f ? hi : lo) = mid;
   }
   return hi == L ? Recompute::All() : Recompute{hi};
-}
-
-}  // namespace
-
-Result<Recompute> ChooseRecompute(PlanInput input, const PlanMachine& machine, bool device) {
-  return Choose(std::move(input), machine, device);
 }
 
 Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
@@ -372,7 +368,7 @@ Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hi
     // Recomputing layers is the one switch that keeps the run's shape: say how many fit.
     if (hints && in.recompute.Of(in.config.layers) < in.config.layers) {
       PlanInput with = in;
-      UCP_ASSIGN_OR_RETURN(with.recompute, Choose(in, machine, true));
+      UCP_ASSIGN_OR_RETURN(with.recompute, ChooseRecompute(in, machine, true));
       UCP_ASSIGN_OR_RETURN(const MemoryPlan rc, Plan(with, machine, false));
       const std::string option = RecomputeOption(with.recompute, in.config.layers);
       v += rc.device_fits ? ", or recompute layers (" + option + ": it fits, " +
@@ -443,7 +439,7 @@ Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hi
                        : "; the CPU engine does NOT fit (" + Bytes(plan.cpu_total) + ")";
     if (!plan.cpu_fits && hints && in.recompute.Of(in.config.layers) < in.config.layers) {
       PlanInput with = in;
-      UCP_ASSIGN_OR_RETURN(with.recompute, Choose(in, machine, false));
+      UCP_ASSIGN_OR_RETURN(with.recompute, ChooseRecompute(in, machine, false));
       UCP_ASSIGN_OR_RETURN(const MemoryPlan rc, Plan(with, machine, false));
       v += std::string(rc.cpu_fits ? " (it fits with " : " (not even with ") +
            RecomputeOption(with.recompute, in.config.layers) + ": " + Bytes(rc.cpu_total) + ")";

@@ -249,19 +249,21 @@ TEST(OverlapTest, AdamThreadsAndPinningKeepTheBits) {
   struct Way {
     std::string pipeline;
     int adam_threads;
+    bool pin;
     std::string describe;
   };
   const std::string last = std::to_string(own.back());
-  for (const Way& w : {Way{"overlap", 2, "(the overlapped CPU Adam on 2)"},
-                       Way{"overlap", 1, "(the overlapped CPU Adam on 1), the CPU Adam pinned "
-                                         "to CPUs " + last + "\n"},
-                       Way{"sync", 0, "2 threads, the CPU Adam pinned to CPUs " +
-                                          CpuListString(AdamCpus(own, 2)) + "\n"}}) {
+  for (const Way& w :
+       {Way{"overlap", 2, false, "(the overlapped CPU Adam on 2)"},
+        Way{"overlap", 1, true, "(the overlapped CPU Adam on 1), the CPU Adam pinned to CPUs " +
+                                    last + "\n"},
+        Way{"sync", 0, true, "2 threads, the CPU Adam pinned to CPUs " +
+                                 CpuListString(AdamCpus(own, 2)) + "\n"}}) {
     std::string describe;
     const TrainRun run = Train(c, tmp.path() / (w.pipeline + std::to_string(w.adam_threads)),
                                w.pipeline, 0, [&](RunOptions& r) {
                                  r.adam_threads = w.adam_threads;
-                                 r.pin_threads = w.describe.find("pinned") != std::string::npos;
+                                 r.pin_threads = w.pin;
                                }, &describe);
     EXPECT_THAT(describe, HasSubstr(w.describe));
     ExpectSame(sync, run);
