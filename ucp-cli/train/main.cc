@@ -179,7 +179,8 @@ int main(int argc, char** argv) {
      "more compute for a fraction of the activation memory; the same bits")
     ("trace", po::value(&r.trace), "overlap: write a Chrome trace (Perfetto) of the first 3 steps")
     ("threads", po::value(&r.threads)->default_value(0),
-     "threads per process (0: all cores; on --resume, the run's recorded count, so that the "
+     "threads per process (0: the CPUs this process may run on, e.g. its share under mpirun "
+     "--bind-to; on --resume, the run's recorded count, so that the "
      "resumed steps repeat the same bits)")
     ("data-dir", po::value(&data_dir), "rule sets and presets (default: $UCP_DATA_DIR or the "
                                        "source tree's patterns/)")

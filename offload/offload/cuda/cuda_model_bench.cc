@@ -28,13 +28,13 @@
 #include <fstream>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_model.h"
 #include "offload/model/model.h"
+#include "offload/optim/cpu_affinity.h"
 #include "ucp/tensor/float_bits.h"
 
 namespace {
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   c.ffn_hidden = 5632, c.vocab = 32000;
   c.tied_embeddings = false;
   int64_t batch = 4, seq = 1024;
-  int steps = 3, threads = static_cast<int>(std::thread::hardware_concurrency());
+  int steps = 3, threads = DefaultThreads();
   bool cpu_check = false, profile = false;
   std::string gemm = "both", attention = "gemm", recompute = "none";
   for (int i = 1; i < argc; ++i) {

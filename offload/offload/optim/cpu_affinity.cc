@@ -5,8 +5,10 @@
 #include <sched.h>
 #endif
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace ucp::offload {
 
@@ -56,6 +58,15 @@ Status SetThisThreadCpus(std::span<const int>) {
 }
 
 #endif
+
+int DefaultThreads() {
+  // The mask, not hardware_concurrency(): processes bound to a share of the machine would
+  // otherwise each start pools as wide as it, oversubscribing their cores.
+  if (Result<std::vector<int>> cpus = ThisThreadCpus(); cpus.ok() && !cpus->empty()) {
+    return static_cast<int>(cpus->size());
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
 
 std::vector<int> AdamCpus(std::span<const int> allowed, int adam_threads) {
   if (adam_threads >= static_cast<int>(allowed.size())) {

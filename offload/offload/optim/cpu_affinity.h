@@ -19,6 +19,11 @@ inline constexpr int kMaxCpus = 1024;
 /// mpirun's or taskset's binding set). Errors: kInternal (the system call), kUnimplemented.
 Result<std::vector<int>> ThisThreadCpus();
 
+/// How many threads a run starts when none are asked for: the CPUs the calling thread may run
+/// on (under `mpirun --bind-to core` or taskset, the process's share, not the machine), else
+/// std::thread::hardware_concurrency(); at least 1.
+int DefaultThreads();
+
 /// Restricts the calling thread to `cpus`. Errors: kInvalidArgument (empty, an id outside
 /// [0, kMaxCpus), or none of them allowed to this process), kUnimplemented.
 Status SetThisThreadCpus(std::span<const int> cpus);

@@ -2043,7 +2043,7 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   t.cfg = config;
   t.threads = opts.threads > 0    ? opts.threads
               : config.threads > 0 ? config.threads
-                                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+                                   : DefaultThreads();
   t.cfg.threads = t.threads;
   t.data_dir = opts.data_dir.empty() ? api::UcpDataDir() : opts.data_dir;
   if (!opts.resume.empty() && !opts.init.empty()) {
@@ -2195,7 +2195,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   t.opts = opts;
   t.threads = opts.threads > 0    ? opts.threads
               : config.threads > 0 ? config.threads
-                                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+                                   : DefaultThreads();
   t.cfg.threads = t.threads;
   t.data_dir = opts.data_dir.empty() ? api::UcpDataDir() : opts.data_dir;
   if (opts.out.empty()) return InvalidArgumentError("--out: a run folder is needed");

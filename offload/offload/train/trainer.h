@@ -74,7 +74,7 @@ struct RunOptions {
   std::filesystem::path resume;  ///< a run folder or checkpoint to continue (its config wins)
   std::filesystem::path init;    ///< any checkpoint ucp reads: weights to start from (step 0)
   bool async_save = true;
-  int threads = 0;  ///< 0: the config's (a resumed run's recorded count), else all cores
+  int threads = 0;  ///< 0: the config's (a resumed run's recorded count), else DefaultThreads()
   std::filesystem::path data_dir;
   std::filesystem::path corpus_dir;  ///< where fortune text is read (tests point elsewhere)
   /// The processes training together, one per rank of the layout (dp x sp); null: this process

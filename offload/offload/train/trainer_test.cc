@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/optim/cpu_affinity.h"
 #include "tests/testutil/status_matchers.h"
 #include "tests/testutil/temp_dir.h"
 #include "ucp/api/checkpoint.h"
@@ -271,6 +272,43 @@ TEST(TrainerTest, LearnsAndRefusesBadInput) {
   bad = c;
   bad.model = "no-such-model";
   EXPECT_FALSE(Trainer::Create(bad, Opts(tmp.path() / "w")).ok());
+}
+
+// --threads 0 starts as many threads as the process may use CPUs (under mpirun --bind-to core
+// or taskset a share of the machine), not hardware_concurrency(): processes bound to a core
+// each would otherwise run pools as wide as the machine on it. The count is the run's, recorded.
+TEST(TrainerTest, DefaultThreadsAreTheProcessCpus) {
+  UCP_ASSERT_OK_AND_ASSIGN(const std::vector<int> own, ThisThreadCpus());
+  ucp::testing::TempDir tmp;
+  const fs::path text = WriteText(tmp.path());
+  TrainConfig c = SmallConfig("llama-tiny", text);
+  c.steps = 1;
+  RunOptions r = Opts(tmp.path() / "all");
+  r.threads = 0;
+  {
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, r));
+    EXPECT_THAT(t.Describe(), HasSubstr(", " + std::to_string(own.size()) + " threads"));
+  }
+  // Bound to one CPU, as `mpirun --bind-to core` binds a process (the trainer reads the mask
+  // of the thread that creates it; a process's threads inherit it).
+  UCP_ASSERT_OK(SetThisThreadCpus(std::vector<int>{own.front()}));
+  EXPECT_EQ(DefaultThreads(), 1);
+  r.out = tmp.path() / "bound";
+  Result<Trainer> bound = Trainer::Create(c, r);
+  std::string described;
+  if (bound.ok()) {
+    described = bound->Describe();
+    EXPECT_TRUE(bound->Step().ok());
+    EXPECT_TRUE(bound->Save().ok());
+    EXPECT_TRUE(bound->Wait().ok());
+  }
+  UCP_ASSERT_OK(SetThisThreadCpus(own));  // (before any assertion can return)
+  UCP_ASSERT_OK(bound.status());
+  EXPECT_THAT(described, HasSubstr(", 1 threads"));
+  EXPECT_EQ(DefaultThreads(), static_cast<int>(own.size()));
+  UCP_ASSERT_OK_AND_ASSIGN(TrainConfig rec, Trainer::RecordedConfig(
+                                                tmp.path() / "bound" / "step_00000001", ""));
+  EXPECT_EQ(rec.threads, 1);
 }
 
 }  // namespace
