@@ -2037,13 +2037,30 @@ Status Trainer::Impl::ResolveRun(const RunOptions& run, fs::path& start_ckpt,
   return Status::Ok();
 }
 
+namespace {
+
+// The run's threads per process: --threads, else the recorded count (a resume's), else the
+// CPUs this process may run on.
+Result<int> RunThreads(const TrainConfig& config, const RunOptions& opts) {
+  if (opts.threads < 0) {
+    return InvalidArgumentError("--threads must be >= 0 (0: the run's recorded count, or the "
+                                "CPUs this process may run on), got " +
+                                std::to_string(opts.threads));
+  }
+  if (config.threads < 0) {
+    return InvalidArgumentError("the run's threads (config \"threads\") must be >= 0, got " +
+                                std::to_string(config.threads));
+  }
+  return opts.threads > 0 ? opts.threads : config.threads > 0 ? config.threads : DefaultThreads();
+}
+
+}  // namespace
+
 Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& opts,
                                  const PlanMachine& machine) {
   Impl t;
   t.cfg = config;
-  t.threads = opts.threads > 0    ? opts.threads
-              : config.threads > 0 ? config.threads
-                                   : DefaultThreads();
+  UCP_ASSIGN_OR_RETURN(t.threads, RunThreads(config, opts));
   t.cfg.threads = t.threads;
   t.data_dir = opts.data_dir.empty() ? api::UcpDataDir() : opts.data_dir;
   if (!opts.resume.empty() && !opts.init.empty()) {
@@ -2193,9 +2210,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   Impl& t = *impl;
   t.cfg = config;
   t.opts = opts;
-  t.threads = opts.threads > 0    ? opts.threads
-              : config.threads > 0 ? config.threads
-                                   : DefaultThreads();
+  UCP_ASSIGN_OR_RETURN(t.threads, RunThreads(config, opts));
   t.cfg.threads = t.threads;
   t.data_dir = opts.data_dir.empty() ? api::UcpDataDir() : opts.data_dir;
   if (opts.out.empty()) return InvalidArgumentError("--out: a run folder is needed");

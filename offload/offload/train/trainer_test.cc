@@ -272,6 +272,16 @@ TEST(TrainerTest, LearnsAndRefusesBadInput) {
   bad = c;
   bad.model = "no-such-model";
   EXPECT_FALSE(Trainer::Create(bad, Opts(tmp.path() / "w")).ok());
+  RunOptions negative = Opts(tmp.path() / "v");
+  negative.threads = -1;
+  EXPECT_THAT(Trainer::Create(c, negative).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--threads must be >= 0")));
+  EXPECT_THAT(Trainer::Plan(c, negative, PlanMachine{}).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--threads must be >= 0")));
+  bad = c;
+  bad.threads = -2;
+  EXPECT_THAT(Trainer::Create(bad, Opts(tmp.path() / "u")).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("config \"threads\")")));
 }
 
 // --threads 0 starts as many threads as the process may use CPUs (under mpirun --bind-to core
