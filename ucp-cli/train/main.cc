@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     ("val-every", po::value(&c.val_every)->default_value(c.val_every),
      "held-out loss every N steps (0: at the end only)")
     ("val-samples", po::value(&c.val_samples)->default_value(c.val_samples),
-     "held-out samples per validation")
+     "held-out samples per validation (0: no validation)")
     ("save-every", po::value(&c.save_every)->default_value(0),
      "save every N steps (0: only at the end)")
     ("keep", po::value(&c.keep)->default_value(0), "keep the newest K checkpoints (0: all)");

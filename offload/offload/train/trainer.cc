@@ -2054,6 +2054,45 @@ Result<int> RunThreads(const TrainConfig& config, const RunOptions& opts) {
   return opts.threads > 0 ? opts.threads : config.threads > 0 ? config.threads : DefaultThreads();
 }
 
+// The run's numbers that no later check reads: each refused with its option's name (a recorded
+// config's field is the option's). Nothing here would fail loudly later: a negative loss scale
+// trains with negated gradients, eps 0 divides an unused vocabulary row's 0 by 0.
+Status CheckNumbers(const TrainConfig& c) {
+  const auto finite_at_least = [](double v, double lo) { return std::isfinite(v) && v >= lo; };
+  if (c.global_batch < 1) return InvalidArgumentError("--global-batch must be >= 1");
+  if (c.steps < 0) return InvalidArgumentError("--steps must be >= 0");
+  if (!finite_at_least(c.lr, 0) || !finite_at_least(c.min_lr, 0)) {
+    return InvalidArgumentError("--lr and --min-lr must be finite and >= 0");
+  }
+  if (c.warmup_samples < -1 || c.decay_samples < -1) {
+    return InvalidArgumentError("--warmup-samples and --decay-samples must be >= 0, or -1 for "
+                                "the default (got " + std::to_string(c.warmup_samples) + " and " +
+                                std::to_string(c.decay_samples) + ")");
+  }
+  if (!finite_at_least(c.clip_grad, 0)) {
+    return InvalidArgumentError("--clip-grad must be finite and >= 0");
+  }
+  if (!(std::isfinite(c.eps) && c.eps > 0)) {
+    return InvalidArgumentError("--eps must be finite and > 0 (an element whose gradients have "
+                                "all been 0, an unused vocabulary row, would step by 0 / 0)");
+  }
+  if (!(std::isfinite(c.init_std) && c.init_std > 0)) {
+    return InvalidArgumentError("--init-std must be finite and > 0");
+  }
+  if (!(std::isfinite(c.initial_loss_scale) && c.initial_loss_scale > 0) ||
+      c.loss_scale_window < 1) {
+    return InvalidArgumentError("--loss-scale must be finite and > 0 and --loss-scale-window "
+                                ">= 1 (fp16's dynamic scaler)");
+  }
+  if (c.val_every < 0 || c.val_samples < 0) {
+    return InvalidArgumentError("--val-every and --val-samples must be >= 0");
+  }
+  if (c.keep < 0 || c.save_every < 0) {
+    return InvalidArgumentError("--keep and --save-every must be >= 0");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& opts,
@@ -2066,7 +2105,7 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   if (!opts.resume.empty() && !opts.init.empty()) {
     return InvalidArgumentError("--resume and --init exclude each other");
   }
-  if (t.cfg.global_batch < 1) return InvalidArgumentError("--global-batch must be >= 1");
+  UCP_RETURN_IF_ERROR(CheckNumbers(t.cfg));
   fs::path start_ckpt;
   std::unique_ptr<api::CheckpointSource> start_src;
   ModelConfig mc;
@@ -2231,17 +2270,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
     UCP_ASSIGN_OR_RETURN(t.save_group, mpi::WorldGroup(), "checkpoint process group");
   }
   TrainConfig& c = t.cfg;
-  if (c.global_batch < 1) return InvalidArgumentError("--global-batch must be >= 1");
-  if (c.steps < 0) return InvalidArgumentError("--steps must be >= 0");
-  if (!(c.lr >= 0) || !(c.min_lr >= 0) || !std::isfinite(c.lr) || !std::isfinite(c.min_lr)) {
-    return InvalidArgumentError("--lr and --min-lr must be finite and >= 0");
-  }
-  if (!(c.clip_grad >= 0) || !std::isfinite(c.clip_grad)) {
-    return InvalidArgumentError("--clip-grad must be finite and >= 0");
-  }
-  if (c.keep < 0 || c.save_every < 0) {
-    return InvalidArgumentError("--keep and --save-every must be >= 0");
-  }
+  UCP_RETURN_IF_ERROR(CheckNumbers(c));
 
   fs::path start_ckpt;
   // Opened once: its model, then its tensors and client state (a DeepSpeed folder's open parses
@@ -2840,7 +2869,8 @@ Result<StepRecord> Trainer::Step() {
 }
 
 bool Trainer::can_validate() const {
-  return static_cast<int64_t>(impl_->val_tokens.size()) > impl_->seq_len;
+  return impl_->cfg.val_samples > 0 &&
+         static_cast<int64_t>(impl_->val_tokens.size()) > impl_->seq_len;
 }
 
 Result<double> Trainer::Validate() {

@@ -244,7 +244,8 @@ class Trainer {
 
   /// One optimizer step on the global batch of step() + 1.
   Result<StepRecord> Step();
-  /// Whether the held-out set holds at least one sample of seq_len + 1 tokens.
+  /// Whether validation is asked for (val_samples > 0) and the held-out set holds at least one
+  /// sample of seq_len + 1 tokens.
   bool can_validate() const;
   /// Mean per-token loss over the first val_samples held-out samples.
   /// Errors: kFailedPrecondition when !can_validate().

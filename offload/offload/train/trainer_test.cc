@@ -278,6 +278,34 @@ TEST(TrainerTest, LearnsAndRefusesBadInput) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("--threads must be >= 0")));
   EXPECT_THAT(Trainer::Plan(c, negative, PlanMachine{}).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("--threads must be >= 0")));
+  // Numbers no later step checks: each refused, naming its option.
+  const std::vector<std::pair<void (*)(TrainConfig&), std::string>> numbers = {
+      {[](TrainConfig& b) { b.eps = 0; }, "--eps"},
+      {[](TrainConfig& b) { b.init_std = -0.02; }, "--init-std"},
+      {[](TrainConfig& b) { b.init_std = std::nan(""); }, "--init-std"},
+      {[](TrainConfig& b) { b.initial_loss_scale = -1; }, "--loss-scale"},
+      {[](TrainConfig& b) { b.initial_loss_scale = std::nan(""); }, "--loss-scale"},
+      {[](TrainConfig& b) { b.loss_scale_window = 0; }, "--loss-scale-window"},
+      {[](TrainConfig& b) { b.warmup_samples = -5; }, "--warmup-samples"},
+      {[](TrainConfig& b) { b.decay_samples = -2; }, "--decay-samples"},
+      {[](TrainConfig& b) { b.val_every = -3; }, "--val-every"},
+      {[](TrainConfig& b) { b.val_samples = -1; }, "--val-samples"},
+  };
+  for (const auto& [spoil, option] : numbers) {
+    bad = c;
+    spoil(bad);
+    EXPECT_THAT(Trainer::Create(bad, Opts(tmp.path() / "n")).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr(option)));
+    EXPECT_THAT(Trainer::Plan(bad, Opts(tmp.path() / "n"), PlanMachine{}).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr(option)));
+  }
+  // --val-samples 0 asks for no validation.
+  bad = c;
+  bad.val_samples = 0;
+  {
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer quiet, Trainer::Create(bad, Opts(tmp.path() / "q")));
+    EXPECT_FALSE(quiet.can_validate());
+  }
   bad = c;
   bad.threads = -2;
   EXPECT_THAT(Trainer::Create(bad, Opts(tmp.path() / "u")).status(),
