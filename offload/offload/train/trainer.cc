@@ -1514,9 +1514,22 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   }
   UCP_ASSIGN_OR_RETURN(const WeightChoice weights, ParseWeightChoice(opts.weights));
   if (opts.device == "cpu") {
+    // The device's options do nothing here: refused rather than ignored, so that a command
+    // line meant for a GPU does not quietly time something else.
     if (weights == WeightChoice::kStreamed) {
       return InvalidArgumentError("--weights streamed: the CPU engine has no device to stream "
                                   "to (--device cuda or twin)");
+    }
+    if (opts.gpu_gemm != "auto" || opts.gpu_attention != "gemm") {
+      return InvalidArgumentError(
+          std::string(opts.gpu_gemm != "auto" ? "--gpu-gemm " + opts.gpu_gemm
+                                              : "--gpu-attention " + opts.gpu_attention) +
+          ": the CPU engine runs its own kernels (a GPU's with --device cuda)");
+    }
+    if (opts.gpu_tail_buckets != 0 && opts.pipeline != "overlap") {
+      return InvalidArgumentError("--gpu-tail-buckets " + std::to_string(opts.gpu_tail_buckets) +
+                                  ": the CPU engine keeps tail buckets apart only in its "
+                                  "pipeline (--pipeline overlap), or give --device cuda");
     }
     return Status::Ok();
   }

@@ -208,6 +208,19 @@ TEST(OverlapTest, RefusesBadPipelineOptions) {
   EXPECT_THAT(Trainer::Create(c, r).status(),
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("--pipeline sync steps the optimizer after backward on all 1")));
+  // The device's options on the CPU engine are refused, not ignored.
+  r.adam_threads = 0;
+  r.gpu_tail_buckets = 1;
+  EXPECT_THAT(Trainer::Create(c, r).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--gpu-tail-buckets 1: the CPU")));
+  r.gpu_tail_buckets = 0;
+  r.gpu_attention = "flash";
+  EXPECT_THAT(Trainer::Create(c, r).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--gpu-attention flash: the CPU")));
+  r.gpu_attention = "gemm";
+  r.gpu_gemm = "fp32";
+  EXPECT_THAT(Trainer::Create(c, r).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("--gpu-gemm fp32: the CPU")));
 }
 
 // --speculation auto (the default): a step after a clipped one holds its buckets for validation
