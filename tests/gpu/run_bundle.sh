@@ -145,11 +145,12 @@ step bench_train_3b_64k_flash_recompute 120 "${train[@]:0:6}" --batch 16 --micro
   --threads "$(nproc)" --model llama-3b --steps 1 --pipeline overlap --clip 0 --gpu-attention flash \
   --recompute auto
 show bench_train_3b_64k_flash_recompute 20
-# The same with the 6 grad groups backward finishes last on the device Adam (SuperOffload's
-# tail): less CPU Adam left after the last micro-batch's backward.
+# The same with the grad groups backward finishes last on the device Adam (SuperOffload's
+# tail), as many as the GPU's memory leaves room for (--gpu-tail-buckets auto; the log's
+# description names the count): less CPU Adam left after the last micro-batch's backward.
 step bench_train_3b_64k_flash_tail 120 "${train[@]:0:6}" --batch 16 --micro-batch 4 \
   --threads "$(nproc)" --model llama-3b --steps 1 --pipeline overlap --clip 0 --gpu-attention flash \
-  --gpu-tail-buckets 6
+  --gpu-tail-buckets auto
 show bench_train_3b_64k_flash_tail 20
 # The second figure at 3B: the offloaded, overlapped 64K-token step against the same
 # step with the whole optimizer on the GPU (micro-batches of 2: the device-resident masters and

@@ -263,7 +263,8 @@ Status Run(const po::variables_map& vm, CommandIo& io) {
   r.gpu_gemm = vm["gpu-gemm"].as<std::string>();
   r.gpu_attention = vm["gpu-attention"].as<std::string>();
   r.recompute = vm["recompute"].as<std::string>();
-  r.gpu_tail_buckets = vm["gpu-tail-buckets"].as<int>();
+  UCP_ASSIGN_OR_RETURN(r.gpu_tail_buckets,
+                       offload::ParseGpuTailBuckets(vm["gpu-tail-buckets"].as<std::string>()));
   r.adam_threads = vm["adam-threads"].as<int>();
   r.pin_threads = vm["pin-threads"].as<bool>();
   r.finish_under_forward = !vm["sync-finish"].as<bool>();
@@ -552,7 +553,7 @@ Command MakeTrainBench() {
       .usage = "[--model gpt2-small] [--seq-len 256] [--batch 4] [--threads T] [--steps 3] "
                "[--micro-batch 0] [--dtype bf16] [--torch] [--layout L] [--checkpoint [--resume-layout L2]] "
                "[--pipeline sync|overlap] [--device cpu|cuda|twin [--gpu-optimizer] "
-               "[--gpu-gemm auto|fp32] [--gpu-attention gemm|flash] [--gpu-tail-buckets N] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
+               "[--gpu-gemm auto|fp32] [--gpu-attention gemm|flash] [--gpu-tail-buckets N|auto] [--peak-tflops 989] [--largest] [--device-memory SIZE] "
                "[--host-memory SIZE]] [--recompute none|all|auto|N] "
                "[--speculation auto|always|off] [--adam-threads N] [--pin-threads] [--clip 1]",
       .add_options =
@@ -590,10 +591,11 @@ Command MakeTrainBench() {
                 "device and print the ratio")(
                 "gpu-gemm", po::value<std::string>()->default_value("auto"),
                 "--device cuda: auto (bf16 GEMMs for bf16 training) or fp32 (the fp32 copy)")(
-                "gpu-tail-buckets", po::value<int>()->default_value(0),
+                "gpu-tail-buckets", po::value<std::string>()->default_value("0"),
                 "--device cuda|twin: the last N grad groups (the ones backward finishes last) "
                 "keep their masters and Adam states on the device, stepped by the device Adam "
-                "(less CPU Adam after backward; 12 B/parameter of device memory)")(
+                "(less CPU Adam after backward; 12 B/parameter of device memory), or auto: as "
+                "many as the device's memory leaves room for")(
                 "gpu-attention", po::value<std::string>()->default_value("gemm"),
                 "--device cuda, bf16 GEMMs: gemm (batched GEMMs over T x T scores) or flash "
                 "(the tiled flash kernels)")(

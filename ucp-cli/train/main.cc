@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   TrainConfig c;
   RunOptions r;
   std::string out, resume, init, data_dir, corpus_dir, tokenize, tokens_out;
-  std::string device_memory, host_memory;
+  std::string device_memory, host_memory, gpu_tail_buckets;
   bool quiet = false, sync_save = false, plan = false, sync_finish = false;
   int64_t kill_at = -1;
   int kill_rank = -1;
@@ -130,10 +130,10 @@ int main(int argc, char** argv) {
      "CPU Adam on fp32 masters in host memory, updated weights back; with --pipeline overlap "
      "bucket by bucket during backward, one process, bf16/fp16), or twin (the CPU standing in "
      "for a device, for tests). Not recorded: a checkpoint resumes on either")
-    ("gpu-tail-buckets", po::value(&r.gpu_tail_buckets)->default_value(0),
-     "the last buckets of backward (first layers, embeddings) stepped on the device: overlap "
+    ("gpu-tail-buckets", po::value(&gpu_tail_buckets)->default_value("0"),
+     "the last N buckets of backward (first layers, embeddings) stepped on the device: overlap "
      "on the CPU, or --device cuda|twin (a device Adam on device-resident fp32 masters; one "
-     "process)")
+     "process), or auto: as many as the device's memory leaves room for (the memory plan's)")
     ("adam-threads", po::value(&r.adam_threads)->default_value(0),
      "--pipeline overlap: the CPU Adam's threads of --threads (0: half where the model runs on "
      "this CPU, all but 2 beside a GPU, all but 3 with several processes)")
@@ -307,6 +307,11 @@ int main(int argc, char** argv) {
                 ? fs::path(resume).parent_path().string()
                 : resume;
     }
+  }
+  {
+    auto tail = ucp::offload::ParseGpuTailBuckets(gpu_tail_buckets);
+    if (!tail.ok()) return fail(tail.status());
+    r.gpu_tail_buckets = *tail;
   }
   // Sizes for the plan and for a run's automatic choices (--weights, --host-buffers).
   for (const auto& [text, field, name] :

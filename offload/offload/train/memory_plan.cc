@@ -155,6 +155,70 @@ Result<MemoryPlan> PlanMemory(const PlanInput& in, const PlanMachine& machine) {
 
 namespace {
 
+// tail[n]: the elements of the last n grad groups, n in [0, groups].
+Result<std::vector<int64_t>> TailElements(const ModelConfig& config) {
+  UCP_ASSIGN_OR_RETURN(const ParamTable table, ModelParamTable(config));
+  std::vector<int64_t> tail(table.groups.size() + 1, 0);
+  for (size_t n = 1; n < tail.size(); ++n) {
+    const GradGroup& g = table.groups[table.groups.size() - n];
+    tail[n] = tail[n - 1];
+    for (int64_t p = g.first_param; p < g.end_param; ++p) {
+      tail[n] += table.params[static_cast<size_t>(p)].numel;
+    }
+  }
+  return tail;
+}
+
+}  // namespace
+
+Result<int64_t> TailBucketElements(const ModelConfig& config, int n) {
+  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> tail, TailElements(config));
+  if (n < 0 || n >= static_cast<int>(tail.size())) {
+    return InvalidArgumentError("--gpu-tail-buckets " + Str(n) + ": must be in [0, " +
+                                Str(static_cast<int64_t>(tail.size()) - 1) +
+                                "] (the model's grad groups)");
+  }
+  return tail[static_cast<size_t>(n)];
+}
+
+Result<int> ChooseTailBuckets(PlanInput in, const PlanMachine& machine) {
+  if (machine.device_bytes <= 0 || in.host_window > 0 || in.weights == WeightChoice::kStreamed) {
+    return 0;
+  }
+  in.device_optimizer_elements = 0;
+  if (in.weights == WeightChoice::kAuto) {
+    // Where --weights auto streams, the weights are not resident: no tail.
+    UCP_ASSIGN_OR_RETURN(const MemoryPlan p, Plan(in, machine, false));
+    if (p.placement == WeightPlacement::kStreamed) return 0;
+    in.weights = WeightChoice::kResident;
+  }
+  UCP_ASSIGN_OR_RETURN(const std::vector<int64_t> tail, TailElements(in.config));
+  PlanMachine m = machine;
+  m.device_reserve_bytes +=
+      static_cast<int64_t>(kTailHeadroom * static_cast<double>(machine.device_bytes));
+  auto fits = [&](size_t n) -> Result<bool> {
+    in.device_optimizer_elements = tail[n];
+    UCP_ASSIGN_OR_RETURN(const MemoryPlan p, Plan(in, m, false));
+    return p.device_fits;
+  };
+  // Device memory grows with n: bisection for the largest n that fits (fits(lo) is true,
+  // fits(hi) false).
+  UCP_ASSIGN_OR_RETURN(const bool none_fits, fits(0));
+  if (!none_fits) return 0;
+  const size_t groups = tail.size() - 1;
+  UCP_ASSIGN_OR_RETURN(const bool all_fit, fits(groups));
+  if (all_fit) return static_cast<int>(groups);
+  size_t lo = 0, hi = groups;
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    UCP_ASSIGN_OR_RETURN(const bool f, fits(mid));
+    (f ? lo : hi) = mid;
+  }
+  return static_cast<int>(lo);
+}
+
+namespace {
+
 Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hints) {
   if (in.micro_batch < 1 || in.seq_len < 1 || in.threads < 1) {
     return InvalidArgumentError("memory plan: micro_batch=" + Str(in.micro_batch) +
@@ -266,6 +330,10 @@ Result<MemoryPlan> Plan(const PlanInput& in, const PlanMachine& machine, bool hi
                       (blocks > 1 ? " (1/" + Str(blocks) + ")" : "") +
                       (in.device_optimizer_elements > 0
                            ? " (GPU: and the device Adam's " + Str(in.device_optimizer_elements) +
+                                 (in.device_optimizer_groups > 0
+                                      ? ", the last " + Str(in.device_optimizer_groups) +
+                                            " grad groups,"
+                                      : std::string()) +
                                  " on the device)"
                            : "")});
   const int64_t zero_scratch = blocks > 1 ? (1 + static_cast<int64_t>(blocks)) * block * 4 : 0;

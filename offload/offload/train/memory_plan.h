@@ -86,6 +86,7 @@ struct PlanInput {
   /// --gpu-tail-buckets: the elements whose masters and Adam states the device Adam keeps on the
   /// device too (the last grad groups' parameters; the host block still holds every element).
   int64_t device_optimizer_elements = 0;
+  int device_optimizer_groups = 0;  ///< how many grad groups those are (for the plan's note)
   /// Staged host buffers (RunOptions::host_buffers): the host's weights and gradients are two
   /// windows each of this many elements (at most the model); 0: whole copies. The weights then stay
   /// resident (the streamed placement reads the host's whole weights).
@@ -167,6 +168,28 @@ Result<Recompute> ChooseRecompute(PlanInput input, const PlanMachine& machine, b
 /// How a run recomputes, for people: "" for none, else "the first R of L layers recomputed in
 /// backward" or "all L layers recomputed in backward".
 std::string RecomputeNote(Recompute recompute, int64_t layers);
+
+/// The elements of the last `n` grad groups of `config`'s model (the groups backward completes
+/// last: the first layers and the embeddings), whose masters and Adam states
+/// `--gpu-tail-buckets n` keeps on the device. Errors: kInvalidArgument (config; n outside
+/// [0, the model's grad groups]).
+Result<int64_t> TailBucketElements(const ModelConfig& config, int n);
+
+/// The share of the device's capacity `--gpu-tail-buckets auto` leaves free beyond the plan
+/// (and its reserve): the tail is an optimisation, and a run it pushed out of memory would not
+/// start.
+inline constexpr double kTailHeadroom = 0.05;
+
+/// --gpu-tail-buckets auto: the most grad groups, counted from the last, whose masters and Adam
+/// states (12 B per element) fit on the device beside everything else the plan keeps there
+/// (with input.recompute as chosen), the weights resident and kTailHeadroom of the capacity
+/// free. On a GPU the device Adam steps them in milliseconds after validation, where the CPU
+/// Adam would step them after the last backward, exposed: SuperOffload's n' (issue 12), here as
+/// many as memory allows. 0 where the capacity is unknown, the weights are streamed (as asked,
+/// or as --weights auto places them) or host buffers staged (input.host_window > 0): the device
+/// Adam's pieces need resident weights and the host's whole copies. Ignores
+/// input.device_optimizer_elements.
+Result<int> ChooseTailBuckets(PlanInput input, const PlanMachine& machine);
 
 /// The faster side to cast the updated weights (see the file comment). Without rates, kHost
 /// (the CPU Adam writes bf16 in the same pass, and half the bytes cross the link).

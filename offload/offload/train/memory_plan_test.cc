@@ -596,6 +596,69 @@ TEST(PlanRecompute, ChoosesTheFewestLayersThatFit) {
                         ") (it fits with --recompute 4: " + FormatBytes(cpu4.cpu_total) + ")"));
 }
 
+// --gpu-tail-buckets auto: the most grad groups (from the last) whose masters and Adam states
+// fit beside everything else with kTailHeadroom of the device free; none where the capacity is
+// unknown, the weights are streamed (asked, or --weights auto's choice) or buffers staged.
+TEST(PlanTail, ChoosesTheMostGroupsThatFit) {
+  PlanInput in = Input(1);
+  UCP_ASSERT_OK_AND_ASSIGN(const ParamTable table, ModelParamTable(in.config));
+  const int groups = static_cast<int>(table.groups.size());
+  ASSERT_EQ(groups, 8);  // head, 6 layers, embedding
+  // Each count's device need, and the device each needs with the headroom kept.
+  std::vector<int64_t> need;
+  int64_t last_elements = -1;
+  for (int n = 0; n <= groups; ++n) {
+    UCP_ASSERT_OK_AND_ASSIGN(const int64_t e, TailBucketElements(in.config, n));
+    EXPECT_GT(e, last_elements) << n;
+    last_elements = e;
+    PlanInput with = in;
+    with.device_optimizer_elements = e;
+    UCP_ASSERT_OK_AND_ASSIGN(const MemoryPlan p, PlanMemory(with, PlanMachine{}));
+    need.push_back(p.device_total);
+  }
+  EXPECT_EQ(need[static_cast<size_t>(groups)] - need[0], 12 * table.total);
+  EXPECT_FALSE(TailBucketElements(in.config, groups + 1).ok());
+  EXPECT_FALSE(TailBucketElements(in.config, -1).ok());
+  PlanMachine m;
+  m.device_reserve_bytes = 1 << 20;
+  auto device_for = [&](int64_t bytes) {  // the least device whose room after both holds bytes
+    int64_t d = static_cast<int64_t>(static_cast<double>(bytes + m.device_reserve_bytes) /
+                                     (1.0 - kTailHeadroom));
+    while (d - m.device_reserve_bytes - static_cast<int64_t>(kTailHeadroom * d) < bytes) ++d;
+    return d;
+  };
+  UCP_ASSERT_OK_AND_ASSIGN(const int unknown, ChooseTailBuckets(in, m));
+  EXPECT_EQ(unknown, 0);
+  for (int n = 0; n <= groups; ++n) {
+    m.device_bytes = device_for(need[static_cast<size_t>(n)]);
+    in.device_optimizer_elements = 123;  // ignored
+    UCP_ASSERT_OK_AND_ASSIGN(const int got, ChooseTailBuckets(in, m));
+    EXPECT_EQ(got, n) << "device of " << m.device_bytes << " B";
+    if (n > 0) {  // one byte less: one group less
+      --m.device_bytes;
+      UCP_ASSERT_OK_AND_ASSIGN(const int fewer, ChooseTailBuckets(in, m));
+      EXPECT_EQ(fewer, n - 1) << "device of " << m.device_bytes << " B";
+    }
+  }
+  // Room for every group: none where the weights are streamed or the host buffers staged.
+  m.device_bytes = device_for(need[static_cast<size_t>(groups)]) * 2;
+  PlanInput streamed = in;
+  streamed.weights = WeightChoice::kStreamed;
+  UCP_ASSERT_OK_AND_ASSIGN(const int none_streamed, ChooseTailBuckets(streamed, m));
+  EXPECT_EQ(none_streamed, 0);
+  PlanInput staged = in;
+  staged.host_window = 1024;
+  UCP_ASSERT_OK_AND_ASSIGN(const int none_staged, ChooseTailBuckets(staged, m));
+  EXPECT_EQ(none_staged, 0);
+  // --weights auto where a longer micro-batch's activations push the weights out: none.
+  UCP_ASSERT_OK_AND_ASSIGN(const MemoryPlan big, PlanMemory(Input(8), PlanMachine{}));
+  m.device_bytes = big.device_total - 1 + m.device_reserve_bytes;
+  UCP_ASSERT_OK_AND_ASSIGN(const MemoryPlan pushed, PlanMemory(Input(8), m));
+  ASSERT_EQ(pushed.placement, WeightPlacement::kStreamed);
+  UCP_ASSERT_OK_AND_ASSIGN(const int none_pushed, ChooseTailBuckets(Input(8), m));
+  EXPECT_EQ(none_pushed, 0);
+}
+
 // The CUDA classifier's logits are a block of rows at a time (at most 1 GiB): at 64K tokens and
 // a 128K vocabulary the scratch is one block's logits and the per-row losses, not 32 GiB; blocks
 // are equal (no thin last GEMM), and every shorter batch fits the scratch of the longest.

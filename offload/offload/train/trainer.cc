@@ -495,6 +495,14 @@ struct Trainer::Impl {
   Status ResolveRecompute(const ModelConfig& mc, const layout::Layout& l,
                           const PlanMachine& machine);
   Recompute recompute;
+  // --gpu-tail-buckets as a count: as asked, or with auto (decided last, after the placement,
+  // the staging and the recomputed layers: the tail takes what room they leave) the plan's for
+  // `machine`; `streamed`: the weights are streamed. Sets tail_buckets (MakePlanInput reads it)
+  // and, for auto, tail_note: why the count is 0 where no room decided it.
+  Status ResolveTailBuckets(const ModelConfig& mc, const layout::Layout& l,
+                            const PlanMachine& machine, bool streamed);
+  int tail_buckets = 0;
+  std::string tail_note;
   // One micro-batch's forward + backward, on the device or the CPU model (the ops policy).
   Result<double> ForwardBackward(const Batch& b, float grad_scale,
                                  const BackwardHook* hook = nullptr) {
@@ -1038,7 +1046,7 @@ Status Trainer::Impl::StagingRefusal(int processes) const {
     return UnimplementedError(what + " with --pipeline " + opts.pipeline +
                               ": the pipeline reads whole host buffers (--pipeline sync)");
   }
-  if (opts.gpu_tail_buckets != 0) {
+  if (opts.gpu_tail_buckets > 0) {
     return UnimplementedError(what + " with --gpu-tail-buckets: the device Adam's pieces "
                               "write the host's whole weights");
   }
@@ -1526,12 +1534,12 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
                                               : "--gpu-attention " + opts.gpu_attention) +
           ": the CPU engine runs its own kernels (a GPU's with --device cuda)");
     }
-    if (opts.gpu_tail_buckets != 0 && opts.pipeline != "overlap") {
+    if (opts.gpu_tail_buckets > 0 && opts.pipeline != "overlap") {
       return InvalidArgumentError("--gpu-tail-buckets " + std::to_string(opts.gpu_tail_buckets) +
                                   ": the CPU engine keeps tail buckets apart only in its "
                                   "pipeline (--pipeline overlap), or give --device cuda");
     }
-    return Status::Ok();
+    return ResolveTailBuckets(net->config(), layout, PlanMachine{}, false);
   }
   if (opts.device != "cuda" && opts.device != "twin") {
     return InvalidArgumentError("--device " + opts.device + ": must be cpu, cuda or twin");
@@ -1576,7 +1584,7 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
   if (weights == WeightChoice::kStreamed) {
     ds.stream_weights = true;
   } else if (weights == WeightChoice::kAuto && opts.device_memory > 0 &&
-             opts.gpu_tail_buckets == 0 && !staged()) {
+             opts.gpu_tail_buckets <= 0 && !staged()) {
     // (The device Adam's pieces and staged host buffers need resident weights.)
     PlanMachine m;
     m.device_bytes = opts.device_memory;
@@ -1584,7 +1592,12 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
                          "--weights auto");
     ds.stream_weights = plan.placement == WeightPlacement::kStreamed;
   }
-  const int tail = opts.gpu_tail_buckets;
+  {
+    PlanMachine m;
+    m.device_bytes = opts.device_memory;
+    UCP_RETURN_IF_ERROR(ResolveTailBuckets(ds.model, layout, m, ds.stream_weights));
+  }
+  const int tail = tail_buckets;
   if (ds.stream_weights && tail != 0) {
     return UnimplementedError("--gpu-tail-buckets " + std::to_string(tail) + " with streamed "
                               "weights: the device Adam's pieces need resident weights "
@@ -1791,7 +1804,7 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
                               "gradients are summed in one tree over the whole batch after "
                               "backward): use --pipeline sync");
   }
-  if (world > 1 && opts.gpu_tail_buckets != 0) {
+  if (world > 1 && opts.gpu_tail_buckets > 0) {
     return UnimplementedError("--gpu-tail-buckets " + std::to_string(opts.gpu_tail_buckets) +
                               ": tail buckets run one process only; this run has " +
                               std::to_string(world) + " processes (layout " +
@@ -1813,7 +1826,7 @@ Status Trainer::Impl::SetUpPipeline(const AdamConfig& ac) {
                         : DefaultAdamThreads(threads, device == nullptr || device->ComputesOnHost(),
                                              world);
   if (!own_cpus.empty()) po.adam_cpus = AdamCpus(own_cpus, po.adam_threads);
-  po.gpu_tail_buckets = opts.gpu_tail_buckets;
+  po.gpu_tail_buckets = tail_buckets;
   po.speculate = opts.speculation != "off";
   // On a device the tail buckets' state is the device's (TrainDevice::StepDevicePieces).
   po.tail_stepped_by_caller = device != nullptr;
@@ -2131,16 +2144,17 @@ Result<MemoryPlan> Trainer::Plan(const TrainConfig& config, const RunOptions& op
   t.opts = opts;
   UCP_RETURN_IF_ERROR(ParseWeightChoice(opts.weights).status());
   UCP_RETURN_IF_ERROR(CheckHostBuffersOption(opts.host_buffers));
+  t.tail_buckets = std::max(0, opts.gpu_tail_buckets);
   UCP_RETURN_IF_ERROR(t.ResolveRecompute(mc, l, machine));
-  PlanInput in = t.MakePlanInput(mc, l);
+  // As a run decides them: the staging (SetUpHostBuffers), then the tail (SetUpDevice).
+  bool staged_auto = false;
   if (opts.host_buffers == "auto") {
-    // As a run decides it (SetUpHostBuffers), for the plan's host memory.
-    UCP_ASSIGN_OR_RETURN(const bool pick, t.AutoStages(in, l.dp * l.sp, machine));
-    if (pick) {
-      in.host_window = RequestedHostWindow(opts);
-      in.host_window_auto = true;
-    }
+    UCP_ASSIGN_OR_RETURN(staged_auto, t.AutoStages(t.MakePlanInput(mc, l), l.dp * l.sp, machine));
+    if (staged_auto) t.host_window = RequestedHostWindow(opts);
   }
+  UCP_RETURN_IF_ERROR(t.ResolveTailBuckets(mc, l, machine, opts.weights == "streamed"));
+  PlanInput in = t.MakePlanInput(mc, l);
+  in.host_window_auto = staged_auto;
   return PlanMemory(in, machine);
 }
 
@@ -2170,6 +2184,35 @@ Status Trainer::Impl::ResolveRecompute(const ModelConfig& mc, const layout::Layo
   return Status::Ok();
 }
 
+Status Trainer::Impl::ResolveTailBuckets(const ModelConfig& mc, const layout::Layout& l,
+                                         const PlanMachine& machine, bool streamed) {
+  const int asked = opts.gpu_tail_buckets;
+  tail_note.clear();
+  if (asked != kGpuTailAuto) {
+    if (asked < 0) {
+      return InvalidArgumentError("--gpu-tail-buckets " + std::to_string(asked) +
+                                  ": must be auto or a count of grad groups >= 0");
+    }
+    UCP_RETURN_IF_ERROR(TailBucketElements(mc, asked).status());  // (its range)
+    tail_buckets = asked;
+    return Status::Ok();
+  }
+  tail_buckets = 0;
+  // Where auto keeps none before asking the plan (what --gpu-tail-buckets N would refuse).
+  tail_note = opts.device == "cpu"          ? "the CPU engine"
+              : l.dp * l.sp > 1             ? "several processes"
+              : dtype == DType::kFp32       ? "fp32 training"
+              : streamed                    ? "the weights are streamed"
+              : host_window > 0             ? "host buffers are staged"
+              : machine.device_bytes <= 0   ? "the device's memory is unknown: --device-memory"
+                                            : "";
+  if (!tail_note.empty()) return Status::Ok();
+  UCP_ASSIGN_OR_RETURN(tail_buckets, ChooseTailBuckets(MakePlanInput(mc, l), machine),
+                       "--gpu-tail-buckets auto");
+  if (tail_buckets == 0) tail_note = "no room on the device";
+  return Status::Ok();
+}
+
 PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layout& l) const {
   PlanInput in;
   in.config = mc;
@@ -2190,18 +2233,11 @@ PlanInput Trainer::Impl::MakePlanInput(const ModelConfig& mc, const layout::Layo
   // The twin's model is the CPU's: its GEMMs read fp32, so its device holds the whole copy.
   in.gpu_gemm_bf16 = opts.gpu_gemm == "auto" && opts.device != "twin";
   in.gpu_flash_attention = opts.gpu_attention == "flash";
-  // --gpu-tail-buckets N: the last N grad groups' elements also on the device (SetUpDevice
-  // checks N).
-  if (opts.gpu_tail_buckets > 0) {
-    if (auto table = ModelParamTable(mc); table.ok()) {
-      const auto& groups = table->groups;
-      const size_t tail = static_cast<size_t>(opts.gpu_tail_buckets);
-      for (size_t k = groups.size() - std::min(tail, groups.size()); k < groups.size(); ++k) {
-        for (int64_t p = groups[k].first_param; p < groups[k].end_param; ++p) {
-          in.device_optimizer_elements += table->params[static_cast<size_t>(p)].numel;
-        }
-      }
-    }
+  // --gpu-tail-buckets: the last tail_buckets grad groups' elements also on the device
+  // (SetUpDevice checks the count).
+  if (tail_buckets > 0) {
+    in.device_optimizer_elements = TailBucketElements(mc, tail_buckets).value_or(0);
+    in.device_optimizer_groups = tail_buckets;
   }
   // A run's choice once made (auto may have staged), else what the options ask.
   in.host_window = host_window > 0                 ? host_window
@@ -2262,6 +2298,7 @@ Result<Trainer> Trainer::Create(const TrainConfig& config, const RunOptions& opt
   Impl& t = *impl;
   t.cfg = config;
   t.opts = opts;
+  t.tail_buckets = std::max(0, opts.gpu_tail_buckets);  // (auto: SetUpDevice)
   UCP_ASSIGN_OR_RETURN(t.threads, RunThreads(config, opts));
   t.cfg.threads = t.threads;
   t.data_dir = opts.data_dir.empty() ? api::UcpDataDir() : opts.data_dir;
@@ -2477,6 +2514,11 @@ std::string Trainer::Describe() const {
                            : ", the CPU Adam pinned to CPUs " + CpuListString(adam_cpus))
      << "\n"
      << (t.device != nullptr ? "device " + t.device->Describe() + "\n" : std::string())
+     << (t.opts.gpu_tail_buckets == kGpuTailAuto
+             ? "--gpu-tail-buckets auto: " + std::to_string(t.tail_buckets) + " of " +
+                   std::to_string(t.net->grad_groups().size()) + " grad groups on the device Adam" +
+                   (t.tail_note.empty() ? std::string() : " (" + t.tail_note + ")") + "\n"
+             : std::string())
      << (t.staged() ? "host buffers staged: windows of " + std::to_string(t.host_window) +
                           " elements (the host holds the optimizer state)\n"
                     : std::string())
@@ -2779,7 +2821,7 @@ Result<StepRecord> Trainer::Step() {
     } else {
       UCP_RETURN_IF_ERROR(t.pipeline->Finish({false, static_cast<float>(coef)}), "optimizer step");
     }
-    if (t.device != nullptr && t.opts.gpu_tail_buckets > 0) {
+    if (t.device != nullptr && t.tail_buckets > 0) {
       // The tail buckets on the device Adam, with the sync path's multiplier (their gradients
       // crossed for the norm; their weights are written on the device and into the host's copy).
       UCP_RETURN_IF_ERROR(t.device->StepDevicePieces(t.optimizer_steps, static_cast<float>(rec.lr),
@@ -3011,6 +3053,17 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> Trainer::StateForTes
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;
+}
+
+Result<int> ParseGpuTailBuckets(const std::string& text) {
+  if (text == "auto") return kGpuTailAuto;
+  int n = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n < 0) {
+    return InvalidArgumentError("--gpu-tail-buckets " + text +
+                                ": must be auto or a count of grad groups >= 0");
+  }
+  return n;
 }
 
 int DefaultAdamThreads(int threads, bool model_on_host, int processes) {

@@ -68,6 +68,11 @@ struct TrainConfig {
   bool deterministic = false;
 };
 
+/// RunOptions::gpu_tail_buckets: "auto".
+inline constexpr int kGpuTailAuto = -1;
+/// --gpu-tail-buckets: "auto" (kGpuTailAuto) or a count >= 0. Errors: kInvalidArgument.
+Result<int> ParseGpuTailBuckets(const std::string& text);
+
 /// What one run's options add to a config: where to write and how to start.
 struct RunOptions {
   std::filesystem::path out;     ///< run folder: step_NNNNNNNN/ checkpoints, latest, log.jsonl
@@ -87,7 +92,11 @@ struct RunOptions {
   /// completes it (forward and backward then run on a worker thread; this thread makes every
   /// communicator call). Not with --deterministic.
   std::string pipeline = "sync";
-  int gpu_tail_buckets = 0;      ///< overlap, one process: buckets stepped on the device
+  /// One process: the last N grad groups' masters and Adam states on the device, stepped by the
+  /// device Adam (on the CPU engine, by the pipeline after validation), or kGpuTailAuto: the most
+  /// that fit beside everything else on a device of `device_memory` bytes
+  /// (memory_plan.h ChooseTailBuckets; 0 where it is unknown, or the run cannot keep any).
+  int gpu_tail_buckets = 0;
   /// --pipeline overlap: the CPU Adam's threads, of `threads` (0: DefaultAdamThreads). With
   /// --pipeline sync the Adam runs after backward on all `threads`. The same bits either way.
   int adam_threads = 0;

@@ -352,6 +352,60 @@ TEST(Recompute, AutoTakesThePlansCountAndBadValuesAreRefused) {
   }
 }
 
+// --gpu-tail-buckets auto on the twin: the count the plan fits in --device-memory (here a device
+// with room for 3 of llama-tiny's 6 grad groups beside the rest, its reserve and kTailHeadroom),
+// which the run's description and its plan name; the training is bitwise the CPU trainer's.
+// Where the count cannot be chosen it is 0, and the description says why.
+TEST(TailBuckets, AutoTakesThePlansCountBitwise) {
+  ucp::testing::TempDir tmp;
+  const TrainConfig c = Config("llama-tiny", "bf16", WriteText(tmp.path()));
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan three,
+                           Trainer::Plan(c, Opts(tmp.path() / "p", "twin", 3), PlanMachine{}));
+  PlanMachine m;  // as the trainer plans: the default reserve
+  m.device_bytes = static_cast<int64_t>(
+      static_cast<double>(three.device_total + m.device_reserve_bytes) / (1.0 - kTailHeadroom));
+  while (m.device_bytes - m.device_reserve_bytes -
+             static_cast<int64_t>(kTailHeadroom * m.device_bytes) < three.device_total) {
+    ++m.device_bytes;
+  }
+  RunOptions o = Opts(tmp.path() / "auto", "twin", kGpuTailAuto);
+  o.device_memory = m.device_bytes;
+  UCP_ASSERT_OK_AND_ASSIGN(MemoryPlan planned, Trainer::Plan(c, o, m));
+  EXPECT_EQ(planned.device_total, three.device_total);
+  EXPECT_THAT(planned.rows[static_cast<size_t>(MemClass::kOptimizer)].note,
+              HasSubstr(", the last 3 grad groups, on the device"));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer twin, Trainer::Create(c, o));
+  EXPECT_THAT(twin.Describe(), HasSubstr("--gpu-tail-buckets auto: 3 of 6 grad groups on the "
+                                         "device Adam\n"));
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer cpu, Trainer::Create(c, Opts(tmp.path() / "cpu", "cpu", 0)));
+  ExpectSame(Train(cpu, 3), Train(twin, 3));
+
+  const std::vector<std::pair<RunOptions, std::string>> none = {
+      {Opts(tmp.path() / "n1", "twin", kGpuTailAuto), "the device's memory is unknown"},
+      {Opts(tmp.path() / "n2", "cpu", kGpuTailAuto), "the CPU engine"},
+  };
+  for (const auto& [run, why] : none) {
+    UCP_ASSERT_OK_AND_ASSIGN(Trainer t, Trainer::Create(c, run));
+    EXPECT_THAT(t.Describe(), HasSubstr("--gpu-tail-buckets auto: 0 of 6 grad groups on the "
+                                        "device Adam (" + why));
+  }
+  RunOptions streamed = o;
+  streamed.out = tmp.path() / "n3";
+  streamed.weights = "streamed";
+  UCP_ASSERT_OK_AND_ASSIGN(Trainer st, Trainer::Create(c, streamed));
+  EXPECT_THAT(st.Describe(), HasSubstr("0 of 6 grad groups on the device Adam (the weights are "
+                                       "streamed)"));
+  RunOptions bad = Opts(tmp.path() / "bad", "twin", -2);
+  EXPECT_THAT(Trainer::Create(c, bad).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("--gpu-tail-buckets -2: must be auto or a count")));
+  EXPECT_EQ(ParseGpuTailBuckets("auto").value_or(0), kGpuTailAuto);
+  EXPECT_EQ(ParseGpuTailBuckets("4").value_or(0), 4);
+  for (const char* text : {"-1", "", "3x", "all"}) {
+    EXPECT_FALSE(ParseGpuTailBuckets(text).ok()) << text;
+  }
+}
+
 // A device that runs out of memory: the error carries the memory plan's verdict for the
 // device's memory, which names the count of layers to recompute that would fit.
 TEST(Recompute, OutOfDeviceMemoryNamesTheCountThatFits) {

@@ -188,7 +188,8 @@ TEST(OverlapTest, RefusesBadPipelineOptions) {
   r.trace.clear();
   r.gpu_tail_buckets = 99;
   EXPECT_THAT(Trainer::Create(c, r).status(),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("gpu_tail_buckets")));
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("--gpu-tail-buckets 99: must be in [0, 6]")));
   r.gpu_tail_buckets = 0;
   for (int bad : {2, -1}) {  // the pool is some of the run's 1 thread
     r.adam_threads = bad;
