@@ -2198,7 +2198,8 @@ Status Trainer::Impl::ResolveTailBuckets(const ModelConfig& mc, const layout::La
     return Status::Ok();
   }
   tail_buckets = 0;
-  // Where auto keeps none before asking the plan (what --gpu-tail-buckets N would refuse).
+  // Where auto keeps none without asking the plan: what --gpu-tail-buckets N refuses, or no
+  // capacity to plan for.
   tail_note = opts.device == "cpu"          ? "the CPU engine"
               : l.dp * l.sp > 1             ? "several processes"
               : dtype == DType::kFp32       ? "fp32 training"
@@ -2524,8 +2525,11 @@ std::string Trainer::Describe() const {
                     : std::string())
      << "data " << t.cfg.data << ": " << t.train_tokens.size() << " training tokens ("
      << t.sampler->num_samples() << " samples of " << t.seq_len << "), " << t.val_tokens.size()
-     << " held-out tokens" << (t.val_tokens.size() > static_cast<size_t>(t.seq_len)
-                                    ? "" : " (fewer than a sample: no validation)")
+     << " held-out tokens"
+     << (t.val_tokens.size() <= static_cast<size_t>(t.seq_len)
+             ? " (fewer than a sample: no validation)"
+         : t.cfg.val_samples == 0 ? " (--val-samples 0: no validation)"
+                                  : "")
      << "\n"
      << "schedule: " << t.cfg.steps << " steps of " << t.cfg.global_batch << " samples ("
      << t.cfg.global_batch * t.seq_len << " tokens) in micro-batches of " << t.micro_batch

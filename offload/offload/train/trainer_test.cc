@@ -305,6 +305,7 @@ TEST(TrainerTest, LearnsAndRefusesBadInput) {
   {
     UCP_ASSERT_OK_AND_ASSIGN(Trainer quiet, Trainer::Create(bad, Opts(tmp.path() / "q")));
     EXPECT_FALSE(quiet.can_validate());
+    EXPECT_THAT(quiet.Describe(), HasSubstr("(--val-samples 0: no validation)"));
   }
   bad = c;
   bad.threads = -2;
