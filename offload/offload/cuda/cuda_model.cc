@@ -543,6 +543,13 @@ Result<CudaModel> CudaModel::Create(const ModelConfig& config, int64_t max_batch
     return ResourceExhaustedError("CUDA model: activations for " + Str(max_batch) + " x " +
                                   Str(max_seq_len) + " tokens do not fit in device memory");
   }
+  // The buffers' zero fills (DeviceVec::assign's cudaMemset) run on the legacy default stream,
+  // which the model's non-blocking stream does not wait for: without this, the first batch's
+  // tokens, copied on the model's stream, could be zeroed by their buffer's fill still queued.
+  if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    cudaGetLastError();
+    return DeviceError(std::string("CUDA model: zeroing its buffers: ") + cudaGetErrorString(e));
+  }
   return CudaModel(std::move(impl));
 }
 
