@@ -26,9 +26,14 @@ constexpr int kWarp = 32;
 
 cudaStream_t S(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// The kernels launched with Grid() loop over their range with the grid's stride, so a grid of
+// at most this many blocks covers any size (SetMaxGridBlocksForTest lowers it).
+constexpr int kMaxGridBlocks = 65535 * 16;
+int max_grid_blocks = kMaxGridBlocks;
+
 int Grid(int64_t n, int per_block = kThreads) {
   const int64_t g = (n + per_block - 1) / per_block;
-  return static_cast<int>(g < 65535 * 16 ? (g > 0 ? g : 1) : 65535 * 16);
+  return static_cast<int>(std::clamp<int64_t>(g, 1, max_grid_blocks));
 }
 
 using internal::Launched;
@@ -178,99 +183,60 @@ __global__ void BroadcastRowsKernel(float* out, const float* bias, int64_t N, in
 
 constexpr int kMaxHdPerLane = 8;  // hd <= 256
 
+// A warp's queries (or keys, below): from its index in the grid, with the grid's warps as the
+// stride (Grid() caps the blocks). Every lane of a warp walks the same ones, so the shuffles of
+// WarpSum always see the whole warp.
+__device__ int64_t FirstWarpItem() {
+  return (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+}
+__device__ int64_t WarpStride() { return int64_t{gridDim.x} * blockDim.x / kWarp; }
+
 __global__ void AttentionForwardKernel(float* out, float* lse, const float* qkv, int64_t B,
                                        int64_t T, int64_t NH, int64_t KV, int64_t hd) {
-  const int64_t query = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (query >= B * NH * T) return;
-  const int64_t t = query % T, h = (query / T) % NH, b = query / (T * NH);
-  const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
-  const int64_t g = h / L.hpg;
-  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
-  const float* q = qkv + (b * T + t) * L.row + L.Q(h);
-  float acc[kMaxHdPerLane] = {0};
-  float m = -INFINITY, sum = 0.0f;
-  for (int64_t j = 0; j <= t; ++j) {
-    const float* k = qkv + (b * T + j) * L.row + L.K(g);
-    float s = 0.0f;
-    for (int64_t i = lane; i < hd; i += kWarp) s += q[i] * k[i];
-    s = WarpSum(s) * scale;
-    const float m_new = fmaxf(m, s);
-    const float corr = expf(m - m_new), p = expf(s - m_new);
-    sum = sum * corr + p;
-    const float* v = qkv + (b * T + j) * L.row + L.V(g);
-    for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) acc[r] = acc[r] * corr + p * v[i];
-    m = m_new;
+  for (int64_t query = FirstWarpItem(); query < B * NH * T; query += WarpStride()) {
+    const int64_t t = query % T, h = (query / T) % NH, b = query / (T * NH);
+    const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
+    const int64_t g = h / L.hpg;
+    const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+    const float* q = qkv + (b * T + t) * L.row + L.Q(h);
+    float acc[kMaxHdPerLane] = {0};
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t j = 0; j <= t; ++j) {
+      const float* k = qkv + (b * T + j) * L.row + L.K(g);
+      float s = 0.0f;
+      for (int64_t i = lane; i < hd; i += kWarp) s += q[i] * k[i];
+      s = WarpSum(s) * scale;
+      const float m_new = fmaxf(m, s);
+      const float corr = expf(m - m_new), p = expf(s - m_new);
+      sum = sum * corr + p;
+      const float* v = qkv + (b * T + j) * L.row + L.V(g);
+      for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) acc[r] = acc[r] * corr + p * v[i];
+      m = m_new;
+    }
+    float* o = out + (b * T + t) * NH * hd + h * hd;
+    for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) o[i] = acc[r] / sum;
+    if (lane == 0) lse[(b * NH + h) * T + t] = m + logf(sum);
   }
-  float* o = out + (b * T + t) * NH * hd + h * hd;
-  for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) o[i] = acc[r] / sum;
-  if (lane == 0) lse[(b * NH + h) * T + t] = m + logf(sum);
 }
 
 // Per query: D = sum_j p_j dp_j (into scratch) and dq += scale sum_j ds_j k_j.
 __global__ void AttentionBackwardQueryKernel(float* dqkv, float* dsum_out, const float* dout,
                                              const float* qkv, const float* lse, int64_t B,
                                              int64_t T, int64_t NH, int64_t KV, int64_t hd) {
-  const int64_t query = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (query >= B * NH * T) return;
-  const int64_t t = query % T, h = (query / T) % NH, b = query / (T * NH);
-  const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
-  const int64_t g = h / L.hpg;
-  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
-  const float* q = qkv + (b * T + t) * L.row + L.Q(h);
-  const float* d = dout + (b * T + t) * NH * hd + h * hd;
-  const float l = lse[(b * NH + h) * T + t];
-  float dsum = 0.0f;
-  for (int64_t j = 0; j <= t; ++j) {
-    const float* k = qkv + (b * T + j) * L.row + L.K(g);
-    const float* v = qkv + (b * T + j) * L.row + L.V(g);
-    float s = 0.0f, dp = 0.0f;
-    for (int64_t i = lane; i < hd; i += kWarp) {
-      s += q[i] * k[i];
-      dp += d[i] * v[i];
-    }
-    s = WarpSum(s);
-    dp = WarpSum(dp);
-    dsum += expf(s * scale - l) * dp;
-  }
-  float dq[kMaxHdPerLane] = {0};
-  for (int64_t j = 0; j <= t; ++j) {
-    const float* k = qkv + (b * T + j) * L.row + L.K(g);
-    const float* v = qkv + (b * T + j) * L.row + L.V(g);
-    float s = 0.0f, dp = 0.0f;
-    for (int64_t i = lane; i < hd; i += kWarp) {
-      s += q[i] * k[i];
-      dp += d[i] * v[i];
-    }
-    s = WarpSum(s);
-    dp = WarpSum(dp);
-    const float ds = expf(s * scale - l) * (dp - dsum) * scale;
-    for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) dq[r] += ds * k[i];
-  }
-  float* dqp = dqkv + (b * T + t) * L.row + L.Q(h);
-  for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) dqp[i] += dq[r];
-  if (lane == 0) dsum_out[(b * NH + h) * T + t] = dsum;
-}
-
-// Per key (b, g, j): dk_j += sum over the group's heads and queries t >= j of ds q_t, dv_j +=
-// sum p dout_t, in a fixed order (no atomics).
-__global__ void AttentionBackwardKeyKernel(float* dqkv, const float* dsum_in, const float* dout,
-                                           const float* qkv, const float* lse, int64_t B,
-                                           int64_t T, int64_t NH, int64_t KV, int64_t hd) {
-  const int64_t key = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (key >= B * KV * T) return;
-  const int64_t j = key % T, g = (key / T) % KV, b = key / (T * KV);
-  const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
-  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
-  const float* k = qkv + (b * T + j) * L.row + L.K(g);
-  const float* v = qkv + (b * T + j) * L.row + L.V(g);
-  float dk[kMaxHdPerLane] = {0}, dv[kMaxHdPerLane] = {0};
-  for (int64_t h = g * L.hpg; h < (g + 1) * L.hpg; ++h) {
-    for (int64_t t = j; t < T; ++t) {
-      const float* q = qkv + (b * T + t) * L.row + L.Q(h);
-      const float* d = dout + (b * T + t) * NH * hd + h * hd;
+  for (int64_t query = FirstWarpItem(); query < B * NH * T; query += WarpStride()) {
+    const int64_t t = query % T, h = (query / T) % NH, b = query / (T * NH);
+    const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
+    const int64_t g = h / L.hpg;
+    const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+    const float* q = qkv + (b * T + t) * L.row + L.Q(h);
+    const float* d = dout + (b * T + t) * NH * hd + h * hd;
+    const float l = lse[(b * NH + h) * T + t];
+    float dsum = 0.0f;
+    for (int64_t j = 0; j <= t; ++j) {
+      const float* k = qkv + (b * T + j) * L.row + L.K(g);
+      const float* v = qkv + (b * T + j) * L.row + L.V(g);
       float s = 0.0f, dp = 0.0f;
       for (int64_t i = lane; i < hd; i += kWarp) {
         s += q[i] * k[i];
@@ -278,20 +244,67 @@ __global__ void AttentionBackwardKeyKernel(float* dqkv, const float* dsum_in, co
       }
       s = WarpSum(s);
       dp = WarpSum(dp);
-      const int64_t row = (b * NH + h) * T + t;
-      const float p = expf(s * scale - lse[row]);
-      const float ds = p * (dp - dsum_in[row]) * scale;
-      for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) {
-        dk[r] += ds * q[i];
-        dv[r] += p * d[i];
+      dsum += expf(s * scale - l) * dp;
+    }
+    float dq[kMaxHdPerLane] = {0};
+    for (int64_t j = 0; j <= t; ++j) {
+      const float* k = qkv + (b * T + j) * L.row + L.K(g);
+      const float* v = qkv + (b * T + j) * L.row + L.V(g);
+      float s = 0.0f, dp = 0.0f;
+      for (int64_t i = lane; i < hd; i += kWarp) {
+        s += q[i] * k[i];
+        dp += d[i] * v[i];
+      }
+      s = WarpSum(s);
+      dp = WarpSum(dp);
+      const float ds = expf(s * scale - l) * (dp - dsum) * scale;
+      for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) dq[r] += ds * k[i];
+    }
+    float* dqp = dqkv + (b * T + t) * L.row + L.Q(h);
+    for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) dqp[i] += dq[r];
+    if (lane == 0) dsum_out[(b * NH + h) * T + t] = dsum;
+  }
+}
+
+// Per key (b, g, j): dk_j += sum over the group's heads and queries t >= j of ds q_t, dv_j +=
+// sum p dout_t, in a fixed order (no atomics).
+__global__ void AttentionBackwardKeyKernel(float* dqkv, const float* dsum_in, const float* dout,
+                                           const float* qkv, const float* lse, int64_t B, int64_t T,
+                                           int64_t NH, int64_t KV, int64_t hd) {
+  const int lane = threadIdx.x % kWarp;
+  for (int64_t key = FirstWarpItem(); key < B * KV * T; key += WarpStride()) {
+    const int64_t j = key % T, g = (key / T) % KV, b = key / (T * KV);
+    const QkvLayout L{NH / KV, hd, (NH + 2 * KV) * hd};
+    const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+    const float* k = qkv + (b * T + j) * L.row + L.K(g);
+    const float* v = qkv + (b * T + j) * L.row + L.V(g);
+    float dk[kMaxHdPerLane] = {0}, dv[kMaxHdPerLane] = {0};
+    for (int64_t h = g * L.hpg; h < (g + 1) * L.hpg; ++h) {
+      for (int64_t t = j; t < T; ++t) {
+        const float* q = qkv + (b * T + t) * L.row + L.Q(h);
+        const float* d = dout + (b * T + t) * NH * hd + h * hd;
+        float s = 0.0f, dp = 0.0f;
+        for (int64_t i = lane; i < hd; i += kWarp) {
+          s += q[i] * k[i];
+          dp += d[i] * v[i];
+        }
+        s = WarpSum(s);
+        dp = WarpSum(dp);
+        const int64_t row = (b * NH + h) * T + t;
+        const float p = expf(s * scale - lse[row]);
+        const float ds = p * (dp - dsum_in[row]) * scale;
+        for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) {
+          dk[r] += ds * q[i];
+          dv[r] += p * d[i];
+        }
       }
     }
-  }
-  float* dkp = dqkv + (b * T + j) * L.row + L.K(g);
-  float* dvp = dqkv + (b * T + j) * L.row + L.V(g);
-  for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) {
-    dkp[i] += dk[r];
-    dvp[i] += dv[r];
+    float* dkp = dqkv + (b * T + j) * L.row + L.K(g);
+    float* dvp = dqkv + (b * T + j) * L.row + L.V(g);
+    for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) {
+      dkp[i] += dk[r];
+      dvp[i] += dv[r];
+    }
   }
 }
 
@@ -1013,6 +1026,10 @@ Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int
 
 int64_t AttentionBackwardScratch(int64_t B, int64_t T, int64_t NH) {
   return gpu::AttentionBackwardScratch(B, T, NH);
+}
+
+void SetMaxGridBlocksForTest(int blocks) {
+  max_grid_blocks = blocks > 0 ? std::min(blocks, kMaxGridBlocks) : kMaxGridBlocks;
 }
 
 Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,

@@ -191,4 +191,10 @@ Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw,
                                          const uint16_t* w16 = nullptr,
                                          uint16_t* scratch16 = nullptr, int64_t most_rows = 0);
 
+/// Tests only: the most blocks the element-wise and one-warp-per-row kernels are launched with
+/// (each loops over the rest of its range with the grid's stride); 0 restores the default
+/// (65535 x 16). One block makes every such kernel walk its whole range in that loop, which
+/// offload_cuda_ops_test checks gives the default grid's bits. Not thread-safe.
+void SetMaxGridBlocksForTest(int blocks);
+
 }  // namespace ucp::offload::cuda

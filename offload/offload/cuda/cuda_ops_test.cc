@@ -331,6 +331,45 @@ TEST_F(CudaOps, AttentionAndRopeWithGqa) {
   ExpectClose(rq.Get(), D(qkv), 2e-6, "rope backward undoes forward");
 }
 
+// The kernels launched with a capped grid loop over their range with the grid's stride: capped
+// to one block (SetMaxGridBlocksForTest), every such kernel walks its whole range in that loop
+// and gives the bits of the default grid (which covers these shapes in one pass). The fused
+// attention's warps had returned past their first query: past 2^23 queries (64 sequences x 32
+// heads x 4096 tokens) the last ones were never computed.
+TEST_F(CudaOps, KernelsOnAOneBlockGridGiveTheSameBits) {
+  const int64_t B = 2, T = 37, NH = 6, KV = 2, hd = 40, row = (NH + 2 * KV) * hd, n = 5000;
+  const auto qkv = Random(B * T * row, 24), d = Random(B * T * NH * hd, 25), x = Random(n, 26);
+  std::vector<float> cos_t(T * hd / 2), sin_t(T * hd / 2);
+  ops::RopeTables(cos_t.data(), sin_t.data(), T, hd, 10000.0);
+  struct Outputs {
+    std::vector<float> out, lse, g, gelu, rope;
+  };
+  auto run = [&]() {
+    Dev<float> dq(qkv), dd(d), out(static_cast<size_t>(B * T * NH * hd)),
+        lse(static_cast<size_t>(B * NH * T)), g(static_cast<size_t>(B * T * row)),
+        scratch(static_cast<size_t>(AttentionBackwardScratch(B, T, NH))), dx(x),
+        y(static_cast<size_t>(n)), dc(cos_t), ds(sin_t), rq(qkv);
+    EXPECT_TRUE(AttentionForward(out.p, lse.p, dq.p, B, T, NH, KV, hd, nullptr).ok());
+    EXPECT_TRUE(
+        AttentionBackward(g.p, dd.p, dq.p, lse.p, scratch.p, B, T, NH, KV, hd, nullptr).ok());
+    EXPECT_TRUE(GeluForward(y.p, dx.p, n, nullptr).ok());
+    EXPECT_TRUE(RopeForward(rq.p, dc.p, ds.p, B, T, NH, KV, hd, nullptr).ok());
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return Outputs{out.Get(), lse.Get(), g.Get(), y.Get(), rq.Get()};
+  };
+  const Outputs wide = run();
+  SetMaxGridBlocksForTest(1);
+  const Outputs one = run();
+  SetMaxGridBlocksForTest(0);
+  EXPECT_EQ(one.out, wide.out);
+  EXPECT_EQ(one.lse, wide.lse);
+  EXPECT_EQ(one.g, wide.g);
+  EXPECT_EQ(one.gelu, wide.gelu);
+  EXPECT_EQ(one.rope, wide.rope);
+  const Outputs again = run();  // the default restored
+  EXPECT_EQ(again.g, wide.g);
+}
+
 TEST_F(CudaOps, EncoderAndClassifier) {
   const int64_t B = 3, T = 29, C = 70, V = 203, N = B * T;
   std::vector<int32_t> tokens(N), targets(N);
