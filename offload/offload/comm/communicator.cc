@@ -216,6 +216,18 @@ class SelfCommunicatorImpl final : public Communicator {
 
 }  // namespace
 
+int LauncherLocalRank(int rank) {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end == '\0' && n >= 0 && n <= 1 << 20) return static_cast<int>(n);
+  }
+  return rank;
+}
+
 std::unique_ptr<Communicator> SelfCommunicator() {
   return std::make_unique<SelfCommunicatorImpl>();
 }

@@ -157,4 +157,11 @@ Result<std::unique_ptr<Communicator>> WorldCommunicator(const CommunicatorOption
 /// the same size checks as the MPI one. For tests and single-process runs.
 std::unique_ptr<Communicator> SelfCommunicator();
 
+/// This process's rank among its node's, as its launcher says: OMPI_COMM_WORLD_LOCAL_RANK
+/// (OpenMPI), MPI_LOCALRANKID (MPICH's Hydra), SLURM_LOCALID (srun) or LOCAL_RANK (torchrun),
+/// the first set to a number >= 0; else `rank` (one node, ranks numbered along it). What picks a
+/// process's GPU: the world rank would give two processes of a node one GPU under
+/// `mpirun --map-by node`.
+int LauncherLocalRank(int rank);
+
 }  // namespace ucp::offload

@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "offload/comm/comm_checks.h"
@@ -81,6 +84,30 @@ TEST(SelfCommunicatorTest, RejectsBadSizes) {
 
 TEST(SelfCommunicatorTest, AbortEndsTheProcessWithTheCode) {
   EXPECT_EXIT(SelfCommunicator()->Abort(3), ::testing::ExitedWithCode(3), "");
+}
+
+// The node-local rank from the launcher's variables, in their order of precedence; the world
+// rank where none is set or none is a count.
+TEST(LauncherLocalRankTest, ReadsTheLaunchersVariable) {
+  const std::vector<std::string> names = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                          "SLURM_LOCALID", "LOCAL_RANK"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const std::string& n : names) {
+    if (const char* v = std::getenv(n.c_str())) saved.emplace_back(n, v);
+    unsetenv(n.c_str());
+  }
+  EXPECT_EQ(LauncherLocalRank(13), 13);
+  // Each variable set in turn, from the last in precedence: it wins over those set before.
+  const std::vector<std::tuple<std::string, std::string, int>> steps = {
+      {"LOCAL_RANK", "x1", 13},  {"LOCAL_RANK", "-2", 13}, {"LOCAL_RANK", "5", 5},
+      {"SLURM_LOCALID", "4", 4}, {"MPI_LOCALRANKID", "3", 3},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "2", 2}};
+  for (const auto& [name, value, want] : steps) {
+    setenv(name.c_str(), value.c_str(), 1);
+    EXPECT_EQ(LauncherLocalRank(13), want) << name << "=" << value;
+  }
+  for (const std::string& n : names) unsetenv(n.c_str());
+  for (const auto& [n, v] : saved) setenv(n.c_str(), v.c_str(), 1);
 }
 
 TEST(WorldCommunicatorTest, WithoutALauncherIsOneProcess) {
