@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "offload/comm/communicator.h"
 #include "offload/cuda/cuda_adam.h"
 #include "offload/cuda/cuda_cast.h"
 #include "offload/cuda/cuda_model.h"
@@ -53,6 +54,11 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
       : spec_(std::move(spec)), model_(std::move(model)) {}
 
   ~CudaTrainDevice() override {
+#ifdef UCP_OFFLOAD_HAVE_NCCL
+    // First, aborting (NcclCommunicator's destructor): after a failure on this rank alone, work
+    // queued for peers that will never join it must not hold the synchronisations below.
+    nccl_.reset();
+#endif
     for (cudaStream_t st : {stream_, h2d_stream_}) {
       if (st) cudaStreamSynchronize(st);
     }
@@ -75,6 +81,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
                     static_cast<void*>(d_norm_), static_cast<void*>(d_reduce_)}) {
       if (p) cudaFree(p);
     }
+    if (h_reduce_) cudaFreeHost(h_reduce_);
     if (stream_) cudaStreamDestroy(stream_);
     cudaGetLastError();  // a failure here (already reported or moot) is not the next user's
   }
@@ -181,6 +188,10 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     reduce_floats_ =
         (2 * ranks + 1) * chunk_len_ + nccl_->AllReduceDeterministicScratch(chunk_len_);
     UCP_RETURN_IF_ERROR(Alloc(&d_reduce_, reduce_floats_ * 4, "the reduction's chunk"));
+    UCP_RETURN_IF_ERROR(Cuda(cudaMallocHost(reinterpret_cast<void**>(&h_reduce_),
+                                            static_cast<size_t>(chunk_len_) * 4),
+                             "CUDA device: the reduction's pinned chunk (" +
+                                 std::to_string((chunk_len_ * 4) >> 20) + " MiB)"));
 #endif
     return Status::Ok();
   }
@@ -439,6 +450,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     UCP_RETURN_IF_ERROR(after != nullptr ? Cuda(cudaStreamWaitEvent(stream_, after, 0), what)
                                          : AfterModel(stream_));
     const int64_t ranks = nccl_->size();
+    const bool out_pinned = IsPinned(out.data());
     float* packed = d_reduce_;
     float* received = packed + ranks * chunk_len_;
     float* summed = received + ranks * chunk_len_;
@@ -471,11 +483,21 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
         UCP_RETURN_IF_ERROR(
             OrderedSumOnDevice(summed, received, ranks, c.recv_n, false, stream_), what);
       }
-      if (c.recv_n > 0) {
+      if (c.recv_n > 0 && out_pinned) {
         UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(out.data() + c.begin, summed,
                                                  static_cast<size_t>(c.recv_n) * 4,
                                                  cudaMemcpyDeviceToHost, stream_),
                                  what));
+      } else if (c.recv_n > 0) {
+        // Pageable `out` (the trainer's reduced block, a bucket's sum): a copy into it would
+        // block this thread inside CUDA until every NCCL call queued before it had finished,
+        // where a dead peer would hang it for ever; Synchronize waits polling NCCL's errors.
+        UCP_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(h_reduce_, summed,
+                                                 static_cast<size_t>(c.recv_n) * 4,
+                                                 cudaMemcpyDeviceToHost, stream_),
+                                 what));
+        UCP_RETURN_IF_ERROR(nccl_->Synchronize(stream_), what);
+        std::memcpy(out.data() + c.begin, h_reduce_, static_cast<size_t>(c.recv_n) * 4);
       }
     }
     return nccl_->Synchronize(stream_);
@@ -803,6 +825,17 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     return Status::Ok();
   }
 
+  // Whether host memory at `p` is pinned (registered, or allocated so): only then does a copy
+  // into it run asynchronously.
+  static bool IsPinned(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+  }
+
   Status MoveState(float* master, float* m, float* v, cudaMemcpyKind kind) {
     int64_t at = 0;
     const bool up = kind == cudaMemcpyHostToDevice;
@@ -840,6 +873,7 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   std::unique_ptr<NcclCommunicator> nccl_;
 #endif
   float* d_reduce_ = nullptr;
+  float* h_reduce_ = nullptr;  // pinned: a chunk's sum on its way to a pageable host buffer
   int64_t reduce_floats_ = 0;
   std::vector<float> host_send_, host_recv_;
   int64_t pieces_n_ = 0;
@@ -879,8 +913,9 @@ Result<int64_t> CudaDeviceMemory(int rank) {
   const int count = DeviceCount();
   if (count == 0) return DeviceError("CUDA device: no CUDA device");
   cudaDeviceProp prop{};
-  UCP_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, rank % count),
-                           "CUDA device: the properties of GPU " + std::to_string(rank % count)));
+  const int gpu = LauncherLocalRank(rank) % count;
+  UCP_RETURN_IF_ERROR(Cuda(cudaGetDeviceProperties(&prop, gpu),
+                           "CUDA device: the properties of GPU " + std::to_string(gpu)));
   return static_cast<int64_t>(prop.totalGlobalMem);
 }
 
@@ -922,7 +957,9 @@ Result<SequenceParallel> SequenceExchange(const TrainDeviceSpec& spec) {
 Result<std::unique_ptr<TrainDevice>> MakeCudaTrainDevice(const TrainDeviceSpec& spec) {
   const int count = DeviceCount();
   if (count == 0) return DeviceError("CUDA device: no CUDA device");
-  UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(spec.rank % count), "CUDA device: selecting a GPU"));
+  // The node's processes take its GPUs in turn (by their rank on the node, not in the world).
+  UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(LauncherLocalRank(spec.rank) % count),
+                           "CUDA device: selecting a GPU"));
   // bf16 GEMMs read the device's bf16 training weights (d_w16_), which every upload, the
   // pipeline's write-back and the device Adam keep current; fp16 and fp32 training read fp32.
   const bool bf16 = spec.gemm_bf16 && spec.weights == LowpDType::kBf16;

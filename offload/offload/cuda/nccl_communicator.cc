@@ -90,8 +90,11 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(Communicator&
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // (After an error Nccl() has aborted it: the peers may never arrive to a destroy.)
-  if (comm_ != nullptr) ncclCommDestroy(Comm(comm_));
+  // Aborted, not destroyed: ncclCommDestroy finalizes, which waits for the peers' communicators
+  // to be quiescent, and a communicator may go away on this rank alone (a failure elsewhere in
+  // its process, before the launcher ends the job). Abort is local; every call has been
+  // synchronised (Synchronize) before a clean end, so it cuts nothing short there.
+  if (comm_ != nullptr) ncclCommAbort(Comm(comm_));
 }
 
 Status NcclCommunicator::Usable(const char* op) const {
@@ -195,6 +198,11 @@ Status NcclCommunicator::AllToAllV(const float* in, const int64_t* send_counts, 
     at_out += rc[j];
   }
   const ncclResult_t end = ncclGroupEnd();
+  // The group's failure first where it is not an argument's: it aborts the communicator (peers
+  // may be waiting), which an earlier call's argument error alone would not.
+  if (end != ncclSuccess && end != ncclInvalidArgument && end != ncclInvalidUsage) {
+    return Nccl(end, kOp);
+  }
   UCP_RETURN_IF_ERROR(Nccl(first, kOp));
   return Nccl(end, kOp);
 }
