@@ -220,6 +220,8 @@ struct CudaOps {
   // w16, so the fp32 copy holds no matrix).
   const graph::PackedIndex* packed = nullptr;
   OpProfile* prof = nullptr;  // CudaModel::ProfileOps
+  // Ulysses over NCCL: the sp group's wait, which polls NCCL for a peer's failure (null: none).
+  const std::function<Status(void*)>* sp_wait = nullptr;
 
   // RunGraph's weights (model_graph.h OwnsWeights): a GEMM takes its bf16 matrix (w16 set) or
   // its fp32 one; in a streamed window the bf16 twin is at the same offset in its arena.
@@ -323,6 +325,10 @@ struct CudaOps {
   double Classifier(float* dx, float* dw, const float* x, GemmW w, const int32_t* targets,
                     int64_t N, int64_t C, int64_t V, float grad_scale) {
     Mark(Named(dx ? "classifier fwd+bwd" : "classifier fwd"), (dx ? 6.0 : 2.0) * N * C * V);
+    // The classifier waits for the stream (its loss goes to the host): behind the forward's
+    // NCCL all-to-alls that plain wait would hang if a peer died, so the polling one goes first.
+    if (sp_wait != nullptr) Keep((*sp_wait)(stream));
+    if (!status.ok()) return std::numeric_limits<double>::quiet_NaN();
     Result<double> r = cuda::ClassifierForwardBackward(*blas, dx, dw, x, w.w32, targets,
                                                        cls_scratch, N, C, V, grad_scale, w.w16,
                                                        scratch16);
@@ -438,7 +444,8 @@ struct CudaModel::Impl {
                 w16 && attention == AttentionKernel::kFlash ? attn_flash.data() : nullptr,
                 static_cast<int64_t>(attn_flash.size()),
                 run_order.data(), run_starts.data(), token_runs.runs(),
-                fp32 == Fp32Layout::kPacked ? &packed : nullptr, prof.get()};
+                fp32 == Fp32Layout::kPacked ? &packed : nullptr, prof.get(),
+                sp && sp->backend().sp.synchronize ? &sp->backend().sp.synchronize : nullptr};
     Result<double> loss = graph::RunGraph<float>(
         ops, config, layout, acts, win ? nullptr : w, win ? nullptr : g, inputs.data(),
         targets.data(), b.batch, b.seq_len, b.position_offset, grad_scale, sp.get(), hook, win,

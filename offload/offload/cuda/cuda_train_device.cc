@@ -942,8 +942,9 @@ Result<SequenceParallel> SequenceExchange(const TrainDeviceSpec& spec) {
                        NcclCommunicator::Create(*spec.sp_comm, device),
                        "CUDA device: the sequence-parallel GPUs' communicator");
   std::shared_ptr<NcclCommunicator> nccl(std::move(made));
+  // (SequenceParallel's n is one block's floats; NcclCommunicator's, the whole buffer's.)
   sp.all_to_all = [nccl](const float* send, float* recv, int64_t n, void* stream) {
-    return nccl->AllToAll(send, recv, n, static_cast<cudaStream_t>(stream));
+    return nccl->AllToAll(send, recv, n * nccl->size(), static_cast<cudaStream_t>(stream));
   };
   sp.synchronize = [nccl](void* stream) {
     return nccl->Synchronize(static_cast<cudaStream_t>(stream));
