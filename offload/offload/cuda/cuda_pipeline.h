@@ -3,8 +3,9 @@
 // device when the link carries bf16), and the updated bf16/fp16 weights come back the same way.
 // The pipeline's scheduling, speculation and validation are the CPU twin's, unchanged.
 //
-// Limits (refused by Pipeline::Create through host_addressable()): no tail buckets (they need a
-// GPU Adam) and no fp32 training. The host staging is pinned when the caller passes its own
+// Limits (refused by Pipeline::Create through host_addressable()): tail buckets only where the
+// caller steps them (PipelineOptions::tail_stepped_by_caller: the CUDA device's Adam), and no
+// fp32 training. The host staging is pinned when the caller passes its own
 // registered buffers (PipelineMemory::h_grad / h_weights: the trainer's, which the CUDA device
 // pins); the pipeline's own staging is ordinary memory, so its copies run at pageable speed.
 // Each call returns when its copies are done (the copy-stream thread is the one that waits).

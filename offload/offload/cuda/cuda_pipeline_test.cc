@@ -69,6 +69,7 @@ TEST(CudaPipeline, SameBitsAsTheCpuTwin) {
     ASSERT_EQ(cudaMalloc(&d_grad, kN * 4), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&d_weights, kN * 2), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(d_grad, gpu.grad.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (see the inf's copy below)
     UCP_ASSERT_OK_AND_ASSIGN(auto backend, CudaPipelineBackend());
     PipelineMemory dm{{d_grad, static_cast<size_t>(kN)}, {d_weights, static_cast<size_t>(kN)},
                       gpu.master, gpu.m, gpu.v};
@@ -86,6 +87,9 @@ TEST(CudaPipeline, SameBitsAsTheCpuTwin) {
     const float inf = INFINITY;
     cpu.grad[30000] = inf;
     ASSERT_EQ(cudaMemcpy(d_grad + 30000, &inf, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    // (A pageable copy may return before its DMA lands, and the backend's non-blocking copy
+    // stream does not wait for the legacy stream.)
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     Step(*pg, 3, {true, 1.0f / 512});
     Step(*pc, 3, {true, 1.0f / 512});
     EXPECT_EQ(pg->last_stats().deferred, pc->last_stats().deferred);

@@ -59,9 +59,10 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
     // queued for peers that will never join it must not hold the synchronisations below.
     nccl_.reset();
 #endif
-    for (cudaStream_t st : {stream_, h2d_stream_}) {
-      if (st) cudaStreamSynchronize(st);
-    }
+    // Every stream of the device, the pipeline's copy stream too: after an error a copy into
+    // the host buffers unregistered below may still be queued there.
+    cudaSetDevice(device_);
+    cudaDeviceSynchronize();
     auto destroy = [](std::span<cudaEvent_t> events) {
       for (cudaEvent_t e : events) {
         if (e) cudaEventDestroy(e);
@@ -580,6 +581,9 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
             if (k < 0 || k >= static_cast<int>(group_done_.size())) {
               return InternalError("pipeline bucket " + std::to_string(k) + " is no grad group");
             }
+            // (On the pipeline's copy thread: its device first, or CUDA would make GPU 0's
+            // context for it on a node whose process uses another GPU.)
+            UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
             return Cuda(cudaEventSynchronize(group_done_[static_cast<size_t>(k)]),
                         "gradients of bucket " + std::to_string(k) + " to the host");
           }));
