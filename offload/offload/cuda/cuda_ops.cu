@@ -430,6 +430,14 @@ __global__ void GradNormChunksKernel(const float* __restrict__ x, int64_t n, int
 
 // ---- classifier: a block per row; softmax sums in double as the reference does
 
+// Flags a target past the vocabulary (negative targets are rows left out of the loss).
+__global__ void CheckTargetsKernel(const int32_t* targets, int64_t n, int64_t V, int* bad) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if (targets[i] >= V) *bad = 1;
+  }
+}
+
 __global__ void CrossEntropyKernel(float* logits, double* row_loss, int* bad_target,
                                    const int32_t* targets, int64_t V, float grad_scale,
                                    bool backward) {
@@ -1155,6 +1163,13 @@ Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw,
     }
     return Status::Ok();
   };
+  if (dx != nullptr) {
+    // Every block's targets before any block adds its gradient: a bad one in a later block
+    // must not leave the earlier blocks' gradients added to dx and dw.
+    CheckTargetsKernel<<<Grid(N), kThreads, 0, st>>>(targets, N, V, bad);
+    UCP_RETURN_IF_ERROR(Launched("classifier target check"));
+    UCP_RETURN_IF_ERROR(refused());
+  }
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const float* xb = x + r0 * C;
@@ -1165,8 +1180,6 @@ Result<double> ClassifierForwardBackward(const Blas& blas, float* dx, float* dw,
         logits, row_loss + r0, bad, targets + r0, V, grad_scale, dx != nullptr);
     UCP_RETURN_IF_ERROR(Launched("classifier cross-entropy"));
     if (dx != nullptr) {
-      // (No gradient from a block past a bad target: the check waits for this block.)
-      UCP_RETURN_IF_ERROR(refused());
       UCP_RETURN_IF_ERROR(w16 ? MatmulBackwardMixed(blas, dx + r0 * C, dw, nullptr, logits, xb,
                                                     w16, rows, C, V, scratch16)
                               : MatmulBackward(blas, dx + r0 * C, dw, nullptr, logits, xb, w,

@@ -180,8 +180,8 @@ int64_t ClassifierScratch(int64_t N, int64_t V, int64_t most_rows = 0);
 /// gradient of grad_scale x that sum: dx += dlogits @ w, dw += dlogits^T @ x. A block of rows at
 /// a time (gpu_sizes.h ClassifierBlockRows; `most_rows` > 0: blocks of at most that many, for
 /// tests): each block's logits, cross-entropy and gradient GEMMs, so the logits never exceed one
-/// block's. Synchronises the stream (the loss is needed on the host; with dx, also after each
-/// block's cross-entropy, so a bad target stops it before any gradient is added). Errors: also
+/// block's. Synchronises the stream (the loss is needed on the host; with dx, also once before
+/// the first block, after every target is checked, so a bad target adds no gradient). Errors: also
 /// kInvalidArgument for a target >= V. With `w16` (the bf16 copy of w) the three GEMMs are the
 /// mixed ones above (scratch16: MixedMatmulScratch(block rows, C, V) bf16 elements) and `w` is
 /// not read (it may be null); the softmax and the loss stay fp32 / double.

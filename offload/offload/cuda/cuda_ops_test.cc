@@ -477,6 +477,16 @@ TEST_F(CudaOps, EncoderAndClassifier) {
   for (const std::vector<float>& g : {zx.Get(), zw.Get()}) {
     EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
   }
+  // A bad target in the last block: refused before the first block adds its gradient.
+  targets[3] = 0;
+  targets[static_cast<size_t>(N - 1)] = static_cast<int32_t>(V);
+  Dev<int32_t> late(targets);
+  EXPECT_THAT(ClassifierForwardBackward(blas, zx.p, zw.p, dx.p, dwte.p, late.p, scratch.p, N, C,
+                                        V, 1.0f, nullptr, nullptr, 10),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("vocabulary")));
+  for (const std::vector<float>& g : {zx.Get(), zw.Get()}) {
+    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
+  }
 }
 
 // Attention through GEMMs (bf16 training): against the double reference on the bf16-rounded
