@@ -51,7 +51,10 @@ constexpr int64_t kReduceScratchFloats = int64_t{32} << 20;
 class CudaTrainDevice final : public TrainDevice, public WeightWindows {
  public:
   CudaTrainDevice(TrainDeviceSpec spec, CudaModel model)
-      : spec_(std::move(spec)), model_(std::move(model)) {}
+      : spec_(std::move(spec)), model_(std::move(model)) {
+    // (Known before Init, which may fail early: the destructor selects it.)
+    if (cudaGetDevice(&device_) != cudaSuccess) cudaGetLastError();
+  }
 
   ~CudaTrainDevice() override {
 #ifdef UCP_OFFLOAD_HAVE_NCCL
