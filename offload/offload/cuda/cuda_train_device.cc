@@ -302,8 +302,11 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
         if (recorded.ok()) recorded = InternalError("grad group " + std::to_string(k));
       } else if (const cudaError_t e = cudaEventRecord(
                      group_done_[static_cast<size_t>(k)], static_cast<cudaStream_t>(model_.stream()));
-                 e != cudaSuccess && recorded.ok()) {
-        recorded = Cuda(e, "recording grad group " + std::to_string(k));
+                 e != cudaSuccess) {
+        if (recorded.ok()) recorded = Cuda(e, "recording grad group " + std::to_string(k));
+        // The bucket's reader would wait on a stale event: the whole stream instead, so it
+        // never reads gradients backward has not finished (the step then fails with the error).
+        cudaStreamSynchronize(static_cast<cudaStream_t>(model_.stream()));
       }
       if (hook->on_group_done) hook->on_group_done(k);
     };
@@ -313,6 +316,8 @@ class CudaTrainDevice final : public TrainDevice, public WeightWindows {
   }
 
   Result<double> Forward(const Batch& batch) override {
+    // (As ForwardBackward: the current device is per thread.)
+    UCP_RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "selecting the device"));
     UCP_RETURN_IF_ERROR(AfterStagedWeights());
     if (book_) {
       Result<double> r = model_.Forward(*this, batch, d_w32_, GemmWeights());
