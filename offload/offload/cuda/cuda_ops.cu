@@ -191,6 +191,20 @@ __device__ int64_t FirstWarpItem() {
 }
 __device__ int64_t WarpStride() { return int64_t{gridDim.x} * blockDim.x / kWarp; }
 
+// One (query, key) pair's q . k and dout . v, the lanes over the head dimension, summed over
+// the warp (the backward kernels' shared inner step).
+__device__ void WarpDots(const float* q, const float* k, const float* d, const float* v,
+                         int64_t hd, int lane, float& s, float& dp) {
+  s = 0.0f;
+  dp = 0.0f;
+  for (int64_t i = lane; i < hd; i += kWarp) {
+    s += q[i] * k[i];
+    dp += d[i] * v[i];
+  }
+  s = WarpSum(s);
+  dp = WarpSum(dp);
+}
+
 __global__ void AttentionForwardKernel(float* out, float* lse, const float* qkv, int64_t B,
                                        int64_t T, int64_t NH, int64_t KV, int64_t hd) {
   const int lane = threadIdx.x % kWarp;
@@ -237,26 +251,16 @@ __global__ void AttentionBackwardQueryKernel(float* dqkv, float* dsum_out, const
     for (int64_t j = 0; j <= t; ++j) {
       const float* k = qkv + (b * T + j) * L.row + L.K(g);
       const float* v = qkv + (b * T + j) * L.row + L.V(g);
-      float s = 0.0f, dp = 0.0f;
-      for (int64_t i = lane; i < hd; i += kWarp) {
-        s += q[i] * k[i];
-        dp += d[i] * v[i];
-      }
-      s = WarpSum(s);
-      dp = WarpSum(dp);
+      float s, dp;
+      WarpDots(q, k, d, v, hd, lane, s, dp);
       dsum += expf(s * scale - l) * dp;
     }
     float dq[kMaxHdPerLane] = {0};
     for (int64_t j = 0; j <= t; ++j) {
       const float* k = qkv + (b * T + j) * L.row + L.K(g);
       const float* v = qkv + (b * T + j) * L.row + L.V(g);
-      float s = 0.0f, dp = 0.0f;
-      for (int64_t i = lane; i < hd; i += kWarp) {
-        s += q[i] * k[i];
-        dp += d[i] * v[i];
-      }
-      s = WarpSum(s);
-      dp = WarpSum(dp);
+      float s, dp;
+      WarpDots(q, k, d, v, hd, lane, s, dp);
       const float ds = expf(s * scale - l) * (dp - dsum) * scale;
       for (int64_t i = lane, r = 0; i < hd; i += kWarp, ++r) dq[r] += ds * k[i];
     }
@@ -283,13 +287,8 @@ __global__ void AttentionBackwardKeyKernel(float* dqkv, const float* dsum_in, co
       for (int64_t t = j; t < T; ++t) {
         const float* q = qkv + (b * T + t) * L.row + L.Q(h);
         const float* d = dout + (b * T + t) * NH * hd + h * hd;
-        float s = 0.0f, dp = 0.0f;
-        for (int64_t i = lane; i < hd; i += kWarp) {
-          s += q[i] * k[i];
-          dp += d[i] * v[i];
-        }
-        s = WarpSum(s);
-        dp = WarpSum(dp);
+        float s, dp;
+        WarpDots(q, k, d, v, hd, lane, s, dp);
         const int64_t row = (b * NH + h) * T + t;
         const float p = expf(s * scale - lse[row]);
         const float ds = p * (dp - dsum_in[row]) * scale;

@@ -1603,11 +1603,7 @@ Status Trainer::Impl::SetUpDevice(const AdamConfig& ac) {
                               "weights: the device Adam's pieces need resident weights "
                               "(--weights resident)");
   }
-  const auto& groups = net->grad_groups();
-  if (tail < 0 || tail > static_cast<int>(groups.size())) {
-    return InvalidArgumentError("--gpu-tail-buckets " + std::to_string(tail) + ": must be in [0, " +
-                                std::to_string(groups.size()) + "] (the model's grad groups)");
-  }
+  const auto& groups = net->grad_groups();  // (ResolveTailBuckets checked the count)
   piece_on_device.assign(block_pieces[0].size(), 0);
   if (tail > 0) {
     if (blocks != 1 || world != 1) {
